@@ -1,0 +1,59 @@
+"""`peerpods` entry point: builds every subcommand's parser (cheap) and imports the chosen
+subcommand's implementation only when it runs, so `peerpods select --provider aws` never imports
+the Azure SDK."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from providers.errors import PeerpodsError
+
+# subcommand -> module under adaptor.cli with `configure(parser)` and `run(args) -> int`
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("adaptor.cli.serve", "run the node daemon Kata's remote hypervisor talks to"),
+    "webhook": ("adaptor.cli.webhook", "run the admission webhook"),
+    "select": ("adaptor.cli.select", "which instance type a request gets, and why"),
+    "plan": ("adaptor.cli.plan", "the whole decision for a pod manifest, without a cluster"),
+    "cdi": ("adaptor.cli.cdi", "validate, list and apply CDI specs"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="peerpods",
+        description="Peer-pods cloud-API adaptor with GPU-aware instance selection.",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, summary) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        child = sub.add_parser(name, help=summary, description=summary)
+        module.configure(child)
+        child.set_defaults(_module=module_name)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.run(args))
+    except PeerpodsError as exc:
+        print(f"peerpods {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:
+        print(f"peerpods {args.command}: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The instance-type catalog: one normalised record per cloud instance type.
+
+Loaders (providers/loaders/) turn each cloud's listing into these records; bundled snapshots under
+config/catalogs/ are these records as JSON; selection reads nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Cloud = Literal["aws", "azure", "gcp"]
+Arch = Literal["x86_64", "arm64"]
+
+
+class GpuSpec(BaseModel):
+    """The GPUs an instance type carries (all of one model)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field(description="canonical GPU model id (providers.gpus), e.g. 'h100-80gb'")
+    count: int = Field(ge=1, description="physical GPUs, or 1 for a partitioned GPU")
+    memory_mib: int = Field(ge=0, description="memory per GPU as the cloud reports it, MiB")
+    fraction: float = Field(1.0, gt=0, le=1, description="share of one GPU (g6f, NV*ads_A10_v5)")
+
+
+class AttachableGpu(BaseModel):
+    """A GPU model a machine type can attach (GCP N1), up to `max_count`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str
+    memory_mib: int
+    counts: tuple[int, ...] = Field(description="allowed attachment counts, e.g. (1, 2, 4)")
+
+
+class InstanceType(BaseModel):
+    """One instance type in one region."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    vcpus: int = Field(ge=0)
+    memory_mib: int = Field(ge=0)
+    arch: Arch = "x86_64"
+    gpu: GpuSpec | None = None
+    attachable_gpus: tuple[AttachableGpu, ...] = ()
+    rdma: Literal["", "efa", "infiniband"] = ""
+    efa_interfaces: int = 0
+    zones: tuple[str, ...] = Field((), description="zones offering it; empty: region-wide/unknown")
+    price_per_hour: float | None = Field(None, description="on-demand USD per hour, when known")
+    family: str = ""
+
+
+class Catalog(BaseModel):
+    """Every instance type of one cloud region."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cloud: Cloud
+    region: str
+    source: str = Field("", description="how it was made: 'snapshot <date>', 'live', 'moto'")
+    types: tuple[InstanceType, ...] = ()
+
+    def by_name(self) -> dict[str, InstanceType]:
+        return {t.name: t for t in self.types}

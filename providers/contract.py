@@ -1,0 +1,299 @@
+"""The annotation contract between the webhook (writer) and the adaptor (reader).
+
+Kata forwards exactly these pod annotations to CreateVM (FACTS 2), so the VM-level intent lives in
+Kata's own keys:
+
+    io.katacontainers.config.hypervisor.default_vcpus      vCPUs (integer)
+    io.katacontainers.config.hypervisor.default_memory     memory in MiB (integer)
+    io.katacontainers.config.hypervisor.default_gpus       whole GPUs (integer, "0" when none)
+    io.katacontainers.config.hypervisor.default_gpu_model  GPU intent, see below
+    io.katacontainers.config.hypervisor.machine_type       an explicit instance type (optional)
+
+`default_gpu_model`, version 1, is `v1:` followed by `;`-separated fields, each optional:
+
+    m=h100|a100-80gb        acceptable GPU models (canonical ids or any alias), alternatives
+    mem=40960               minimum memory per GPU, MiB
+    mig=1g.10gb:2,3g.40gb:1 MIG profiles with device counts
+    frac                    a fraction of a GPU may serve one GPU
+    rdma                    RDMA (EFA / InfiniBand) required
+
+e.g. `v1:m=h100|h200;mig=1g.10gb:2`. A value without the `v1:` prefix is read as CAA does: a
+comma-separated list of model names. Unknown fields are an error, so a newer webhook cannot be
+silently misread by an older adaptor.
+
+The per-container device plan is JSON under `io.katacontainers.peerpods.devices` (a bare key
+matching containerd's `io.katacontainers.*` pod_annotations glob, so it reaches every container's
+CreateContainer as an OCI annotation):
+
+    {"v": 1,
+     "units": [{"id": "gpu-main", "kind": "gpu", "count": 2},
+               {"id": "mig-0", "kind": "mig", "profile": "1g.10gb", "count": 1},
+               {"id": "rdma-main", "kind": "rdma", "count": 1}],
+     "containers": {"main": ["gpu-main", "rdma-main"], "side": ["mig-0"]}}
+
+A unit listed under two containers is shared by them (two containers referencing one DRA claim);
+otherwise no device is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from providers.errors import AnnotationError
+from providers.request import InstanceRequest
+
+KATA_HYPERVISOR_PREFIX = "io.katacontainers.config.hypervisor."
+DEFAULT_VCPUS = KATA_HYPERVISOR_PREFIX + "default_vcpus"
+DEFAULT_MEMORY = KATA_HYPERVISOR_PREFIX + "default_memory"
+DEFAULT_GPUS = KATA_HYPERVISOR_PREFIX + "default_gpus"
+DEFAULT_GPU_MODEL = KATA_HYPERVISOR_PREFIX + "default_gpu_model"
+MACHINE_TYPE = KATA_HYPERVISOR_PREFIX + "machine_type"
+IMAGE = KATA_HYPERVISOR_PREFIX + "image"
+CC_INIT_DATA = KATA_HYPERVISOR_PREFIX + "cc_init_data"
+SANDBOX_NAME = "io.kubernetes.cri.sandbox-name"
+SANDBOX_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
+SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
+CONTAINER_NAME = "io.kubernetes.cri.container-name"
+CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+
+DEVICES = "io.katacontainers.peerpods.devices"
+VM_RESOURCE = "kata.peerpods.io/vm"
+CDI_PREFIX = "cdi.k8s.io/"
+CDI_OWN_PREFIX = CDI_PREFIX + "peerpods_"
+
+# Keys only the webhook may write; a user-written value is removed.
+OWNED_KEYS = (DEFAULT_VCPUS, DEFAULT_MEMORY, DEFAULT_GPUS, DEFAULT_GPU_MODEL, DEVICES)
+
+GPU_MODEL_VERSION = "v1"
+_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb(\+me)?$")
+_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class GpuIntent(BaseModel):
+    """The GPU part of the VM-level intent, as `default_gpus` + `default_gpu_model` carry it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpus: int = Field(0, ge=0)
+    models: tuple[str, ...] = ()
+    memory_mib: int = Field(0, ge=0)
+    mig: dict[str, int] = Field(default_factory=dict)
+    fractional: bool = False
+    rdma: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.gpus or self.models or self.memory_mib or self.mig or self.fractional or self.rdma
+        )
+
+
+def encode_gpu_model(intent: GpuIntent) -> str:
+    """`default_gpu_model` for an intent ("" when there is nothing beyond the GPU count)."""
+    fields: list[str] = []
+    if intent.models:
+        fields.append("m=" + "|".join(intent.models))
+    if intent.memory_mib:
+        fields.append(f"mem={intent.memory_mib}")
+    if intent.mig:
+        fields.append("mig=" + ",".join(f"{p}:{n}" for p, n in sorted(intent.mig.items())))
+    if intent.fractional:
+        fields.append("frac")
+    if intent.rdma:
+        fields.append("rdma")
+    return f"{GPU_MODEL_VERSION}:" + ";".join(fields) if fields else ""
+
+
+def _int_annotation(annotations: Mapping[str, str], key: str) -> int:
+    raw = annotations.get(key, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise AnnotationError(key, f"expected a non-negative integer, got {raw!r}")
+    value = int(raw)
+    if value > 1 << 20:
+        raise AnnotationError(key, f"value {value} is out of range")
+    return value
+
+
+def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
+    """Parse `default_gpu_model` (either encoding); raises AnnotationError naming the key."""
+    key = DEFAULT_GPU_MODEL
+    value = value.strip()
+    if not value:
+        return GpuIntent(gpus=gpus)
+    if not value.startswith(GPU_MODEL_VERSION + ":"):
+        if re.match(r"^v[0-9]+:", value):
+            raise AnnotationError(key, f"unsupported encoding version in {value!r}")
+        models = tuple(m.strip() for m in value.split(",") if m.strip())
+        for model in models:
+            if not _MODEL.match(model):
+                raise AnnotationError(key, f"invalid GPU model name {model!r}")
+        return GpuIntent(gpus=gpus, models=models)
+    models: tuple[str, ...] = ()
+    memory_mib = 0
+    mig: dict[str, int] = {}
+    flags: set[str] = set()
+    body = value[len(GPU_MODEL_VERSION) + 1 :]
+    for part in filter(None, (p.strip() for p in body.split(";"))):
+        name, _, arg = part.partition("=")
+        if name == "m" and arg:
+            models = tuple(m for m in arg.split("|") if m)
+            if not models or not all(_MODEL.match(m) for m in models):
+                raise AnnotationError(key, f"invalid model list {arg!r}")
+        elif name == "mem" and arg.isdigit():
+            memory_mib = int(arg)
+        elif name == "mig" and arg:
+            for item in arg.split(","):
+                profile, _, count = item.partition(":")
+                if not _PROFILE.match(profile) or not count.isdigit() or int(count) <= 0:
+                    raise AnnotationError(key, f"invalid MIG entry {item!r} (want PROFILE:COUNT)")
+                mig[profile] = mig.get(profile, 0) + int(count)
+        elif name in ("frac", "rdma") and not arg:
+            flags.add(name)
+        else:
+            raise AnnotationError(key, f"unknown or malformed field {part!r}")
+    return GpuIntent(
+        gpus=gpus,
+        models=models,
+        memory_mib=memory_mib,
+        mig=mig,
+        fractional="frac" in flags,
+        rdma="rdma" in flags,
+    )
+
+
+class VMIntent(BaseModel):
+    """Everything CreateVM's annotations say about the VM to create."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pod_name: str
+    pod_namespace: str
+    vcpus: int = 0
+    memory_mib: int = 0
+    gpu: GpuIntent = Field(default_factory=GpuIntent)
+    machine_type: str = ""
+    image: str = ""
+
+    def to_request(self, **overrides: object) -> InstanceRequest:
+        """The selection request this intent implies."""
+        fields: dict[str, object] = {
+            "vcpus": self.vcpus,
+            "memory_mib": self.memory_mib,
+            "gpus": self.gpu.gpus,
+            "gpu_models": self.gpu.models,
+            "gpu_memory_mib": self.gpu.memory_mib,
+            "mig": dict(self.gpu.mig),
+            "fractional": self.gpu.fractional,
+            "rdma": self.gpu.rdma,
+            "instance_type": self.machine_type,
+        }
+        fields.update(overrides)
+        return InstanceRequest.model_validate(fields)
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def parse_vm_annotations(annotations: Mapping[str, str]) -> VMIntent:
+    """Read CreateVM's annotations; every error names the annotation at fault."""
+    name = annotations.get(SANDBOX_NAME, "")
+    namespace = annotations.get(SANDBOX_NAMESPACE, "")
+    if not name or not _DNS_SUBDOMAIN.match(name):
+        raise AnnotationError(SANDBOX_NAME, f"not a valid pod name: {name!r}")
+    if not namespace or not _DNS_LABEL.match(namespace):
+        raise AnnotationError(SANDBOX_NAMESPACE, f"not a valid namespace: {namespace!r}")
+    gpus = _int_annotation(annotations, DEFAULT_GPUS)
+    machine_type = annotations.get(MACHINE_TYPE, "").strip()
+    if machine_type and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", machine_type):
+        raise AnnotationError(MACHINE_TYPE, f"not an instance type name: {machine_type!r}")
+    return VMIntent(
+        pod_name=name,
+        pod_namespace=namespace,
+        vcpus=_int_annotation(annotations, DEFAULT_VCPUS),
+        memory_mib=_int_annotation(annotations, DEFAULT_MEMORY),
+        gpu=decode_gpu_model(annotations.get(DEFAULT_GPU_MODEL, ""), gpus),
+        machine_type=machine_type,
+        image=annotations.get(IMAGE, "").strip(),
+    )
+
+
+# --- the per-container device plan ------------------------------------------------------------
+
+UnitKind = Literal["gpu", "mig", "rdma"]
+
+
+class DeviceUnit(BaseModel):
+    """One allocatable group of devices: N whole GPUs, N MIG devices of a profile, N RDMA NICs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(min_length=1, max_length=128)
+    kind: UnitKind
+    count: int = Field(1, ge=1, le=64)
+    profile: str = ""
+    # GPU model constraint for this unit, when a DRA claim narrowed it (canonical id).
+    models: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _profile_only_for_mig(self) -> DeviceUnit:
+        if self.kind == "mig" and not _PROFILE.match(self.profile):
+            raise ValueError(f"unit {self.id}: MIG unit needs a profile like 1g.10gb")
+        if self.kind != "mig" and self.profile:
+            raise ValueError(f"unit {self.id}: only MIG units carry a profile")
+        return self
+
+
+class ContainerPlan(BaseModel):
+    """Which device units each container uses, as the webhook wrote it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = 1
+    units: tuple[DeviceUnit, ...] = ()
+    containers: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> ContainerPlan:
+        ids = [u.id for u in self.units]
+        if len(ids) != len(set(ids)):
+            raise ValueError("duplicate unit ids")
+        known = set(ids)
+        for container, refs in self.containers.items():
+            for ref in refs:
+                if ref not in known:
+                    raise ValueError(f"container {container} refers to unknown unit {ref}")
+        return self
+
+    def encode(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def decode(cls, value: str) -> ContainerPlan:
+        try:
+            return cls.model_validate_json(value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise AnnotationError(DEVICES, f"{where}: {first['msg']}".strip(": ")) from None
+
+    def gpu_intent(self) -> GpuIntent:
+        """The VM-level GPU needs this plan implies (whole GPUs and MIG devices summed)."""
+        gpus = sum(u.count for u in self.units if u.kind == "gpu")
+        mig: dict[str, int] = {}
+        for unit in self.units:
+            if unit.kind == "mig":
+                mig[unit.profile] = mig.get(unit.profile, 0) + unit.count
+        return GpuIntent(gpus=gpus, mig=mig, rdma=any(u.kind == "rdma" for u in self.units))
+
+
+def cdi_annotation_key(container: str) -> str:
+    """`cdi.k8s.io/peerpods_<container>`: our key for a container's CDI devices."""
+    return CDI_OWN_PREFIX + container

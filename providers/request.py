@@ -1,0 +1,44 @@
+"""What a pod needs from its VM: the typed input of instance selection.
+
+The webhook builds one from a pod, the adaptor from CreateVM's annotations, the CLI from flags.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Arch = Literal["x86_64", "arm64"]
+
+
+class InstanceRequest(BaseModel):
+    """A request for one pod VM. Zero means "no requirement" for the numeric fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    vcpus: int = Field(0, ge=0, description="minimum vCPUs")
+    memory_mib: int = Field(0, ge=0, description="minimum memory in MiB")
+    gpus: int = Field(0, ge=0, description="whole GPUs (or GPU shares when fractional)")
+    gpu_models: tuple[str, ...] = Field((), description="acceptable GPU models (alternatives)")
+    gpu_memory_mib: int = Field(0, ge=0, description="minimum memory per GPU in MiB")
+    mig: dict[str, int] = Field(default_factory=dict, description="MIG profile -> device count")
+    fractional: bool = Field(False, description="a fraction of a GPU may serve one GPU")
+    arch: Arch = "x86_64"
+    rdma: bool = Field(False, description="RDMA (EFA / InfiniBand) required")
+    allow: tuple[str, ...] = Field((), description="only these instance types (empty: any)")
+    deny: tuple[str, ...] = Field((), description="never these instance types")
+    instance_type: str = Field("", description="an explicit instance type")
+    zone: str = Field("", description="restrict to instance types offered in this zone")
+
+    @field_validator("mig")
+    @classmethod
+    def _positive_counts(cls, value: dict[str, int]) -> dict[str, int]:
+        for profile, count in value.items():
+            if count <= 0:
+                raise ValueError(f"MIG profile {profile}: count must be positive, got {count}")
+        return value
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.gpus > 0 or bool(self.mig) or bool(self.gpu_models) or self.gpu_memory_mib > 0

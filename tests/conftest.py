@@ -1,0 +1,52 @@
+"""Suite-wide guards: nothing in the tests may dial a non-loopback address.
+
+moto and the fake clouds hand out private addresses (10.x); a Python audit hook refuses any
+`socket.connect` to an address that is not loopback, and the test that tried it fails even if the
+code under test swallowed the error.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+_violations: list[str] = []
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False  # a hostname other than localhost: never resolved in tests
+
+
+def _guard(event: str, args: tuple[Any, ...]) -> None:
+    if event not in ("socket.connect", "socket.getaddrinfo"):
+        return
+    if event == "socket.connect":
+        address = args[1]
+        if not isinstance(address, tuple):
+            return  # unix sockets
+        host = str(address[0])
+    else:
+        host = str(args[0]) if args[0] is not None else ""
+    if not _is_loopback(host):
+        _violations.append(f"{event} to {host!r}")
+        raise ConnectionRefusedError(f"test guard: refusing non-loopback address {host!r}")
+
+
+sys.addaudithook(_guard)
+
+
+@pytest.fixture(autouse=True)
+def _no_remote_connections() -> Iterator[None]:
+    start = len(_violations)
+    yield
+    tried = _violations[start:]
+    assert not tried, f"code under test tried to reach non-loopback addresses: {tried}"
