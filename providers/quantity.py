@@ -8,7 +8,9 @@ from decimal import Decimal, InvalidOperation
 
 from providers.errors import InvalidRequest
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+_QUANTITY = re.compile(
+    r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$"
+)
 _SUFFIX = {
     None: Decimal(1),
     "n": Decimal("1e-9"),

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
 
+from adaptor import logs
 from providers.errors import PeerpodsError
 
 # subcommand -> module under adaptor.cli with `configure(parser)` and `run(args) -> int`
@@ -27,7 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="peerpods",
         description="Peer-pods cloud-API adaptor with GPU-aware instance selection.",
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    parser.add_argument(
+        "--log-format", default="json", choices=["json", "text"], help="log line format (stderr)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, summary) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
@@ -40,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    logs.configure(args.log_level, args.log_format)
     module = importlib.import_module(args._module)
     try:
         return int(module.run(args))
@@ -50,8 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except OSError as exc:
-        print(f"peerpods {args.command}: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
-              file=sys.stderr)
+        print(
+            f"peerpods {args.command}: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -1,0 +1,78 @@
+"""Prometheus metrics of the node daemon, on one registry the status API serves at /metrics.
+
+Names follow Prometheus conventions (`_total` counters, `_seconds` histograms). Label values are
+bounded: methods come from the Kata protocols, reasons are short categories, never user data.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+SANDBOXES = Gauge(
+    "peerpods_sandboxes",
+    "Sandboxes known to this adaptor, by state.",
+    ["state"],
+    registry=REGISTRY,
+)
+VM_CREATE_SECONDS = Histogram(
+    "peerpods_vm_create_seconds",
+    "Time from StartVM asking the provider for a VM until the VM exists.",
+    ["provider"],
+    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600),
+    registry=REGISTRY,
+)
+CAPACITY_FALLBACKS = Counter(
+    "peerpods_capacity_fallbacks_total",
+    "Create attempts that hit a capacity or quota error and moved to another zone or type.",
+    ["provider", "reason"],
+    registry=REGISTRY,
+)
+SELECTION_FAILURES = Counter(
+    "peerpods_selection_failures_total",
+    "Requests no instance type could serve, by reason category.",
+    ["reason"],
+    registry=REGISTRY,
+)
+PROXY_CALLS = Counter(
+    "peerpods_proxy_calls_total",
+    "Agent calls relayed by the proxy, by method and gRPC status code.",
+    ["method", "code"],
+    registry=REGISTRY,
+)
+GC_DELETIONS = Counter(
+    "peerpods_gc_deleted_vms_total",
+    "Owned VMs with no known sandbox that the garbage collector deleted.",
+    ["provider"],
+    registry=REGISTRY,
+)
+
+STATES = ("created", "starting", "running", "stopping", "failed")
+
+
+def set_sandbox_counts(counts: dict[str, int]) -> None:
+    """Publish sandbox counts per state (every known state is published, zero included)."""
+    for state in STATES:
+        SANDBOXES.labels(state=state).set(counts.get(state, 0))
+    for state, count in counts.items():
+        if state not in STATES:
+            SANDBOXES.labels(state=state).set(count)
+
+
+def selection_reason_category(message: str) -> str:
+    """A bounded label for a selection failure message."""
+    text = message.lower()
+    for needle, category in (
+        ("mig", "mig"),
+        ("quota", "quota"),
+        ("not offered", "offering"),
+        ("exceed", "too_large"),
+        ("model", "gpu_model"),
+        ("memory", "memory"),
+        ("allow", "policy"),
+        ("deny", "policy"),
+    ):
+        if needle in text:
+            return category
+    return "other"
