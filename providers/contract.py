@@ -130,11 +130,11 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
     if not value.startswith(GPU_MODEL_VERSION + ":"):
         if re.match(r"^v[0-9]+:", value):
             raise AnnotationError(key, f"unsupported encoding version in {value!r}")
-        models = tuple(m.strip() for m in value.split(",") if m.strip())
-        for model in models:
+        legacy = tuple(m.strip() for m in value.split(",") if m.strip())
+        for model in legacy:
             if not _MODEL.match(model):
                 raise AnnotationError(key, f"invalid GPU model name {model!r}")
-        return GpuIntent(gpus=gpus, models=models)
+        return GpuIntent(gpus=gpus, models=legacy)
     models: tuple[str, ...] = ()
     memory_mib = 0
     mig: dict[str, int] = {}
