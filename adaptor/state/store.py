@@ -1,0 +1,261 @@
+"""Durable sandbox state in SQLite under `--state-dir`.
+
+Every write is committed (WAL, synchronous=FULL) before the awaiting call returns, so whatever the
+daemon told Kata survives `kill -9`. All SQLite work runs on one dedicated thread that owns the
+connection: the event loop never blocks on disk, and writes are serialized without locks.
+
+Besides sandboxes the store keeps endpoint leases for pool providers (`static`): which endpoint a
+sandbox holds, so one endpoint serves one sandbox at a time across restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from adaptor.state.records import (
+    SandboxRecord,
+    SandboxState,
+    instance_from_json,
+    instance_to_json,
+)
+from providers.errors import PeerpodsError
+
+T = TypeVar("T")
+
+DB_NAME = "sandboxes.db"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    pod_namespace TEXT NOT NULL,
+    pod_name TEXT NOT NULL,
+    annotations TEXT NOT NULL,
+    network_namespace TEXT NOT NULL,
+    agent_socket TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    instance TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS leases (
+    pool TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    PRIMARY KEY (pool, endpoint)
+);
+"""
+
+
+class StateError(PeerpodsError):
+    """The state database cannot be opened or written."""
+
+
+class StateStore:
+    """Sandbox records and endpoint leases; open with `await StateStore.open(dir)`."""
+
+    def __init__(self, path: Path, executor: ThreadPoolExecutor) -> None:
+        self.path = path
+        self._executor = executor
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+
+    @classmethod
+    async def open(cls, state_dir: str | os.PathLike[str]) -> StateStore:
+        """Create the directory (mode 0700) and database if needed, and check the schema."""
+        directory = Path(state_dir)
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="peerpods-state")
+        store = cls(directory / DB_NAME, executor)
+        try:
+            await store._run(store._open_sync)
+        except BaseException:
+            executor.shutdown(wait=True)
+            raise
+        return store
+
+    async def close(self) -> None:
+        """Close the connection and stop the worker thread."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._run(self._close_sync)
+        finally:
+            await asyncio.to_thread(self._executor.shutdown, True)
+
+    # --- sandboxes -------------------------------------------------------------------------------
+
+    async def put(self, record: SandboxRecord) -> SandboxRecord:
+        """Insert or replace a record; durable when this returns. Returns it as stored."""
+        now = time.time()
+        stored = record.evolve(created_at=record.created_at or now, updated_at=now)
+        await self._run(self._put_sync, stored)
+        return stored
+
+    async def get(self, sandbox_id: str) -> SandboxRecord | None:
+        """The record for `sandbox_id`, or None."""
+        return await self._run(self._get_sync, sandbox_id)
+
+    async def records(self) -> list[SandboxRecord]:
+        """Every record, oldest first (a status API lists these)."""
+        return await self._run(self._list_sync)
+
+    async def delete(self, sandbox_id: str) -> None:
+        """Forget a sandbox (and any lease it holds)."""
+        await self._run(self._delete_sync, sandbox_id)
+
+    # --- endpoint leases -------------------------------------------------------------------------
+
+    async def acquire_lease(
+        self, pool: str, sandbox_id: str, endpoints: Sequence[str]
+    ) -> str | None:
+        """The endpoint `sandbox_id` holds in `pool`, leasing the first free one if it holds none.
+
+        None when every endpoint is leased to another sandbox.
+        """
+        return await self._run(self._acquire_sync, pool, sandbox_id, tuple(endpoints))
+
+    async def release_lease(self, pool: str, endpoint: str) -> None:
+        """Free `endpoint` for the next sandbox."""
+        await self._run(self._release_sync, pool, endpoint)
+
+    async def leases(self, pool: str) -> dict[str, str]:
+        """endpoint -> sandbox id for every leased endpoint of `pool`."""
+        return await self._run(self._leases_sync, pool)
+
+    # --- the worker thread -----------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, fn, *args)
+        except sqlite3.Error as exc:
+            raise StateError(f"state database {self.path}: {exc}") from exc
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StateError("state database is closed")
+        return self._conn
+
+    def _open_sync(self) -> None:
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StateError(f"cannot create state directory {self.path.parent}: {exc}") from exc
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA busy_timeout=5000")
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise StateError(
+                    f"state database {self.path} has schema {version}, newer than this build "
+                    f"({SCHEMA_VERSION})"
+                )
+            conn.executescript(_SCHEMA)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def _close_sync(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _put_sync(self, record: SandboxRecord) -> None:
+        self._db().execute(
+            "INSERT OR REPLACE INTO sandboxes VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                record.id,
+                record.pod_namespace,
+                record.pod_name,
+                json.dumps(dict(record.annotations), sort_keys=True),
+                record.network_namespace,
+                record.agent_socket,
+                record.state.value,
+                record.reason,
+                json.dumps(instance_to_json(record.instance)) if record.instance else None,
+                record.created_at,
+                record.updated_at,
+            ),
+        )
+
+    @staticmethod
+    def _row(row: tuple[Any, ...]) -> SandboxRecord:
+        return SandboxRecord(
+            id=row[0],
+            pod_namespace=row[1],
+            pod_name=row[2],
+            annotations=json.loads(row[3]),
+            network_namespace=row[4],
+            agent_socket=row[5],
+            state=SandboxState(row[6]),
+            reason=row[7],
+            instance=instance_from_json(json.loads(row[8])) if row[8] else None,
+            created_at=row[9],
+            updated_at=row[10],
+        )
+
+    def _get_sync(self, sandbox_id: str) -> SandboxRecord | None:
+        row = self._db().execute("SELECT * FROM sandboxes WHERE id=?", (sandbox_id,)).fetchone()
+        return self._row(row) if row else None
+
+    def _list_sync(self) -> list[SandboxRecord]:
+        rows = self._db().execute("SELECT * FROM sandboxes ORDER BY created_at, id").fetchall()
+        return [self._row(r) for r in rows]
+
+    def _delete_sync(self, sandbox_id: str) -> None:
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("DELETE FROM sandboxes WHERE id=?", (sandbox_id,))
+            db.execute("DELETE FROM leases WHERE sandbox_id=?", (sandbox_id,))
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def _acquire_sync(self, pool: str, sandbox_id: str, endpoints: tuple[str, ...]) -> str | None:
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            held = dict(
+                db.execute(
+                    "SELECT endpoint, sandbox_id FROM leases WHERE pool=?", (pool,)
+                ).fetchall()
+            )
+            chosen = next((e for e, s in held.items() if s == sandbox_id and e in endpoints), None)
+            if chosen is None:
+                chosen = next((e for e in endpoints if e not in held), None)
+                if chosen is not None:
+                    db.execute("INSERT INTO leases VALUES (?,?,?)", (pool, chosen, sandbox_id))
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        return chosen
+
+    def _release_sync(self, pool: str, endpoint: str) -> None:
+        self._db().execute("DELETE FROM leases WHERE pool=? AND endpoint=?", (pool, endpoint))
+
+    def _leases_sync(self, pool: str) -> dict[str, str]:
+        rows = (
+            self._db()
+            .execute(
+                "SELECT endpoint, sandbox_id FROM leases WHERE pool=? ORDER BY endpoint", (pool,)
+            )
+            .fetchall()
+        )
+        return {str(e): str(s) for e, s in rows}
