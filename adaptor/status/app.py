@@ -1,0 +1,110 @@
+"""HTTP status API (Starlette), served by the daemon on `--status-address` (loopback by default).
+
+    GET /v1/sandboxes        every sandbox: pod, instance type, VM id, zone, state, devices
+    GET /v1/sandboxes/{id}   one sandbox; 404 {code, message} when unknown
+    GET /healthz             200 "ok" while the daemon serves
+    GET /metrics             Prometheus text format
+
+Errors are JSON `{"code": ..., "message": ...}` with a matching HTTP status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from adaptor import metrics
+from adaptor.state import SandboxRecord
+from adaptor.status.devices import DeviceBook
+
+
+class SandboxSource(Protocol):
+    """What the API reads sandboxes from (the state store)."""
+
+    async def records(self) -> list[SandboxRecord]: ...
+
+    async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
+
+
+def sandbox_json(record: SandboxRecord, devices: DeviceBook) -> dict[str, Any]:
+    """The public view of a sandbox: no annotations values beyond what operators need."""
+    instance = record.instance
+    return {
+        "id": record.id,
+        "pod": {"namespace": record.pod_namespace, "name": record.pod_name},
+        "state": record.state.value,
+        "reason": record.reason,
+        "instance_type": instance.instance_type if instance else "",
+        "vm_id": instance.id if instance else "",
+        "zone": instance.zone if instance else "",
+        "addresses": list(instance.addresses) if instance else [],
+        "agent_socket": record.agent_socket,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+        "containers": devices.snapshot(record.id),
+    }
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"code": code, "message": message}, status_code=status)
+
+
+def build_app(
+    source: SandboxSource,
+    devices: DeviceBook,
+    *,
+    refresh_metrics: Callable[[], Awaitable[None]] | None = None,
+) -> Starlette:
+    """The status application over a sandbox source and the device book."""
+
+    async def list_sandboxes(request: Request) -> Response:
+        records = await source.records()
+        return JSONResponse({"sandboxes": [sandbox_json(r, devices) for r in records]})
+
+    async def get_sandbox(request: Request) -> Response:
+        sandbox_id = request.path_params["sandbox_id"]
+        record = await source.get(sandbox_id)
+        if record is None:
+            return _error(404, "not_found", f"no sandbox {sandbox_id!r}")
+        return JSONResponse(sandbox_json(record, devices))
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def metrics_endpoint(request: Request) -> Response:
+        if refresh_metrics is not None:
+            await refresh_metrics()
+        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+        return _error(exc.status_code, code, str(exc.detail))
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        return _error(500, "internal", f"{type(exc).__name__}: status unavailable")
+
+    return Starlette(
+        routes=[
+            Route("/v1/sandboxes", list_sandboxes, methods=["GET"]),
+            Route("/v1/sandboxes/{sandbox_id}", get_sandbox, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_error, Exception: internal_error},
+    )
+
+
+async def refresh_sandbox_gauge(source: SandboxSource) -> None:
+    """Recount sandboxes by state into the gauge (called on each scrape)."""
+    counts: dict[str, int] = {}
+    for record in await source.records():
+        counts[record.state.value] = counts.get(record.state.value, 0) + 1
+    metrics.set_sandbox_counts(counts)

@@ -1,0 +1,68 @@
+"""Per-container device status: what each container of a sandbox was planned to get, and whether
+the agent accepted it.
+
+pending  planned, CreateContainer not seen yet
+ready    CreateContainer carried the devices and the agent answered OK
+failed   the rewrite refused the request or the agent answered an error (`reason` says which)
+
+Kept in memory (it describes live proxy traffic); a restarted daemon reports the plan as pending
+until the containers are created again.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class DeviceState(enum.StrEnum):
+    PENDING = "pending"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass
+class ContainerDevices:
+    """One container's planned devices and their status."""
+
+    devices: tuple[str, ...]
+    state: DeviceState = DeviceState.PENDING
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"devices": list(self.devices), "state": self.state.value, "reason": self.reason}
+
+
+@dataclass
+class DeviceBook:
+    """Device status of every sandbox, updated by the proxy's CreateContainer path."""
+
+    _sandboxes: dict[str, dict[str, ContainerDevices]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def plan(self, sandbox_id: str, devices_by_container: dict[str, list[str]]) -> None:
+        """Record the plan of a sandbox: every container starts pending."""
+        with self._lock:
+            self._sandboxes[sandbox_id] = {
+                name: ContainerDevices(tuple(names)) for name, names in devices_by_container.items()
+            }
+
+    def mark(self, sandbox_id: str, container: str, state: DeviceState, reason: str = "") -> None:
+        """Set one container's status (a container outside the plan is tracked with no devices)."""
+        with self._lock:
+            containers = self._sandboxes.setdefault(sandbox_id, {})
+            entry = containers.setdefault(container, ContainerDevices(()))
+            entry.state = state
+            entry.reason = reason
+
+    def forget(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._sandboxes.pop(sandbox_id, None)
+
+    def snapshot(self, sandbox_id: str) -> dict[str, dict[str, Any]]:
+        """JSON-ready status of a sandbox's containers."""
+        with self._lock:
+            containers = self._sandboxes.get(sandbox_id, {})
+            return {name: entry.to_json() for name, entry in sorted(containers.items())}
