@@ -1,15 +1,106 @@
-"""`peerpods serve` (placeholder until its issue lands: it refuses to run)."""
+"""`peerpods serve`: the node daemon Kata's remote hypervisor talks to."""
 
 from __future__ import annotations
 
 import argparse
 
-from providers.errors import PeerpodsError
+from adaptor.cli import flags
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Add this subcommand's flags."""
+    """Add this subcommand's flags (cheap: nothing heavy is imported here)."""
+    flags.add(
+        parser,
+        "--socket",
+        default="/run/peerpod/hypervisor.sock",
+        help="unix socket of the hypervisor.Hypervisor service (mode 0600)",
+    )
+    flags.add(
+        parser,
+        "--pods-dir",
+        default="/run/peerpod/pods",
+        help="directory of per-sandbox agent sockets, <pods-dir>/<id>/agent.ttrpc",
+    )
+    flags.add(
+        parser,
+        "--state-dir",
+        default="/var/lib/peerpods",
+        help="directory of the durable sandbox database",
+    )
+    flags.add(
+        parser,
+        "--provider",
+        default="static",
+        choices=["aws", "azure", "gcp", "static", "local"],
+        help="where pod VMs come from",
+    )
+    flags.add(
+        parser,
+        "--forwarder-port",
+        type=int,
+        default=15150,
+        help="TCP port of the pod VM's agent protocol forwarder",
+    )
+    flags.add(
+        parser,
+        "--agent-tls",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="mutual TLS to the pod VM forwarder",
+    )
+    flags.add(
+        parser,
+        "--agent-tls-ca",
+        default=None,
+        help="CA file that signed the forwarders' server certificates",
+    )
+    flags.add(
+        parser, "--agent-tls-cert", default=None, help="this adaptor's client certificate file"
+    )
+    flags.add(parser, "--agent-tls-key", default=None, help="this adaptor's client key file")
+    flags.add(
+        parser,
+        "--proxy-timeout",
+        type=flags.duration,
+        default="5m",
+        help="how long StartVM waits for the pod VM forwarder",
+    )
+    flags.add(
+        parser,
+        "--shutdown-grace",
+        type=flags.duration,
+        default="10s",
+        help="how long in-flight calls may finish after SIGTERM",
+    )
+    flags.add(
+        parser,
+        "--static-endpoints",
+        default="",
+        help="the static provider's pod VMs, HOST:PORT[,...]; one sandbox each at a time",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    raise PeerpodsError("serve is not available in this build")
+    """Validate the settings, then serve until SIGTERM/SIGINT."""
+    from adaptor.daemon import serve
+    from adaptor.settings import ServeSettings
+    from adaptor.ttrpc.loop import run as run_loop
+
+    settings = ServeSettings.build(
+        socket=args.socket,
+        pods_dir=args.pods_dir,
+        state_dir=args.state_dir,
+        provider=args.provider,
+        forwarder_port=args.forwarder_port,
+        proxy_timeout_seconds=args.proxy_timeout,
+        shutdown_grace_seconds=args.shutdown_grace,
+        static_endpoints=args.static_endpoints,
+        agent_tls={
+            "enabled": args.agent_tls,
+            "ca_file": args.agent_tls_ca,
+            "cert_file": args.agent_tls_cert,
+            "key_file": args.agent_tls_key,
+        },
+    )
+    run_loop(serve(settings))
+    return 0

@@ -1,0 +1,216 @@
+"""`peerpods serve`: wires the state store, the provider, the sandbox manager and the hypervisor
+ttrpc server, and owns their lifetime.
+
+Start: lock the state directory (one daemon per state), open the store, build the provider,
+serve again the agent sockets of sandboxes that were running, then listen on --socket.
+Shutdown (SIGTERM/SIGINT): stop accepting, give in-flight calls a bounded grace, close every
+socket; VMs and records stay, so the next start picks the sandboxes up again. A second signal
+cuts the grace short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from adaptor.hypervisor.sandboxes import (
+    AgentProxyHandle,
+    CandidateChooser,
+    EndpointResolver,
+    ManagerConfig,
+    ProxyFactory,
+    SandboxManager,
+    machine_type_candidates,
+)
+from adaptor.hypervisor.service import HypervisorService
+from adaptor.settings import ServeSettings
+from adaptor.state import SandboxRecord, StateStore
+from adaptor.ttrpc.server import Server
+from providers import registry
+from providers.base import Provider
+from providers.errors import PeerpodsError
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = "serve.lock"
+
+
+class StateLocked(PeerpodsError):
+    """Another `peerpods serve` already uses this state directory."""
+
+
+def agent_tls_context(settings: ServeSettings) -> ssl.SSLContext | None:
+    """The client TLS context for forwarder connections, None with --no-agent-tls."""
+    tls = settings.agent_tls
+    if not tls.enabled:
+        return None
+    from adaptor.proxy import client_tls_context
+
+    assert tls.ca_file and tls.cert_file and tls.key_file  # checked by AgentTls
+    try:
+        return client_tls_context(str(tls.ca_file), str(tls.cert_file), str(tls.key_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise PeerpodsError(f"cannot load agent TLS files: {exc}") from exc
+
+
+def agent_proxy_factory(
+    tls: ssl.SSLContext | None, create_container_hook: Callable[..., Any] | None = None
+) -> ProxyFactory:
+    """Builds each sandbox's AgentProxy dialing its forwarder (over mTLS when `tls` is set)."""
+    from adaptor.proxy import AgentProxy, tcp_dialer
+
+    def make(record: SandboxRecord, socket_path: str, host: str, port: int) -> AgentProxyHandle:
+        proxy: AgentProxyHandle = AgentProxy(
+            socket_path,
+            tcp_dialer(host, port, ssl=tls),
+            sandbox_id=record.id,
+            create_container_hook=create_container_hook,
+        )
+        return proxy
+
+    return make
+
+
+class Daemon:
+    """The node daemon's parts, started and closed together."""
+
+    def __init__(
+        self,
+        settings: ServeSettings,
+        *,
+        provider: Provider | None = None,
+        proxy_factory: ProxyFactory | None = None,
+        choose_candidates: CandidateChooser = machine_type_candidates,
+        resolve_endpoint: EndpointResolver | None = None,
+        create_container_hook: Callable[..., Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._provider = provider
+        self._proxy_factory = proxy_factory
+        self._choose_candidates = choose_candidates
+        self._resolve_endpoint = resolve_endpoint
+        self._create_container_hook = create_container_hook
+        self._lock_fd: int | None = None
+        self.store: StateStore | None = None
+        self.manager: SandboxManager | None = None
+        self.server: Server | None = None
+
+    async def start(self) -> None:
+        """Bring everything up; on failure, whatever started is closed again."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close(grace_seconds=0)
+            raise
+
+    async def _start(self) -> None:
+        settings = self.settings
+        self._lock_fd = await asyncio.to_thread(_lock_state_dir, str(settings.state_dir))
+        self.store = await StateStore.open(settings.state_dir)
+        provider = self._provider or registry.create(
+            settings.provider,
+            registry.ProviderOptions(static_endpoints=settings.static_endpoints, leases=self.store),
+        )
+        proxy_factory = self._proxy_factory or agent_proxy_factory(
+            agent_tls_context(settings), self._create_container_hook
+        )
+        self.manager = SandboxManager(
+            ManagerConfig(
+                pods_dir=settings.pods_dir,
+                forwarder_port=settings.forwarder_port,
+                proxy_timeout_seconds=settings.proxy_timeout_seconds,
+            ),
+            self.store,
+            provider,
+            proxy_factory,
+            choose_candidates=self._choose_candidates,
+            resolve_endpoint=self._resolve_endpoint,
+        )
+        await self.manager.recover()
+        server = Server()
+        HypervisorService(self.manager).register(server)
+        await server.start_unix(str(settings.socket), mode=0o600)
+        self.server = server
+        log.info(
+            "serving hypervisor.Hypervisor on %s (provider %s)", settings.socket, provider.name
+        )
+
+    async def close(self, grace_seconds: float | None = None) -> None:
+        """Stop accepting, let in-flight calls finish within the grace, close every socket.
+
+        Cancelling a close (a second signal) closes what is left without grace.
+        """
+        grace = self.settings.shutdown_grace_seconds if grace_seconds is None else grace_seconds
+        if self.server is not None:
+            await _graceful(self.server.close, grace)
+            self.server = None
+        if self.manager is not None:
+            await _graceful(self.manager.close, grace)
+            self.manager = None
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+async def _graceful(close: Callable[[float], Awaitable[None]], grace: float) -> None:
+    try:
+        await close(grace)
+    except asyncio.CancelledError:
+        await close(0)
+        raise
+
+
+def _lock_state_dir(state_dir: str) -> int:
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(state_dir, LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StateLocked(f"another peerpods serve is using {state_dir}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+async def serve(settings: ServeSettings, **hooks: Any) -> None:
+    """Run the daemon until SIGTERM or SIGINT; a second signal skips the grace period."""
+    loop = asyncio.get_running_loop()
+    stop, force = asyncio.Event(), asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        (force if stop.is_set() else stop).set()
+
+    daemon = Daemon(settings, **hooks)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await daemon.start()
+        print(f"peerpods serve: listening on {settings.socket}", flush=True)
+        await stop.wait()
+        closing = asyncio.create_task(daemon.close(), name="daemon-close")
+        forced = asyncio.create_task(force.wait(), name="daemon-force")
+        await asyncio.wait({closing, forced}, return_when=asyncio.FIRST_COMPLETED)
+        forced.cancel()
+        if not closing.done():
+            log.warning("second signal: closing without grace")
+            closing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await closing
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await daemon.close(grace_seconds=0)

@@ -1,0 +1,111 @@
+"""`hypervisor.Hypervisor` on ttrpc: decodes Kata's requests, calls the sandbox manager, and maps
+its errors to the status codes the shim sees.
+
+    InvalidRequest (bad id, annotation)   INVALID_ARGUMENT (names the annotation)
+    SandboxNotFound                       NOT_FOUND
+    SandboxBusy                           FAILED_PRECONDITION
+    CapacityError                         RESOURCE_EXHAUSTED
+    TransientError                        UNAVAILABLE
+    TtrpcError (forwarder unreachable)    its own code (UNAVAILABLE)
+    any other error                       INTERNAL
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from adaptor.hypervisor.sandboxes import SandboxBusy, SandboxManager, SandboxNotFound
+from adaptor.hypervisor.version import package_version
+from adaptor.ttrpc.gen import hypervisor_pb2 as pb
+from adaptor.ttrpc.server import CallContext, Handler, Server
+from adaptor.ttrpc.status import Code, TtrpcError
+from providers.errors import CapacityError, InvalidRequest, PeerpodsError, TransientError
+
+log = logging.getLogger(__name__)
+
+SERVICE = "hypervisor.Hypervisor"
+M = TypeVar("M", bound=Message)
+
+
+def _decode(message_type: type[M], payload: bytes) -> M:
+    message: M = message_type()
+    try:
+        message.ParseFromString(payload)
+    except DecodeError as exc:
+        raise TtrpcError(Code.INVALID_ARGUMENT, f"cannot decode {message_type.__name__}") from exc
+    return message
+
+
+def to_status(exc: Exception) -> TtrpcError:
+    """The ttrpc status for an error raised by the manager."""
+    if isinstance(exc, TtrpcError):
+        return exc
+    if isinstance(exc, InvalidRequest):
+        return TtrpcError(Code.INVALID_ARGUMENT, str(exc))
+    if isinstance(exc, SandboxNotFound):
+        return TtrpcError(Code.NOT_FOUND, str(exc))
+    if isinstance(exc, SandboxBusy):
+        return TtrpcError(Code.FAILED_PRECONDITION, str(exc))
+    if isinstance(exc, CapacityError):
+        return TtrpcError(Code.RESOURCE_EXHAUSTED, str(exc))
+    if isinstance(exc, TransientError):
+        return TtrpcError(Code.UNAVAILABLE, str(exc))
+    if isinstance(exc, PeerpodsError):
+        return TtrpcError(Code.INTERNAL, str(exc))
+    log.error("unexpected error in the hypervisor service", exc_info=exc)
+    return TtrpcError(Code.INTERNAL, f"internal error: {type(exc).__name__}")
+
+
+class HypervisorService:
+    """The four methods Kata's remote hypervisor calls."""
+
+    def __init__(self, manager: SandboxManager) -> None:
+        self.manager = manager
+
+    def register(self, server: Server) -> None:
+        server.register(SERVICE, self.handlers())
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "CreateVM": self._guard(self.create_vm),
+            "StartVM": self._guard(self.start_vm),
+            "StopVM": self._guard(self.stop_vm),
+            "Version": self._guard(self.version),
+        }
+
+    @staticmethod
+    def _guard(method: Callable[[bytes], Awaitable[bytes]]) -> Handler:
+        async def handler(ctx: CallContext, payload: bytes) -> bytes:
+            try:
+                return await method(payload)
+            except TtrpcError:
+                raise
+            except Exception as exc:
+                raise to_status(exc) from exc
+
+        return handler
+
+    async def create_vm(self, payload: bytes) -> bytes:
+        request = _decode(pb.CreateVMRequest, payload)
+        path = await self.manager.create_vm(
+            request.id, dict(request.annotations), request.networkNamespacePath
+        )
+        return bytes(pb.CreateVMResponse(agentSocketPath=path).SerializeToString())
+
+    async def start_vm(self, payload: bytes) -> bytes:
+        request = _decode(pb.StartVMRequest, payload)
+        await self.manager.start_vm(request.id)
+        return bytes(pb.StartVMResponse().SerializeToString())
+
+    async def stop_vm(self, payload: bytes) -> bytes:
+        request = _decode(pb.StopVMRequest, payload)
+        await self.manager.stop_vm(request.id)
+        return bytes(pb.StopVMResponse().SerializeToString())
+
+    async def version(self, payload: bytes) -> bytes:
+        _decode(pb.VersionRequest, payload)
+        return bytes(pb.VersionResponse(version=package_version()).SerializeToString())

@@ -1,0 +1,88 @@
+"""Settings of `peerpods serve`, validated once at start so a bad flag fails before anything runs.
+
+Every field names its unit; the CLI fills them from flags (each with its PEERPODS_* env twin).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from providers.errors import InvalidRequest
+from providers.static import Endpoint, parse_endpoints
+
+
+class AgentTls(BaseModel):
+    """Mutual TLS towards the pod VM forwarder (its CA, our client certificate and key)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _files_when_enabled(self) -> Self:
+        if self.enabled:
+            missing = [
+                flag
+                for flag, value in (
+                    ("--agent-tls-ca", self.ca_file),
+                    ("--agent-tls-cert", self.cert_file),
+                    ("--agent-tls-key", self.key_file),
+                )
+                if value is None
+            ]
+            if missing:
+                raise ValueError(
+                    f"agent TLS is on but {', '.join(missing)} not set (or use --no-agent-tls)"
+                )
+            for path in (self.ca_file, self.cert_file, self.key_file):
+                if path is not None and not path.is_file():
+                    raise ValueError(f"agent TLS file {path} does not exist")
+        return self
+
+
+class ServeSettings(BaseModel):
+    """Everything the node daemon is configured with."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    socket: Path = Field(Path("/run/peerpod/hypervisor.sock"), description="hypervisor socket")
+    pods_dir: Path = Field(Path("/run/peerpod/pods"), description="agent sockets, one dir each")
+    state_dir: Path = Field(Path("/var/lib/peerpods"), description="the sandbox database")
+    provider: str = "static"
+    forwarder_port: int = Field(15150, ge=1, le=65535)
+    proxy_timeout_seconds: float = Field(300.0, gt=0, description="StartVM's forwarder wait")
+    shutdown_grace_seconds: float = Field(10.0, ge=0, description="in-flight calls at exit")
+    static_endpoints: tuple[Endpoint, ...] = ()
+    agent_tls: AgentTls = Field(default_factory=AgentTls)
+
+    @field_validator("pods_dir")
+    @classmethod
+    def _no_colon(cls, value: Path) -> Path:
+        # The shim splits "remote:<path>" on ":", so the agent socket path must not carry one.
+        if ":" in str(value):
+            raise ValueError("must not contain ':'")
+        return value
+
+    @field_validator("static_endpoints", mode="before")
+    @classmethod
+    def _endpoints(cls, value: object) -> object:
+        if isinstance(value, str):
+            return parse_endpoints(value)
+        return value
+
+    @classmethod
+    def build(cls, **fields: object) -> ServeSettings:
+        """Validate; a bad value raises InvalidRequest naming the setting."""
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "settings"
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise InvalidRequest(f"{where}: {message}") from None
