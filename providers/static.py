@@ -39,6 +39,8 @@ def parse_endpoint(text: str) -> Endpoint:
         host, sep, port = raw.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise InvalidRequest(f"invalid endpoint {text!r} (want HOST:PORT)")
+    if ":" in host and not raw.startswith("["):
+        raise InvalidRequest(f"invalid endpoint {text!r} (IPv6 needs [ADDR]:PORT)")
     if ":" in host:
         try:
             ipaddress.IPv6Address(host)

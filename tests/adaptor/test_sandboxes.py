@@ -1,0 +1,212 @@
+"""The sandbox lifecycle with a fake provider and proxy: ordering, cleanup, concurrency, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from adaptor.hypervisor import ManagerConfig, SandboxBusy, SandboxManager, SandboxNotFound
+from adaptor.state import SandboxState, StateStore
+from adaptor.ttrpc import Code, TtrpcError
+from providers.errors import AnnotationError, InvalidRequest, ProviderError
+from tests.adaptor.fakes import FakeProvider, FakeProxies
+
+ANNOTATIONS = {
+    "io.kubernetes.cri.sandbox-name": "pod-a",
+    "io.kubernetes.cri.sandbox-namespace": "default",
+    "io.katacontainers.config.hypervisor.machine_type": "g5.xlarge",
+    "io.katacontainers.config.hypervisor.default_vcpus": "4",
+    "io.katacontainers.config.hypervisor.default_memory": "8192",
+    "io.katacontainers.config.hypervisor.default_gpus": "1",
+    "io.katacontainers.config.hypervisor.default_gpu_model": "v1:m=a10g",
+    "io.katacontainers.config.hypervisor.image": "",
+    "io.katacontainers.config.hypervisor.cc_init_data": "",
+}
+
+
+class Env:
+    def __init__(self, root: Path, store: StateStore) -> None:
+        self.root = root
+        self.store = store
+        self.provider = FakeProvider()
+        self.proxies = FakeProxies()
+        self.manager = self.make_manager()
+
+    def make_manager(self) -> SandboxManager:
+        return SandboxManager(
+            ManagerConfig(pods_dir=self.root / "pods", proxy_timeout_seconds=1),
+            self.store,
+            self.provider,
+            self.proxies,
+        )
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    with tempfile.TemporaryDirectory(prefix="pp", dir="/tmp") as root:
+        store = await StateStore.open(Path(root) / "state")
+        environment = Env(Path(root), store)
+        yield environment
+        await environment.manager.close(0)
+        await store.close()
+
+
+async def test_create_records_before_answering_and_is_idempotent(env: Env) -> None:
+    path = await env.manager.create_vm("sb1", ANNOTATIONS, "/var/run/netns/x")
+    assert path == str(env.root / "pods" / "sb1" / "agent.ttrpc")
+    record = await env.store.get("sb1")
+    assert record is not None and record.state is SandboxState.CREATED
+    assert (record.pod_namespace, record.pod_name) == ("default", "pod-a")
+    assert await env.manager.create_vm("sb1", ANNOTATIONS) == path
+    assert len(await env.store.records()) == 1
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("io.kubernetes.cri.sandbox-name", ""),
+        ("io.kubernetes.cri.sandbox-namespace", "Bad_NS"),
+        ("io.katacontainers.config.hypervisor.default_vcpus", "four"),
+        ("io.katacontainers.config.hypervisor.default_memory", "-1"),
+        ("io.katacontainers.config.hypervisor.default_gpu_model", "v1:bogus=1"),
+        ("io.katacontainers.config.hypervisor.machine_type", "g5 xlarge"),
+    ],
+)
+async def test_create_rejects_bad_annotations_naming_them(env: Env, key: str, value: str) -> None:
+    with pytest.raises(AnnotationError) as info:
+        await env.manager.create_vm("sb1", {**ANNOTATIONS, key: value})
+    assert info.value.key == key
+    assert await env.store.records() == []
+
+
+@pytest.mark.parametrize("sandbox_id", ["", "..", "a/b", ".hidden", "x" * 129, "a\x00b"])
+async def test_create_rejects_unsafe_ids(env: Env, sandbox_id: str) -> None:
+    with pytest.raises(InvalidRequest, match="sandbox id"):
+        await env.manager.create_vm(sandbox_id, ANNOTATIONS)
+    assert await env.store.records() == []
+
+
+async def test_start_and_stop(env: Env) -> None:
+    await env.manager.create_vm("sb1", ANNOTATIONS)
+    await env.manager.start_vm("sb1")
+    (proxy,) = env.proxies.made
+    assert proxy.calls == ["connect", "start"]
+    assert (proxy.host, proxy.port) == ("10.0.0.7", 15150)
+    assert env.provider.specs[0].candidates == ("g5.xlarge",)
+    assert env.provider.specs[0].gpus == 1
+    record = await env.store.get("sb1")
+    assert record is not None and record.state is SandboxState.RUNNING
+    assert record.instance is not None and record.instance.id == "vm-sb1"
+    assert Path(record.agent_socket).parent.is_dir()
+    await env.manager.start_vm("sb1")  # repeated: nothing new
+    assert len(env.proxies.made) == 1
+
+    await env.manager.stop_vm("sb1")
+    assert proxy.calls[-1] == "stop"
+    assert env.provider.vms == {}
+    assert await env.store.get("sb1") is None
+    assert not (env.root / "pods" / "sb1").exists()
+    with pytest.raises(SandboxNotFound):
+        await env.manager.stop_vm("sb1")
+    with pytest.raises(SandboxNotFound):
+        await env.manager.start_vm("nope")
+
+
+async def test_forwarder_unreachable_deletes_the_vm(env: Env) -> None:
+    env.proxies.connect_error = TtrpcError(Code.UNAVAILABLE, "pod VM unreachable")
+    await env.manager.create_vm("sb1", ANNOTATIONS)
+    with pytest.raises(TtrpcError):
+        await env.manager.start_vm("sb1")
+    assert env.provider.deleted == ["vm-sb1"] and env.provider.vms == {}
+    assert env.proxies.made[0].calls == ["connect", "stop"]
+    record = await env.store.get("sb1")
+    assert record is not None and record.state is SandboxState.FAILED
+    assert record.instance is None and "unreachable" in record.reason
+    # a failed start may be retried, and the sandbox can always be stopped
+    env.proxies.connect_error = None
+    await env.manager.start_vm("sb1")
+    await env.manager.stop_vm("sb1")
+
+
+async def test_cancelled_start_still_deletes_the_vm(env: Env) -> None:
+    env.proxies.connect_gate = asyncio.Event()
+    await env.manager.create_vm("sb1", ANNOTATIONS)
+    start = asyncio.create_task(env.manager.start_vm("sb1"))
+    while not env.proxies.made:
+        await asyncio.sleep(0.01)
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    assert env.provider.vms == {}
+    record = await env.store.get("sb1")
+    assert record is not None and record.state is SandboxState.FAILED
+
+
+async def test_failed_delete_is_kept_for_retry(env: Env) -> None:
+    await env.manager.create_vm("sb1", ANNOTATIONS)
+    await env.manager.start_vm("sb1")
+    env.provider.fail_delete = True
+    with pytest.raises(ProviderError, match="cloud said no"):
+        await env.manager.stop_vm("sb1")
+    record = await env.store.get("sb1")
+    assert record is not None and record.state is SandboxState.FAILED
+    assert record.instance is not None and "delete" in record.reason
+    with pytest.raises(SandboxBusy):
+        await env.manager.start_vm("sb1")
+    env.provider.fail_delete = False
+    await env.manager.stop_vm("sb1")
+    assert await env.store.get("sb1") is None and env.provider.vms == {}
+
+
+async def test_same_sandbox_serialized_others_concurrent(env: Env) -> None:
+    gate = asyncio.Event()
+    env.proxies.connect_gate = gate
+    for sid in ("a", "b"):
+        await env.manager.create_vm(sid, ANNOTATIONS)
+    start_a = asyncio.create_task(env.manager.start_vm("a"))
+    start_b = asyncio.create_task(env.manager.start_vm("b"))
+    stop_a = asyncio.create_task(env.manager.stop_vm("a"))
+    while len(env.proxies.made) < 2:  # both starts reached the forwarder wait together
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    assert not stop_a.done()  # waits for a's start
+    gate.set()
+    await asyncio.gather(start_a, start_b, stop_a)
+    assert await env.store.get("a") is None
+    b = await env.store.get("b")
+    assert b is not None and b.state is SandboxState.RUNNING
+
+
+async def test_recover_serves_running_and_fails_interrupted(env: Env) -> None:
+    for sid in ("run", "mid"):
+        await env.manager.create_vm(sid, ANNOTATIONS)
+    await env.manager.start_vm("run")
+    mid = await env.store.get("mid")
+    assert mid is not None
+    await env.store.put(mid.evolve(state=SandboxState.STARTING))
+    await env.manager.close(0)
+
+    env.manager = env.make_manager()
+    await env.manager.recover()
+    assert env.manager.serving("run")
+    proxy = env.proxies.made[-1]
+    await asyncio.sleep(0.01)
+    assert proxy.calls[:2] == ["start", "connect"]
+    failed = await env.store.get("mid")
+    assert failed is not None and failed.state is SandboxState.FAILED
+    await env.manager.stop_vm("run")
+    assert env.provider.vms == {}
+    await env.manager.stop_vm("mid")
+
+
+async def test_create_failure_is_recorded(env: Env) -> None:
+    env.provider.fail_create = ProviderError("quota")
+    await env.manager.create_vm("sb1", ANNOTATIONS)
+    with pytest.raises(ProviderError):
+        await env.manager.start_vm("sb1")
+    record = await env.store.get("sb1")
+    assert record is not None and record.state is SandboxState.FAILED and "quota" in record.reason
