@@ -33,6 +33,9 @@ class AttachableGpu(BaseModel):
     model: str
     memory_mib: int
     counts: tuple[int, ...] = Field(description="allowed attachment counts, e.g. (1, 2, 4)")
+    zones: tuple[str, ...] = Field(
+        (), description="zones where it can be attached; empty: every zone of the type"
+    )
 
 
 class InstanceType(BaseModel):
