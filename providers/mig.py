@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 __all__ = [
     "MIG_PROFILES",
@@ -97,9 +98,15 @@ MIG_PROFILES: Mapping[str, tuple[MigProfileSpec, ...]] = _build()
 _GEOMETRY: Mapping[str, _Geometry] = {m: (_A30 if m == "a30" else _SEVEN) for m in MIG_PROFILES}
 
 
-def profiles_for(model_id: str) -> dict[str, MigProfileSpec]:
+_BY_NAME: Mapping[str, Mapping[str, MigProfileSpec]] = {
+    model: MappingProxyType({p.name: p for p in specs}) for model, specs in MIG_PROFILES.items()
+}
+_NONE: Mapping[str, MigProfileSpec] = MappingProxyType({})
+
+
+def profiles_for(model_id: str) -> Mapping[str, MigProfileSpec]:
     """Profile name -> spec on this GPU model (empty when it has no known MIG profiles)."""
-    return {p.name: p for p in MIG_PROFILES.get(model_id, ())}
+    return _BY_NAME.get(model_id, _NONE)
 
 
 @dataclass(frozen=True)

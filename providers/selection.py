@@ -1,0 +1,540 @@
+"""Instance selection: every type of a catalog checked against a request, the fits ranked.
+
+Each type is checked in full (no ordering or monotonicity is assumed: CAA's binary search misses
+fits, FACTS 7). Checks run in a fixed order of stages, GPU first, policy last, and the first that
+fails is the type's rejection; when nothing fits, the rejections that got furthest say why in one
+line ("no type offers MIG profile 9g.99gb", "16 h100-80gb GPUs exceed the largest type, 8").
+
+Ranking: known price ascending, unknown price after known; then smallest fit (GPUs, GPU memory,
+vCPUs, memory); then name. MIG devices are counted in GPUs by packing them (providers.mig).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Final
+
+from providers.catalog import Catalog, InstanceType
+from providers.errors import NoMatch
+from providers.gpus import GPU_MODELS, models_matching
+from providers.mig import MigLayout, pack, profiles_for
+from providers.request import InstanceRequest
+
+__all__ = ["Candidate", "Rejection", "Selection", "select"]
+
+# Stages, in check order; a rejection at a later stage came closer to fitting.
+NO_GPU: Final = 0  # the type has no GPU (or has one the request does not want)
+GPU_MODEL: Final = 1
+GPU_MEMORY: Final = 2
+FRACTIONAL: Final = 3
+MIG_PROFILE: Final = 4
+GPU_COUNT: Final = 5
+ARCH: Final = 6
+RDMA: Final = 7
+VCPUS: Final = 8
+MEMORY: Final = 9
+OFFERED: Final = 10
+POLICY: Final = 11
+
+_GIB = 1024
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A type that cannot serve the request, and why."""
+
+    name: str
+    reason: str
+    stage: int = 0
+    gpu_model: str = ""  # the GPU model the reason is about, if any
+    have: int = 0  # what the type offers of the failing figure (GPUs, vCPUs, MiB)
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """How one type serves the request (the GPU side)."""
+
+    gpu_model: str | None = None
+    gpus: int = 0  # GPUs the VM gets (bundled count, or attached count on GCP N1)
+    gpus_used: int = 0  # of which the request uses
+    gpu_memory_mib: int = 0  # per GPU
+    fraction: float = 1.0
+    attach: int = 0  # GCP N1: GPUs to attach at create
+    mig_layout: MigLayout | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A type that serves the request, with why it ranks where it does."""
+
+    instance_type: InstanceType
+    price_per_hour: float | None
+    reasons: tuple[str, ...]
+    gpu_model: str | None = None
+    gpus: int = 0
+    gpus_used: int = 0
+    gpu_memory_mib: int = 0
+    fraction: float = 1.0
+    attach_gpus: int = 0
+    mig_layout: MigLayout | None = None
+
+    @property
+    def name(self) -> str:
+        return self.instance_type.name
+
+
+# --- the per-catalog index --------------------------------------------------------------------
+
+
+# One row per type, in static rank order: (type, vcpus, memory_mib, arch, rdma, zones,
+# offered in the region, bundled GPU model or None, bundled GPU count, attaches GPUs).
+_Row = tuple[InstanceType, int, int, str, bool, frozenset[str], bool, str | None, int, bool]
+
+
+@dataclass
+class _Index:
+    """What selection precomputes once per catalog (cached while the catalog lives)."""
+
+    types: tuple[InstanceType, ...]
+    by_name: dict[str, InstanceType]
+    gpu_types: tuple[InstanceType, ...]  # bundled or attachable GPUs
+    has_zones: bool
+    rows: tuple[_Row, ...]  # every type, sorted by its request-independent rank key
+
+
+_INDEXES: dict[int, tuple[weakref.ref[Catalog], _Index]] = {}
+
+
+def _static_key(t: InstanceType) -> tuple[int, float, int, int, int, int, str]:
+    """The rank key of a type serving a request with its bundled GPUs (or none attached)."""
+    gpus = t.gpu.count if t.gpu is not None else 0
+    memory = t.gpu.memory_mib if t.gpu is not None else 0
+    return _rank_key(t, _Fit(gpus=gpus, gpu_memory_mib=memory))
+
+
+def _index(catalog: Catalog) -> _Index:
+    cached = _INDEXES.get(id(catalog))
+    if cached is not None and cached[0]() is catalog:
+        return cached[1]
+    has_zones = any(t.zones for t in catalog.types)
+    rows = tuple(
+        (
+            t,
+            t.vcpus,
+            t.memory_mib,
+            t.arch,
+            bool(t.rdma),
+            frozenset(t.zones),
+            bool(t.zones) or not has_zones,
+            t.gpu.model if t.gpu is not None else None,
+            t.gpu.count if t.gpu is not None else 0,
+            bool(t.attachable_gpus),
+        )
+        for t in sorted(catalog.types, key=_static_key)
+    )
+    index = _Index(
+        types=catalog.types,
+        by_name=catalog.by_name(),
+        gpu_types=tuple(t for t in catalog.types if t.gpu is not None or t.attachable_gpus),
+        has_zones=has_zones,
+        rows=rows,
+    )
+    key = id(catalog)
+    _INDEXES[key] = (weakref.ref(catalog, lambda _ref: _INDEXES.pop(key, None)), index)
+    return index
+
+
+# --- matching ---------------------------------------------------------------------------------
+
+
+def _globs(patterns: Sequence[str]) -> re.Pattern[str] | None:
+    if not patterns:
+        return None
+    return re.compile("|".join(f"(?:{fnmatch.translate(p.strip())})" for p in patterns))
+
+
+def _mib(value: int) -> str:
+    return f"{value / _GIB:g} GiB" if value % _GIB == 0 or value > 10 * _GIB else f"{value} MiB"
+
+
+@dataclass(frozen=True)
+class _Matcher:
+    """A request compiled for repeated checks."""
+
+    request: InstanceRequest
+    models: frozenset[str] | None  # acceptable canonical models (None: any)
+    whole_gpus: int  # whole GPUs wanted (1 when only a model or memory was asked)
+    allow: re.Pattern[str] | None
+    deny: re.Pattern[str] | None
+    has_zones: bool
+    wants_gpu: bool
+
+    @classmethod
+    def build(cls, request: InstanceRequest, index: _Index) -> _Matcher:
+        models: frozenset[str] | None = None
+        if request.gpu_models:
+            models = frozenset().union(*(models_matching(m) for m in request.gpu_models))
+        whole = request.gpus
+        if request.wants_gpu and not request.gpus and not request.mig:
+            whole = 1
+        return cls(
+            request=request,
+            models=models,
+            whole_gpus=whole,
+            allow=_globs(request.allow),
+            deny=_globs(request.deny),
+            has_zones=index.has_zones,
+            wants_gpu=request.wants_gpu,
+        )
+
+    def gpu_fit(
+        self, model: str, count: int, memory_mib: int, fraction: float, counts: tuple[int, ...]
+    ) -> _Fit | Rejection:
+        """Whether `count` GPUs of `model` (or one of `counts` attached) serve the GPU request."""
+        request = self.request
+        if self.models is not None and model not in self.models:
+            wanted = "|".join(request.gpu_models)
+            return Rejection("", f"GPU {model} is not one of {wanted}", GPU_MODEL, model)
+        nominal = GPU_MODELS[model].memory_mib if model in GPU_MODELS else memory_mib
+        effective = memory_mib if fraction < 1 else max(memory_mib, nominal)
+        if request.gpu_memory_mib and effective < request.gpu_memory_mib:
+            return Rejection(
+                "",
+                f"{model} has {_mib(effective)} per GPU, need {_mib(request.gpu_memory_mib)}",
+                GPU_MEMORY,
+            )
+        if fraction < 1:
+            share = f"a {_fraction(fraction)} share of one {model}"
+            if not request.fractional:
+                return Rejection("", f"{share} (fractional GPUs not allowed)", FRACTIONAL)
+            if request.mig or request.gpus > 1:
+                wanted = "MIG devices" if request.mig else f"{request.gpus} GPUs"
+                return Rejection("", f"{share} cannot serve {wanted}", FRACTIONAL)
+        layout: MigLayout | None = None
+        mig_gpus = 0
+        if request.mig:
+            offered = profiles_for(model)
+            missing = sorted(p for p in request.mig if p not in offered)
+            if missing:
+                reason = f"{model} has no MIG profile {', '.join(missing)}"
+                return Rejection("", reason, MIG_PROFILE, model)
+            most = max(counts) if counts else count
+            room = most - self.whole_gpus
+            layout = pack(model, request.mig, room)
+            if layout is None:
+                reason = f"MIG devices {_mig(request.mig)} need more than {max(room, 0)} {model}"
+                return Rejection("", reason, GPU_COUNT, model, most)
+            mig_gpus = layout.gpus_used
+        needed = self.whole_gpus + mig_gpus
+        if counts:
+            attach = next((c for c in sorted(counts) if c >= needed), 0)
+            if not attach:
+                reason = f"attaches at most {max(counts)} {model}, need {needed}"
+                return Rejection("", reason, GPU_COUNT, model, max(counts))
+            count = attach
+        elif needed > count:
+            return Rejection("", f"{count} {model}, need {needed}", GPU_COUNT, model, count)
+        return _Fit(
+            gpu_model=model,
+            gpus=count,
+            gpus_used=needed,
+            gpu_memory_mib=memory_mib,
+            fraction=fraction,
+            attach=count if counts else 0,
+            mig_layout=layout,
+        )
+
+    def check(self, t: InstanceType) -> _Fit | Rejection:
+        """The fit of one type, or the first check it fails."""
+        request = self.request
+        fit = _NO_FIT
+        if self.wants_gpu:
+            options: list[_Fit | Rejection] = []
+            if t.gpu is not None:
+                g = t.gpu
+                options.append(self.gpu_fit(g.model, g.count, g.memory_mib, g.fraction, ()))
+            for a in t.attachable_gpus:
+                zones = getattr(a, "zones", ())
+                if request.zone and zones and request.zone not in zones:
+                    reason = f"{a.model} cannot be attached in zone {request.zone}"
+                    options.append(Rejection(t.name, reason, OFFERED, a.model))
+                    continue
+                options.append(self.gpu_fit(a.model, 0, a.memory_mib, 1.0, a.counts))
+            if not options:
+                return Rejection(t.name, "no GPU", NO_GPU)
+            fits = [o for o in options if isinstance(o, _Fit)]
+            if not fits:
+                worst = max((o for o in options if isinstance(o, Rejection)), key=_stage)
+                return Rejection(t.name, worst.reason, worst.stage, worst.gpu_model, worst.have)
+            fit = min(fits, key=lambda f: (f.gpus, f.gpu_memory_mib, f.gpu_model or ""))
+        elif t.gpu is not None:
+            return Rejection(t.name, f"has {t.gpu.count} {t.gpu.model}, no GPU requested", NO_GPU)
+        if t.arch != request.arch:
+            return Rejection(t.name, f"{t.arch}, the image is {request.arch}", ARCH)
+        if request.rdma and not t.rdma:
+            return Rejection(t.name, "no RDMA (EFA/InfiniBand)", RDMA)
+        if t.vcpus < request.vcpus:
+            return Rejection(t.name, f"{t.vcpus} vCPUs, need {request.vcpus}", VCPUS, have=t.vcpus)
+        if t.memory_mib < request.memory_mib:
+            reason = f"{_mib(t.memory_mib)} memory, need {_mib(request.memory_mib)}"
+            return Rejection(t.name, reason, MEMORY, have=t.memory_mib)
+        if request.zone and t.zones and request.zone not in t.zones:
+            return Rejection(t.name, f"not offered in zone {request.zone}", OFFERED)
+        if self.has_zones and not t.zones:
+            return Rejection(t.name, "not offered in this region", OFFERED)
+        if self.deny is not None and self.deny.match(t.name):
+            return Rejection(t.name, "denied by --deny", POLICY)
+        if self.allow is not None and not self.allow.match(t.name):
+            return Rejection(t.name, "not in the allow list", POLICY)
+        return fit
+
+
+def _stage(rejection: Rejection) -> int:
+    return rejection.stage
+
+
+def _fraction(value: float) -> str:
+    denominator = round(1 / value)
+    return f"1/{denominator}" if abs(1 / denominator - value) < 1e-3 else f"{value:g}"
+
+
+def _mig(profiles: dict[str, int]) -> str:
+    return ",".join(f"{p}={n}" for p, n in sorted(profiles.items()))
+
+
+# --- ranking ----------------------------------------------------------------------------------
+
+
+def _rank_key(t: InstanceType, fit: _Fit) -> tuple[int, float, int, int, int, int, str]:
+    price = t.price_per_hour
+    return (
+        0 if price is not None else 1,
+        price if price is not None else 0.0,
+        fit.gpus,
+        fit.gpus * fit.gpu_memory_mib,
+        t.vcpus,
+        t.memory_mib,
+        t.name,
+    )
+
+
+def _describe(t: InstanceType, fit: _Fit) -> str:
+    parts: list[str] = []
+    if fit.gpu_model:
+        if fit.fraction < 1:
+            parts.append(f"{_fraction(fit.fraction)} of one {fit.gpu_model}")
+        else:
+            verb = "attach " if fit.attach else ""
+            parts.append(f"{verb}{fit.gpus} x {fit.gpu_model} ({_mib(fit.gpu_memory_mib)} each)")
+        if fit.mig_layout is not None:
+            parts.append(f"MIG packed on {fit.mig_layout.gpus_used} GPU(s)")
+    parts.append(f"{t.vcpus} vCPUs, {_mib(t.memory_mib)}")
+    if t.rdma:
+        parts.append(t.rdma)
+    return "fits: " + ", ".join(parts)
+
+
+def _why_here(position: int, best: InstanceType, t: InstanceType, total: int) -> str:
+    price = t.price_per_hour
+    if position == 0:
+        if price is not None:
+            return f"cheapest of {total} at ${price:.4g}/h"
+        return f"smallest fit of {total} (no price known)"
+    if price is not None and best.price_per_hour is not None:
+        return f"${price:.4g}/h, ${price - best.price_per_hour:.4g}/h more than {best.name}"
+    if price is None and best.price_per_hour is not None:
+        return "price unknown: ranked after every priced type"
+    return f"no price known: larger than {best.name} (GPUs, GPU memory, vCPUs, memory)"
+
+
+# --- the result -------------------------------------------------------------------------------
+
+
+@dataclass
+class Selection:
+    """Ranked candidates (best first) and every rejection, with a one-line summary on failure.
+
+    Candidates and rejections are built on first use: StartVM needs the best few, the CLI and
+    a failure summary need the rest.
+    """
+
+    catalog: Catalog
+    request: InstanceRequest
+    _fits: list[tuple[InstanceType, _Fit]] = field(repr=False)
+    _matcher: _Matcher = field(repr=False)
+    _pool: tuple[InstanceType, ...] | None = field(default=None, repr=False)
+
+    @property
+    def count(self) -> int:
+        """How many candidates there are (without building them)."""
+        return len(self._fits)
+
+    @cached_property
+    def candidates(self) -> list[Candidate]:
+        total = len(self._fits)
+        return [self._candidate(i, total) for i in range(total)]
+
+    def _candidate(self, position: int, total: int) -> Candidate:
+        t, fit = self._fits[position]
+        best = self._fits[0][0]
+        return Candidate(
+            instance_type=t,
+            price_per_hour=t.price_per_hour,
+            reasons=(_describe(t, fit), _why_here(position, best, t, total)),
+            gpu_model=fit.gpu_model,
+            gpus=fit.gpus,
+            gpus_used=fit.gpus_used,
+            gpu_memory_mib=fit.gpu_memory_mib,
+            fraction=fit.fraction,
+            attach_gpus=fit.attach,
+            mig_layout=fit.mig_layout,
+        )
+
+    @cached_property
+    def rejections(self) -> list[Rejection]:
+        """Every type that does not fit, furthest stage first, then by name."""
+        chosen = {t.name for t, _ in self._fits}
+        pool = self._pool if self._pool is not None else self.catalog.types
+        found: list[Rejection] = []
+        for t in pool:
+            if t.name in chosen:
+                continue
+            result = self._matcher.check(t)
+            if isinstance(result, Rejection):
+                found.append(result)
+        return sorted(found, key=lambda r: (-r.stage, r.name))
+
+    @property
+    def selected(self) -> Candidate:
+        """The best candidate; NoMatch with the summary when there is none."""
+        if not self._fits:
+            reasons = [f"{r.name}: {r.reason}" for r in self.rejections[:20]]
+            raise NoMatch(self.summary(), reasons)
+        if "candidates" in self.__dict__:
+            return self.candidates[0]
+        return self._candidate(0, len(self._fits))
+
+    def summary(self) -> str:
+        """One line: what was chosen, or why nothing could be."""
+        if self._fits:
+            t, _ = self._fits[0]
+            return f"{t.name} ({len(self._fits)} candidates, {len(self.rejections)} rejected)"
+        return _summarise(self.request, self.rejections, _index(self.catalog).gpu_types)
+
+
+def _summarise(
+    request: InstanceRequest, rejections: Sequence[Rejection], gpu_types: Iterable[InstanceType]
+) -> str:
+    if not rejections:
+        return "the catalog is empty"
+    furthest = rejections[0].stage
+    near = [r for r in rejections if r.stage == furthest]
+    names = ", ".join(r.name for r in near[:3]) + (", ..." if len(near) > 3 else "")
+    if furthest == NO_GPU:
+        return "no instance type has a GPU" if request.wants_gpu else "no type without GPUs"
+    if furthest == GPU_MODEL:
+        return f"no type offers GPU model {'|'.join(request.gpu_models)}"
+    if furthest == GPU_MEMORY:
+        return f"no GPU has {_mib(request.gpu_memory_mib)} of memory ({near[0].reason})"
+    if furthest == FRACTIONAL:
+        return f"only fractional GPUs match ({names}): {near[0].reason}"
+    if furthest == MIG_PROFILE:
+        offered = {p for t in gpu_types if t.gpu is not None for p in profiles_for(t.gpu.model)}
+        missing = sorted(p for p in request.mig if p not in offered)
+        if missing:
+            return f"no type offers MIG profile {', '.join(missing)}"
+        return f"no GPU model offers every MIG profile of {_mig(request.mig)}"
+    if furthest == GPU_COUNT:
+        model = near[0].gpu_model
+        largest = max(r.have for r in near if r.gpu_model == model)
+        if request.mig:
+            return (
+                f"MIG devices {_mig(request.mig)} need more {model} GPUs than the largest "
+                f"type has, {largest}"
+            )
+        return f"{request.gpus} {model} GPUs exceed the largest type, {largest}"
+    if furthest == ARCH:
+        return f"only {names} match, and not for {request.arch} images"
+    if furthest == RDMA:
+        return f"no matching type has RDMA ({names} have none)"
+    if furthest == VCPUS:
+        largest = max(r.have for r in near)
+        return f"{request.vcpus} vCPUs exceed the largest matching type, {largest}"
+    if furthest == MEMORY:
+        largest = max(r.have for r in near)
+        return (
+            f"{_mib(request.memory_mib)} memory exceeds the largest matching type, {_mib(largest)}"
+        )
+    if furthest == OFFERED:
+        where = f"zone {request.zone}" if request.zone else "this region"
+        return f"no matching type is offered in {where} ({names})"
+    return f"the matching types ({names}) are excluded by the allow/deny lists"
+
+
+def select(catalog: Catalog, request: InstanceRequest) -> Selection:
+    """Every type of the catalog checked against the request; fits ranked best first."""
+    index = _index(catalog)
+    matcher = _Matcher.build(request, index)
+    if request.instance_type:
+        chosen = index.by_name.get(request.instance_type)
+        if chosen is None:
+            raise NoMatch(
+                f"instance type {request.instance_type} is not in the "
+                f"{catalog.cloud} {catalog.region} catalog"
+            )
+        result = matcher.check(chosen)
+        fits = [] if isinstance(result, Rejection) else [(chosen, result)]
+        return Selection(catalog, request, fits, matcher, (chosen,))
+    return Selection(catalog, request, _scan(index, matcher), matcher)
+
+
+_NO_FIT = _Fit()
+
+
+def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
+    """The fits in rank order. Cheap necessary conditions first; `check` decides the rest."""
+    request = matcher.request
+    vcpus, memory, arch, rdma, zone = (
+        request.vcpus,
+        request.memory_mib,
+        request.arch,
+        request.rdma,
+        request.zone,
+    )
+    allow, deny = matcher.allow, matcher.deny
+    fits: list[tuple[InstanceType, _Fit]] = []
+    if not matcher.wants_gpu:
+        # Every condition of `check` for a request without GPUs, inline.
+        for t, vc, mem, a, rd, zones, offered, model, _count, _attach in index.rows:
+            if (
+                vc >= vcpus
+                and mem >= memory
+                and a == arch
+                and model is None
+                and offered
+                and (rd or not rdma)
+                and (not zone or not zones or zone in zones)
+                and (deny is None or not deny.match(t.name))
+                and (allow is None or allow.match(t.name))
+            ):
+                fits.append((t, _NO_FIT))
+        return fits
+    models = matcher.models
+    reorder = False
+    for t, vc, mem, a, rd, _zones, offered, model, _count, attach in index.rows:
+        if vc < vcpus or mem < memory or a != arch or not offered or (rdma and not rd):
+            continue
+        if not attach and (model is None or (models is not None and model not in models)):
+            continue
+        result = matcher.check(t)
+        if not isinstance(result, Rejection):
+            fits.append((t, result))
+            reorder = reorder or result.attach > 0
+    if reorder:  # attached GPUs change a type's rank key
+        fits.sort(key=lambda pair: _rank_key(*pair))
+    return fits
