@@ -17,6 +17,7 @@ from adaptor.cdi._names import (
     parse_annotations,
     parse_qualified_name,
 )
+from adaptor.cdi._pbapply import ProtoTarget, apply_to_proto
 from adaptor.cdi._registry import DEFAULT_SPEC_DIRS, Registry, Resolved
 from adaptor.cdi._spec import (
     VALID_VERSIONS,
@@ -44,6 +45,7 @@ __all__ = [
     "Hook",
     "JsonTarget",
     "Mount",
+    "ProtoTarget",
     "QualifiedName",
     "Registry",
     "ResolveError",
@@ -52,6 +54,7 @@ __all__ = [
     "SpecError",
     "annotation_value",
     "apply_to",
+    "apply_to_proto",
     "combine",
     "host_stat",
     "is_qualified_name",

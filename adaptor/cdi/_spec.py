@@ -333,7 +333,7 @@ def _read_edits(raw: object, where: str) -> ContainerEdits:
 
 def _required_version(spec: Spec) -> tuple[tuple[int, ...], str]:
     """The lowest cdiVersion able to express this spec, and the feature that needs it."""
-    need: tuple[tuple[int, ...], str] = ((0, 3, 0), "")
+    need: tuple[tuple[int, ...], str] = ((0, 1, 0), "")
 
     def bump(version: tuple[int, ...], why: str) -> None:
         nonlocal need
