@@ -108,8 +108,9 @@ class EditTarget(Protocol):
     def process_ids(self) -> tuple[int, int]: ...
     def device_paths(self) -> list[str]: ...
     def remove_device(self, index: int) -> None: ...
-    def put_device(self, index: int | None, node: DeviceNode, uid: int | None,
-                   gid: int | None) -> None: ...  # fmt: skip
+    def put_device(
+        self, index: int | None, node: DeviceNode, uid: int | None, gid: int | None
+    ) -> None: ...
     def add_cgroup_rule(self, type_: str, major: int, minor: int, access: str) -> None: ...
     def mount_destinations(self) -> list[str]: ...
     def remove_mount(self, index: int) -> None: ...
@@ -134,10 +135,28 @@ def _fill(node: DeviceNode, stat: StatFn | None) -> DeviceNode:
     if node.type and node.type != kind:
         raise EditError(f"CDI device {node.path!r}: host type mismatch ({node.type}, {kind})")
     if node.major == 0 and kind != "p":
-        return DeviceNode(node.path, host, kind, major, minor, node.file_mode, node.permissions,
-                          node.uid, node.gid)  # fmt: skip
-    return DeviceNode(node.path, host, kind, node.major, node.minor, node.file_mode,
-                      node.permissions, node.uid, node.gid)  # fmt: skip
+        return DeviceNode(
+            node.path,
+            host,
+            kind,
+            major,
+            minor,
+            node.file_mode,
+            node.permissions,
+            node.uid,
+            node.gid,
+        )
+    return DeviceNode(
+        node.path,
+        host,
+        kind,
+        node.major,
+        node.minor,
+        node.file_mode,
+        node.permissions,
+        node.uid,
+        node.gid,
+    )
 
 
 def check_applicable(edits: ContainerEdits, stat: StatFn | None) -> list[DeviceNode]:
@@ -168,11 +187,11 @@ def apply_to(target: EditTarget, edits: ContainerEdits, stat: StatFn | None = ho
             if node.path in paths:
                 target.remove_device(paths.index(node.path))
                 paths = target.device_paths()
-            target.put_device(paths.index(node.path) if node.path in paths else None,
-                              node, uid, gid)  # fmt: skip
+            target.put_device(
+                paths.index(node.path) if node.path in paths else None, node, uid, gid
+            )
             if node.type in ("b", "c"):
-                target.add_cgroup_rule(node.type, node.major, node.minor,
-                                       node.permissions or "rwm")  # fmt: skip
+                target.add_cgroup_rule(node.type, node.major, node.minor, node.permissions or "rwm")
     if edits.mounts:
         for mount in edits.mounts:
             dests = target.mount_destinations()
@@ -228,10 +247,15 @@ class JsonTarget:
     def remove_device(self, index: int) -> None:
         del self._devices()[index]
 
-    def put_device(self, index: int | None, node: DeviceNode, uid: int | None,
-                   gid: int | None) -> None:  # fmt: skip
-        dev: dict[str, Any] = {"path": node.path, "type": node.type, "major": node.major,
-                               "minor": node.minor}  # fmt: skip
+    def put_device(
+        self, index: int | None, node: DeviceNode, uid: int | None, gid: int | None
+    ) -> None:
+        dev: dict[str, Any] = {
+            "path": node.path,
+            "type": node.type,
+            "major": node.major,
+            "minor": node.minor,
+        }
         if node.file_mode is not None:
             dev["fileMode"] = node.file_mode
         if uid is not None:

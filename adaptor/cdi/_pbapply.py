@@ -96,8 +96,9 @@ class ProtoTarget:
     def remove_device(self, index: int) -> None:
         del self.spec.Linux.Devices[index]
 
-    def put_device(self, index: int | None, node: DeviceNode, uid: int | None,
-                   gid: int | None) -> None:  # fmt: skip
+    def put_device(
+        self, index: int | None, node: DeviceNode, uid: int | None, gid: int | None
+    ) -> None:
         devices = self.spec.Linux.Devices
         dev = devices.add() if index is None else devices[index]
         dev.Clear()
@@ -109,8 +110,12 @@ class ProtoTarget:
     def add_cgroup_rule(self, type_: str, major: int, minor: int, access: str) -> None:
         rule = self.spec.Linux.Resources.Devices.add()
         rule.Allow, rule.Type, rule.Major, rule.Minor, rule.Access = (
-            True, type_, major, minor, access,
-        )  # fmt: skip
+            True,
+            type_,
+            major,
+            minor,
+            access,
+        )
 
     def mount_destinations(self) -> list[str]:
         return [m.destination for m in self.spec.Mounts]
@@ -121,8 +126,10 @@ class ProtoTarget:
     def append_mount(self, mount: Mount) -> None:
         entry = self.spec.Mounts.add()
         entry.destination, entry.source, entry.type = (
-            mount.container_path, mount.host_path, mount.type,
-        )  # fmt: skip
+            mount.container_path,
+            mount.host_path,
+            mount.type,
+        )
         entry.options.extend(mount.options)
 
     def reorder_mounts(self, order: list[int]) -> None:

@@ -120,8 +120,9 @@ class Registry:
             parts.append(hit.device.edits)
         return combine(parts)
 
-    def inject(self, oci: dict[str, Any], names: Iterable[str],
-               stat: StatFn | None = host_stat) -> dict[str, Any]:  # fmt: skip
+    def inject(
+        self, oci: dict[str, Any], names: Iterable[str], stat: StatFn | None = host_stat
+    ) -> dict[str, Any]:
         """Apply the named devices to OCI runtime-spec JSON in place (and return it)."""
         apply_to(JsonTarget(oci), self.edits_for(names), stat)
         return oci

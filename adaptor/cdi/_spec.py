@@ -19,12 +19,26 @@ from adaptor.cdi._errors import DeviceNameError, SpecError
 from adaptor.cdi._names import parse_kind, validate_device_name
 
 VALID_VERSIONS = (
-    "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0",
-)  # fmt: skip
+    "0.1.0",
+    "0.2.0",
+    "0.3.0",
+    "0.4.0",
+    "0.5.0",
+    "0.6.0",
+    "0.7.0",
+    "0.8.0",
+    "1.0.0",
+    "1.1.0",
+)
 CURRENT_VERSION = "1.1.0"
 HOOK_NAMES = (
-    "prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop",
-)  # fmt: skip
+    "prestart",
+    "createRuntime",
+    "createContainer",
+    "startContainer",
+    "poststart",
+    "poststop",
+)
 DEVICE_TYPES = ("", "b", "c", "u", "p")
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _UINT32 = (0, (1 << 32) - 1)
@@ -215,8 +229,14 @@ class _Reader:
 def _typename(value: object) -> str:
     if value is None:
         return "null"
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
-            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)  # fmt: skip
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
 
 
 def _check_env(env: tuple[str, ...], where: str) -> None:
@@ -497,9 +517,16 @@ def spec_to_json(spec: Spec) -> dict[str, Any]:
 
 def _node_json(n: DeviceNode) -> dict[str, Any]:
     out: dict[str, Any] = {"path": n.path}
-    for key, value in (("hostPath", n.host_path), ("type", n.type), ("major", n.major),
-                       ("minor", n.minor), ("fileMode", n.file_mode),
-                       ("permissions", n.permissions), ("uid", n.uid), ("gid", n.gid)):  # fmt: skip
+    for key, value in (
+        ("hostPath", n.host_path),
+        ("type", n.type),
+        ("major", n.major),
+        ("minor", n.minor),
+        ("fileMode", n.file_mode),
+        ("permissions", n.permissions),
+        ("uid", n.uid),
+        ("gid", n.gid),
+    ):
         if value not in (None, "", 0) or (key in ("fileMode", "uid", "gid") and value == 0):
             out[key] = value
     return out

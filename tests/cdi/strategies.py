@@ -13,8 +13,14 @@ CLASSES = ["gpu", "net-dev", "x_y", "Cls9"]
 ENV_KEYS = ["A", "PATH", "NVIDIA_VISIBLE_DEVICES", "B_1"]
 DEV_PATHS = ["/dev/x0", "/dev/x1", "/dev/vendor/ctl", "/dev/x3"]
 MOUNT_PATHS = ["/a", "/a/b", "/a/b/c", "/usr/lib/x.so", "/z", "//x/y", "/a/../q", "/m/./n/"]
-HOOK_NAMES = ["prestart", "createRuntime", "createContainer", "startContainer", "poststart",
-              "poststop"]  # fmt: skip
+HOOK_NAMES = [
+    "prestart",
+    "createRuntime",
+    "createContainer",
+    "startContainer",
+    "poststart",
+    "poststop",
+]
 NAME_CHARS = "abcXYZ019_.-:"
 
 word = st.text("abcdefxyz019", min_size=1, max_size=6)
@@ -56,8 +62,9 @@ def mount(draw: st.DrawFn) -> dict[str, Any]:
         "containerPath": draw(st.sampled_from(MOUNT_PATHS)),
     }
     if draw(st.booleans()):
-        m["options"] = draw(st.lists(st.sampled_from(["ro", "bind", "nosuid", "rbind"]),
-                                     min_size=1, max_size=3))  # fmt: skip
+        m["options"] = draw(
+            st.lists(st.sampled_from(["ro", "bind", "nosuid", "rbind"]), min_size=1, max_size=3)
+        )
     if draw(st.booleans()):
         m["type"] = draw(st.sampled_from(["bind", "tmpfs"]))
     return m
@@ -65,8 +72,10 @@ def mount(draw: st.DrawFn) -> dict[str, Any]:
 
 @st.composite
 def hook(draw: st.DrawFn) -> dict[str, Any]:
-    h: dict[str, Any] = {"hookName": draw(st.sampled_from(HOOK_NAMES)),
-                         "path": draw(st.sampled_from(["/usr/bin/hook", "/bin/h2"]))}  # fmt: skip
+    h: dict[str, Any] = {
+        "hookName": draw(st.sampled_from(HOOK_NAMES)),
+        "path": draw(st.sampled_from(["/usr/bin/hook", "/bin/h2"])),
+    }
     if draw(st.booleans()):
         h["args"] = draw(st.lists(word, min_size=1, max_size=3))
     if draw(st.booleans()):
@@ -79,8 +88,12 @@ def hook(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def edits(draw: st.DrawFn, non_empty: bool) -> dict[str, Any]:
     e: dict[str, Any] = {}
-    for key, strat in (("env", env_item), ("deviceNodes", device_node()), ("mounts", mount()),
-                       ("hooks", hook())):  # fmt: skip
+    for key, strat in (
+        ("env", env_item),
+        ("deviceNodes", device_node()),
+        ("mounts", mount()),
+        ("hooks", hook()),
+    ):
         items = draw(st.lists(strat, max_size=3))
         if items:
             e[key] = items
@@ -112,8 +125,7 @@ def cdi_spec(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         doc["containerEdits"] = draw(edits(False))
     need = needed_version(doc)
-    doc["cdiVersion"] = draw(st.sampled_from([v for v in ("0.3.0", "0.4.0", "0.5.0")
-                                              if v >= need]))  # fmt: skip
+    doc["cdiVersion"] = draw(st.sampled_from([v for v in ("0.3.0", "0.4.0", "0.5.0") if v >= need]))
     return doc
 
 
@@ -150,23 +162,35 @@ MUTATIONS = {
     "empty-device-edits": _set(["devices", 0, "containerEdits"], {}),
     "env-no-equals": _set(["devices", 0, "containerEdits", "env"], ["NOEQ"]),
     "env-empty-key": _set(["devices", 0, "containerEdits", "env"], ["=v"]),
-    "hook-bad-name": _set(["devices", 0, "containerEdits", "hooks"],
-                          [{"hookName": "preStart", "path": "/h"}]),  # fmt: skip
-    "hook-empty-path": _set(["devices", 0, "containerEdits", "hooks"],
-                            [{"hookName": "prestart", "path": ""}]),  # fmt: skip
-    "node-bad-type": _set(["devices", 0, "containerEdits", "deviceNodes"],
-                          [{"path": "/dev/x", "type": "x", "major": 1}]),  # fmt: skip
-    "node-bad-permissions": _set(["devices", 0, "containerEdits", "deviceNodes"],
-                                 [{"path": "/dev/x", "type": "p", "permissions": "rwx"}]),  # fmt: skip
+    "hook-bad-name": _set(
+        ["devices", 0, "containerEdits", "hooks"], [{"hookName": "preStart", "path": "/h"}]
+    ),
+    "hook-empty-path": _set(
+        ["devices", 0, "containerEdits", "hooks"], [{"hookName": "prestart", "path": ""}]
+    ),
+    "node-bad-type": _set(
+        ["devices", 0, "containerEdits", "deviceNodes"],
+        [{"path": "/dev/x", "type": "x", "major": 1}],
+    ),
+    "node-bad-permissions": _set(
+        ["devices", 0, "containerEdits", "deviceNodes"],
+        [{"path": "/dev/x", "type": "p", "permissions": "rwx"}],
+    ),
     "node-empty-path": _set(["devices", 0, "containerEdits", "deviceNodes"], [{"type": "p"}]),
-    "node-float-major": _set(["devices", 0, "containerEdits", "deviceNodes"],
-                             [{"path": "/dev/x", "type": "c", "major": 1.5}]),  # fmt: skip
-    "node-string-major": _set(["devices", 0, "containerEdits", "deviceNodes"],
-                              [{"path": "/dev/x", "type": "c", "major": "1"}]),  # fmt: skip
-    "mount-empty-host": _set(["devices", 0, "containerEdits", "mounts"],
-                             [{"hostPath": "", "containerPath": "/x"}]),  # fmt: skip
-    "mount-empty-container": _set(["devices", 0, "containerEdits", "mounts"],
-                                  [{"hostPath": "/x", "containerPath": ""}]),  # fmt: skip
+    "node-float-major": _set(
+        ["devices", 0, "containerEdits", "deviceNodes"],
+        [{"path": "/dev/x", "type": "c", "major": 1.5}],
+    ),
+    "node-string-major": _set(
+        ["devices", 0, "containerEdits", "deviceNodes"],
+        [{"path": "/dev/x", "type": "c", "major": "1"}],
+    ),
+    "mount-empty-host": _set(
+        ["devices", 0, "containerEdits", "mounts"], [{"hostPath": "", "containerPath": "/x"}]
+    ),
+    "mount-empty-container": _set(
+        ["devices", 0, "containerEdits", "mounts"], [{"hostPath": "/x", "containerPath": ""}]
+    ),
     "env-number": _set(["devices", 0, "containerEdits", "env"], [1]),
     "duplicate-device": _dup_device,
     "devices-not-a-list": _set(["devices"], {"name": "x"}),
@@ -179,8 +203,10 @@ def oci_spec(draw: st.DrawFn) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "ociVersion": "1.0.2",
         "process": {
-            "user": {"uid": draw(st.sampled_from([0, 0, 1000])),
-                     "gid": draw(st.sampled_from([0, 0, 100]))},  # fmt: skip
+            "user": {
+                "uid": draw(st.sampled_from([0, 0, 1000])),
+                "gid": draw(st.sampled_from([0, 0, 100])),
+            },
             "args": ["/bin/sh"],
             "env": [f"{k}={draw(word)}" for k in keys],
             "cwd": "/",
@@ -188,16 +214,24 @@ def oci_spec(draw: st.DrawFn) -> dict[str, Any]:
         "root": {"path": "rootfs"},
         "hostname": "h",
     }
-    dests = draw(st.lists(st.sampled_from(["/proc", "/dev", "/a", "/a/b", "/etc/hosts", "/z/y/x"]),
-                          unique=True, max_size=4))  # fmt: skip
+    dests = draw(
+        st.lists(
+            st.sampled_from(["/proc", "/dev", "/a", "/a/b", "/etc/hosts", "/z/y/x"]),
+            unique=True,
+            max_size=4,
+        )
+    )
     if dests:
-        doc["mounts"] = [{"destination": d, "type": "bind", "source": "/s" + d,
-                          "options": ["rbind"]} for d in dests]  # fmt: skip
-    paths = draw(st.lists(st.sampled_from(DEV_PATHS + ["/dev/fuse"]), unique=True, max_size=3))
+        doc["mounts"] = [
+            {"destination": d, "type": "bind", "source": "/s" + d, "options": ["rbind"]}
+            for d in dests
+        ]
+    paths = draw(st.lists(st.sampled_from([*DEV_PATHS, "/dev/fuse"]), unique=True, max_size=3))
     linux: dict[str, Any] = {}
     if paths:
-        linux["devices"] = [{"path": p, "type": "c", "major": 10, "minor": i}
-                            for i, p in enumerate(paths)]  # fmt: skip
+        linux["devices"] = [
+            {"path": p, "type": "c", "major": 10, "minor": i} for i, p in enumerate(paths)
+        ]
         linux["resources"] = {"devices": [{"allow": False, "access": "rwm"}]}
     if linux:
         doc["linux"] = linux

@@ -17,8 +17,12 @@ from tests.cdi.strategies import MUTATIONS, cdi_spec, oci_spec
 
 pytestmark = pytest.mark.go
 BASE_OCI = {"ociVersion": "1.0.2", "process": {"user": {"uid": 0, "gid": 0}, "cwd": "/"}}
-SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 def normalise(doc: Any) -> Any:
@@ -42,8 +46,9 @@ def normalise(doc: Any) -> Any:
     return doc
 
 
-def run_python(tmp: Path, specs: dict[str, str], oci: dict[str, Any],
-               devices: list[str]) -> dict[str, Any]:  # fmt: skip
+def run_python(
+    tmp: Path, specs: dict[str, str], oci: dict[str, Any], devices: list[str]
+) -> dict[str, Any]:
     for old in tmp.iterdir():
         old.unlink()
     for name, text in specs.items():
@@ -60,8 +65,9 @@ def run_python(tmp: Path, specs: dict[str, str], oci: dict[str, Any],
     return result
 
 
-def compare(oracle: Oracle, tmp: Path, specs: dict[str, str], oci: dict[str, Any],
-            devices: list[str]) -> dict[str, Any]:  # fmt: skip
+def compare(
+    oracle: Oracle, tmp: Path, specs: dict[str, str], oci: dict[str, Any], devices: list[str]
+) -> dict[str, Any]:
     go = oracle(specs, oci, devices)
     py = run_python(tmp, specs, oci, devices)
     assert "panic" not in go.get("error", ""), go
@@ -86,18 +92,24 @@ def case(draw: st.DrawFn) -> tuple[dict[str, str], dict[str, Any], list[str]]:
 
 @SETTINGS
 @given(case())
-def test_same_result_as_reference(oracle: Oracle, tmp_path: Path,
-                                  c: tuple[dict[str, str], dict[str, Any], list[str]]) -> None:  # fmt: skip
+def test_same_result_as_reference(
+    oracle: Oracle, tmp_path: Path, c: tuple[dict[str, str], dict[str, Any], list[str]]
+) -> None:
     specs, oci, devices = c
     compare(oracle, tmp_path, specs, oci, devices)
 
 
-@settings(max_examples=2, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@settings(
+    max_examples=2,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 @given(doc=cdi_spec())
-def test_invalid_specs_rejected_by_both(oracle: Oracle, tmp_path: Path, mutation: str,
-                                        doc: dict[str, Any]) -> None:  # fmt: skip
+def test_invalid_specs_rejected_by_both(
+    oracle: Oracle, tmp_path: Path, mutation: str, doc: dict[str, Any]
+) -> None:
     good = {"good.json": json.dumps(doc)}
     bad = {"bad.json": json.dumps(MUTATIONS[mutation](doc))}
     devices = [f"{doc['kind']}={doc['devices'][0]['name']}"]
@@ -107,11 +119,19 @@ def test_invalid_specs_rejected_by_both(oracle: Oracle, tmp_path: Path, mutation
 
 
 def test_same_priority_conflict_drops_both(oracle: Oracle, tmp_path: Path) -> None:
-    one = {"cdiVersion": "0.5.0", "kind": "vendor.com/gpu",
-           "devices": [{"name": "0", "containerEdits": {"env": ["A=1"]}},
-                       {"name": "1", "containerEdits": {"env": ["B=1"]}}]}  # fmt: skip
-    two = {"cdiVersion": "0.5.0", "kind": "vendor.com/gpu",
-           "devices": [{"name": "0", "containerEdits": {"env": ["A=2"]}}]}  # fmt: skip
+    one = {
+        "cdiVersion": "0.5.0",
+        "kind": "vendor.com/gpu",
+        "devices": [
+            {"name": "0", "containerEdits": {"env": ["A=1"]}},
+            {"name": "1", "containerEdits": {"env": ["B=1"]}},
+        ],
+    }
+    two = {
+        "cdiVersion": "0.5.0",
+        "kind": "vendor.com/gpu",
+        "devices": [{"name": "0", "containerEdits": {"env": ["A=2"]}}],
+    }
     specs = {"a.json": json.dumps(one), "b.yaml": json.dumps(two)}
     py = compare(oracle, tmp_path, specs, BASE_OCI, ["vendor.com/gpu=0"])
     assert py["devices"] == ["vendor.com/gpu=1"] and "error" in py
