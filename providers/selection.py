@@ -25,7 +25,7 @@ from providers.gpus import GPU_MODELS, models_matching
 from providers.mig import MigLayout, pack, profiles_for
 from providers.request import InstanceRequest
 
-__all__ = ["Candidate", "Rejection", "Selection", "select"]
+__all__ = ["STAGE_NAMES", "Candidate", "Rejection", "Selection", "select"]
 
 # Stages, in check order; a rejection at a later stage came closer to fitting.
 NO_GPU: Final = 0  # the type has no GPU (or has one the request does not want)
@@ -40,6 +40,10 @@ VCPUS: Final = 8
 MEMORY: Final = 9
 OFFERED: Final = 10
 POLICY: Final = 11
+STAGE_NAMES: Final = (
+    "GPU presence", "GPU model", "GPU memory", "fractional GPU", "MIG profile", "GPU count",
+    "architecture", "RDMA", "vCPUs", "memory", "zone/region offering", "allow/deny lists",
+)  # fmt: skip
 
 _GIB = 1024
 

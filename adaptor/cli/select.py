@@ -1,15 +1,297 @@
-"""`peerpods select` (placeholder until its issue lands: it refuses to run)."""
+"""`peerpods select`: which instance type a request gets, and why.
+
+Offline on the bundled snapshot unless `--live`. A bad flag value or an impossible request is one
+line on stderr and a non-zero exit (2), never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
-from providers.errors import PeerpodsError
+from adaptor.cli import flags
+
+if TYPE_CHECKING:
+    from providers.catalog import Catalog
+    from providers.request import InstanceRequest
+    from providers.selection import Candidate, Selection
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add this subcommand's flags."""
+    flags.add(
+        parser,
+        "--provider",
+        choices=["aws", "azure", "gcp"],
+        default="aws",
+        help="cloud whose catalog to select from",
+    )
+    flags.add(
+        parser,
+        "--region",
+        default="",
+        help="region (default: us-east-1, eastus or us-central1 by provider)",
+    )
+    flags.add(parser, "--gpus", type=int, default=0, metavar="N", help="whole GPUs")
+    flags.add(
+        parser,
+        "--gpu-model",
+        default="",
+        metavar="M[,M...]",
+        help="acceptable GPU models, alternatives (h100, a100-80gb, 'NVIDIA L4', ...)",
+    )
+    flags.add(
+        parser,
+        "--gpu-memory",
+        default="",
+        metavar="QTY",
+        help="minimum memory per GPU, Kubernetes quantity (e.g. 40Gi)",
+    )
+    flags.add(
+        parser,
+        "--mig",
+        default="",
+        metavar="PROFILE=COUNT[,...]",
+        help="MIG devices, e.g. 1g.10gb=2,3g.40gb=1",
+    )
+    flags.add(parser, "--vcpus", default="", metavar="N", help="minimum vCPUs")
+    flags.add(parser, "--memory", default="", metavar="QTY", help="minimum memory (e.g. 16Gi)")
+    flags.add(
+        parser,
+        "--allow",
+        default="",
+        metavar="TYPE[,...]",
+        help="only these instance types (globs like 'p5.*' allowed)",
+    )
+    flags.add(
+        parser,
+        "--deny",
+        default="",
+        metavar="TYPE[,...]",
+        help="never these instance types (globs allowed)",
+    )
+    flags.add(
+        parser,
+        "--instance-type",
+        default="",
+        metavar="TYPE",
+        help="an explicit instance type, checked against the catalog and --allow",
+    )
+    flags.add(parser, "--zone", default="", help="only types offered in this zone")
+    flags.add(parser, "--rdma", action="store_true", help="RDMA (EFA / InfiniBand) required")
+    flags.add(
+        parser,
+        "--fractional",
+        action="store_true",
+        help="a fraction of a GPU (g6f, NV*ads_A10_v5) may serve one GPU",
+    )
+    flags.add(
+        parser,
+        "--arch",
+        choices=["x86_64", "arm64"],
+        default="x86_64",
+        help="architecture of the pod VM image",
+    )
+    flags.add(
+        parser,
+        "--live",
+        action="store_true",
+        help="read the cloud's API instead of the bundled snapshot (needs credentials)",
+    )
+    flags.add(
+        parser,
+        "--catalog-dir",
+        default="",
+        metavar="DIR",
+        help="folder of catalog snapshots (default: the bundled config/catalogs)",
+    )
+    flags.add(parser, "--output", choices=["table", "json"], default="table", help="output format")
+    flags.add(parser, "--limit", type=int, default=10, metavar="N",
+              help="candidates shown in the table (JSON lists all)")  # fmt: skip
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _mig(text: str) -> dict[str, int]:
+    import re
+
+    from providers.errors import InvalidRequest
+
+    profiles: dict[str, int] = {}
+    for item in _split(text):
+        profile, sep, count = item.partition("=")
+        profile = profile.strip()
+        count = count.strip()
+        if not re.fullmatch(r"[0-9]+g\.[0-9]+gb(\+me)?", profile):
+            raise InvalidRequest(f"--mig: {item!r} is not PROFILE=COUNT (e.g. 1g.10gb=2)")
+        if sep and not count.isdigit():
+            raise InvalidRequest(f"--mig: count in {item!r} must be a positive integer")
+        number = int(count) if sep else 1
+        if number <= 0:
+            raise InvalidRequest(f"--mig: count in {item!r} must be a positive integer")
+        profiles[profile] = profiles.get(profile, 0) + number
+    return profiles
+
+
+def build_request(args: argparse.Namespace) -> InstanceRequest:
+    """The request the flags describe; InvalidRequest for any bad value."""
+    from pydantic import ValidationError
+
+    from providers.errors import InvalidRequest
+    from providers.gpus import models_matching
+    from providers.quantity import to_cpus, to_mib
+    from providers.request import InstanceRequest
+
+    models = _split(args.gpu_model)
+    for model in models:
+        models_matching(model)  # unknown names fail here, before any catalog is read
+    if args.gpus < 0:
+        raise InvalidRequest(f"--gpus must not be negative, got {args.gpus}")
+    if args.vcpus and not str(args.vcpus).strip().isdigit():
+        raise InvalidRequest(f"--vcpus must be a whole number, got {args.vcpus!r}")
+    try:
+        return InstanceRequest(
+            vcpus=to_cpus(args.vcpus) if args.vcpus else 0,
+            memory_mib=to_mib(args.memory) if args.memory else 0,
+            gpus=args.gpus,
+            gpu_models=models,
+            gpu_memory_mib=to_mib(args.gpu_memory) if args.gpu_memory else 0,
+            mig=_mig(args.mig),
+            fractional=args.fractional,
+            arch=args.arch,
+            rdma=args.rdma,
+            allow=_split(args.allow),
+            deny=_split(args.deny),
+            instance_type=args.instance_type.strip(),
+            zone=args.zone.strip(),
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidRequest(f"{where}: {first['msg']}") from None
+
+
+def _catalog(args: argparse.Namespace) -> Catalog:
+    from providers.catalogs import DEFAULT_REGIONS, load_catalog
+
+    region = args.region.strip() or DEFAULT_REGIONS[args.provider]
+    catalog_dir = Path(args.catalog_dir) if args.catalog_dir else None
+    if not args.live:
+        return load_catalog(args.provider, region, catalog_dir=catalog_dir)
+    bar: Any = None
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(desc=f"{args.provider} {region}", unit=" items", file=sys.stderr, leave=False)
+    except ImportError:
+        bar = None
+
+    def progress(stage: str, advance: int) -> None:
+        if bar is not None:
+            bar.set_description(stage)
+            bar.update(advance)
+
+    try:
+        return load_catalog(args.provider, region, live=True, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _price(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _gpus(c: Candidate) -> str:
+    if not c.gpu_model:
+        return "-"
+    if c.fraction < 1:
+        return f"{c.fraction:.3g} x {c.gpu_model}"
+    attach = "+" if c.attach_gpus else ""
+    return f"{attach}{c.gpus} x {c.gpu_model}"
+
+
+def candidate_json(c: Candidate) -> dict[str, Any]:
+    t = c.instance_type
+    layout = None
+    if c.mig_layout is not None:
+        layout = [
+            {"profile": p.profile, "gpu": p.gpu, "start": p.start} for p in c.mig_layout.placements
+        ]
+    return {
+        "name": c.name,
+        "price_per_hour": c.price_per_hour,
+        "vcpus": t.vcpus,
+        "memory_mib": t.memory_mib,
+        "arch": t.arch,
+        "gpu_model": c.gpu_model,
+        "gpus": c.gpus,
+        "gpus_used": c.gpus_used,
+        "gpu_memory_mib": c.gpu_memory_mib,
+        "fraction": c.fraction,
+        "attach_gpus": c.attach_gpus,
+        "rdma": t.rdma,
+        "zones": list(t.zones),
+        "mig_layout": layout,
+        "reasons": list(c.reasons),
+    }
+
+
+def selection_json(catalog: Catalog, selection: Selection) -> dict[str, Any]:
+    return {
+        "selected": selection.selected.name,
+        "provider": catalog.cloud,
+        "region": catalog.region,
+        "source": catalog.source,
+        "request": selection.request.model_dump(mode="json", exclude_defaults=True),
+        "candidates": [candidate_json(c) for c in selection.candidates],
+        "rejections": [{"name": r.name, "reason": r.reason} for r in selection.rejections],
+    }
+
+
+def print_table(catalog: Catalog, selection: Selection, limit: int, out: TextIO) -> None:
+    candidates = selection.candidates
+    source = f", {catalog.source}" if catalog.source else ""
+    print(f"selected: {candidates[0].name}  ({catalog.cloud} {catalog.region}{source})", file=out)
+    rows = [("#", "TYPE", "USD/H", "GPUS", "VCPUS", "MEMORY", "WHY")]
+    for i, c in enumerate(candidates[: max(limit, 1)], 1):
+        t = c.instance_type
+        memory = f"{t.memory_mib / 1024:g}Gi"
+        why = "; ".join(c.reasons)
+        rows.append((str(i), c.name, _price(c.price_per_hour), _gpus(c), str(t.vcpus), memory, why))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]).rstrip(), file=out)
+    hidden = len(candidates) - max(limit, 1)
+    if hidden > 0:
+        print(f"... {hidden} more candidates (--limit, or --output json)", file=out)
+    rejected = selection.rejections
+    if rejected:
+        from collections import Counter
+
+        from providers.selection import STAGE_NAMES
+
+        kinds = Counter(STAGE_NAMES[r.stage] for r in rejected)
+        parts = ", ".join(f"{n} on {kind}" for kind, n in kinds.most_common(5))
+        print(f"{len(rejected)} rejected: {parts}", file=out)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise PeerpodsError("select is not available in this build")
+    from providers.selection import select
+
+    request = build_request(args)
+    catalog = _catalog(args)
+    selection = select(catalog, request)
+    selection.selected  # noqa: B018 (raises NoMatch with the one-line summary)
+    if args.output == "json":
+        json.dump(selection_json(catalog, selection), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print_table(catalog, selection, args.limit, sys.stdout)
+    return 0
