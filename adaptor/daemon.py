@@ -64,9 +64,10 @@ def agent_proxy_factory(
     tls: ssl.SSLContext | None, create_container_hook: Callable[..., Any] | None = None
 ) -> ProxyFactory:
     """Builds each sandbox's AgentProxy dialing its forwarder (over mTLS when `tls` is set)."""
-    from adaptor.proxy import AgentProxy, tcp_dialer
 
     def make(record: SandboxRecord, socket_path: str, host: str, port: int) -> AgentProxyHandle:
+        from adaptor.proxy import AgentProxy, tcp_dialer
+
         proxy: AgentProxyHandle = AgentProxy(
             socket_path,
             tcp_dialer(host, port, ssl=tls),
