@@ -1,0 +1,41 @@
+"""The admission webhook: pods' GPU, MIG, RDMA and DRA requests into the annotation contract.
+
+Layers import one way: wire schema (`_reviews`), pure admission logic (`_resources`,
+`_extended`, `_cel`, `_devices`, `_dra`, `_mutate`, `_admission`), then the server (`_server`).
+"""
+
+from webhook._admission import Admission
+from webhook._devices import POST_BOOT_ATTRIBUTES, DeviceSpace, VirtualDevice
+from webhook._dra import ClaimDenied
+from webhook._kube import KubeResolver
+from webhook._mutate import MutationResult, PodIntent, Settings, device_space, mutate_pod
+from webhook._patch import diff
+from webhook._resolver import LookupFailed, MemoryResolver, ObjectNotFound, Resolver
+from webhook._resources import PodResources, pod_resources
+from webhook._server import ServerConfig, TlsFiles, WebhookServer, build_app, running
+
+__all__ = [
+    "POST_BOOT_ATTRIBUTES",
+    "Admission",
+    "ClaimDenied",
+    "DeviceSpace",
+    "KubeResolver",
+    "LookupFailed",
+    "MemoryResolver",
+    "MutationResult",
+    "ObjectNotFound",
+    "PodIntent",
+    "PodResources",
+    "Resolver",
+    "ServerConfig",
+    "Settings",
+    "TlsFiles",
+    "VirtualDevice",
+    "WebhookServer",
+    "build_app",
+    "device_space",
+    "diff",
+    "mutate_pod",
+    "pod_resources",
+    "running",
+]

@@ -1,15 +1,133 @@
-"""`peerpods webhook` (placeholder until its issue lands: it refuses to run)."""
+"""`peerpods webhook`: the admission webhook (HTTPS, POST /mutate, GET /healthz)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from providers.errors import PeerpodsError
+from adaptor.cli import flags
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _names(text: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in text.split(",") if n.strip())
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add this subcommand's flags."""
+    flags.add(parser, "--host", default="0.0.0.0", help="address to listen on")
+    flags.add(parser, "--port", type=int, default=8443, help="HTTPS port")
+    flags.add(
+        parser,
+        "--tls-cert-file",
+        default="/etc/peerpods/tls/tls.crt",
+        help="serving certificate (PEM); re-read when its content changes",
+    )
+    flags.add(
+        parser,
+        "--tls-key-file",
+        default="/etc/peerpods/tls/tls.key",
+        help="private key of the serving certificate (PEM)",
+    )
+    flags.add(
+        parser,
+        "--provider",
+        default="",
+        choices=["", "aws", "azure", "gcp"],
+        help="cloud whose catalog DRA selectors and impossible requests are checked "
+        "against (empty: no catalog; pods with DRA claims are denied)",
+    )
+    flags.add(parser, "--region", default="", help="catalog region (default: the cloud's)")
+    flags.add(
+        parser,
+        "--catalog-dir",
+        default="",
+        help="directory of catalog snapshots (default: the bundled config/catalogs)",
+    )
+    flags.add(
+        parser,
+        "--runtime-classes",
+        type=_names,
+        default=frozenset({"kata-remote"}),
+        help="comma-separated runtimeClassNames that make a pod a peer pod",
+    )
+    flags.add(
+        parser,
+        "--allowed-machine-types",
+        type=_names,
+        default=frozenset(),
+        help="comma-separated instance types users may pin with the machine_type "
+        "annotation (empty: none)",
+    )
+    flags.add(
+        parser,
+        "--impossible",
+        default="deny",
+        choices=["deny", "warn"],
+        help="a GPU request no catalog type can serve: deny the pod, or admit it with a warning",
+    )
+    flags.add(
+        parser,
+        "--max-request-bytes",
+        type=_positive,
+        default=3 * 1024 * 1024,
+        help="largest AdmissionReview body accepted, bytes",
+    )
+    flags.add(
+        parser,
+        "--tls-reload-seconds",
+        type=flags.duration,
+        default=10.0,
+        help="how often the TLS files are checked for new content (duration)",
+    )
+    flags.add(
+        parser,
+        "--cache-ttl",
+        type=flags.duration,
+        default=30.0,
+        help="how long claims, templates and device classes read from the API are cached",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    raise PeerpodsError("webhook is not available in this build")
+    import asyncio
+
+    from providers.catalog import Catalog
+    from providers.catalogs import load_catalog
+    from webhook import Admission, KubeResolver, ServerConfig, Settings, WebhookServer
+
+    settings = Settings(
+        runtime_classes=frozenset(args.runtime_classes),
+        allowed_machine_types=frozenset(args.allowed_machine_types),
+        impossible=args.impossible,
+    )
+    catalog_dir = Path(args.catalog_dir) if args.catalog_dir else None
+
+    def catalog() -> Catalog | None:
+        if not args.provider:
+            return None
+        return load_catalog(args.provider, args.region or None, catalog_dir=catalog_dir)
+
+    catalog()  # fail at start, with one line, when the snapshot is missing
+    admission = Admission(settings, catalog, KubeResolver(ttl_seconds=args.cache_ttl))
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        cert_file=Path(args.tls_cert_file),
+        key_file=Path(args.tls_key_file),
+        max_request_bytes=args.max_request_bytes,
+        reload_seconds=args.tls_reload_seconds,
+    )
+
+    async def main() -> None:
+        server = WebhookServer(admission, config)
+        await server.serve()
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,200 @@
+"""Virtual DRA devices built from a catalog, the things DRA selectors are evaluated against.
+
+At admission no pod VM exists, so no real device can be inspected. Each GPU model the catalog
+offers becomes one virtual `gpu` device and each of its MIG profiles one virtual `mig` device,
+published as NVIDIA's DRA driver publishes real ones (driver `gpu.nvidia.com`; attributes `type`,
+`productName`, `architecture`, `brand`, `cudaComputeCapability` as a semver, `profile` for MIG;
+capacity `memory`). Memory of a GPU is what the catalog reports (the largest figure among whole
+GPUs of that model), of a MIG device the size in its profile name.
+
+Attributes that exist only after boot (`uuid`, `driverVersion`, `parentUUID`, PCI addresses) are
+absent. Policy: a selector that reads one of them is denied with a message naming it (the pod
+could never be matched reliably), while a presence test (`'uuid' in ...`) sees it as absent.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Literal
+
+from celpy import celtypes
+
+from providers.catalog import Catalog
+from providers.errors import InvalidRequest
+from providers.gpus import GPU_MODELS
+from providers.mig import profiles_for
+from webhook._cel import CelError, Quantity, Semver, compile_selector, evaluate
+
+DRIVER = "gpu.nvidia.com"
+POST_BOOT_ATTRIBUTES = (
+    "uuid",
+    "driverVersion",
+    "parentUUID",
+    "pcieBusID",
+    "pcieRoot",
+    "index",
+    "minor",
+    "parentIndex",
+)
+_MIB = 1 << 20
+_GIB = 1 << 30
+# CUDA compute capability per model (the driver publishes it as a version attribute).
+_COMPUTE: dict[str, tuple[int, int, int]] = {
+    "b300": (10, 3, 0), "b200": (10, 0, 0), "gb200": (10, 0, 0), "rtx-pro-6000": (12, 0, 0),
+    "h200": (9, 0, 0), "gh200": (9, 0, 0), "h100-80gb": (9, 0, 0), "h100-nvl": (9, 0, 0),
+    "a100-80gb": (8, 0, 0), "a100-40gb": (8, 0, 0), "a30": (8, 0, 0), "a10g": (8, 6, 0),
+    "a10": (8, 6, 0), "l40s": (8, 9, 0), "l40": (8, 9, 0), "l4": (8, 9, 0), "t4": (7, 5, 0),
+    "t4g": (7, 5, 0), "v100-32gb": (7, 0, 0), "v100": (7, 0, 0), "p100": (6, 0, 0),
+    "p40": (6, 1, 0), "p4": (6, 1, 0), "m60": (5, 2, 0), "k80": (3, 7, 0),
+}  # fmt: skip
+_PROFILE_MEMORY = re.compile(r"\.([0-9]+)gb")
+
+
+@dataclass(frozen=True)
+class VirtualDevice:
+    """One device the catalog could give a pod VM."""
+
+    id: str
+    kind: Literal["gpu", "mig"]
+    model: str
+    memory_mib: int
+    profile: str = ""
+    activation: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+def _s(text: str) -> celtypes.StringType:
+    return celtypes.StringType(text)
+
+
+def _activation(kind: str, model: str, memory_mib: int, profile: str = "") -> dict[str, Any]:
+    info = GPU_MODELS[model]
+    attributes: dict[celtypes.StringType, Any] = {
+        _s("type"): _s(kind),
+        _s("productName"): _s(info.product_name),
+        _s("architecture"): _s(info.architecture),
+        _s("brand"): _s("Nvidia" if info.vendor == "NVIDIA" else info.vendor),
+    }
+    if model in _COMPUTE:
+        attributes[_s("cudaComputeCapability")] = Semver(_COMPUTE[model])
+    if profile:
+        attributes[_s("profile")] = _s(profile)
+    capacity = {_s("memory"): Quantity(Decimal(memory_mib) * _MIB)}
+    device = celtypes.MapType(
+        {
+            _s("driver"): _s(DRIVER if info.vendor == "NVIDIA" else info.vendor.lower()),
+            _s("attributes"): celtypes.MapType({_s(DRIVER): celtypes.MapType(attributes)}),
+            _s("capacity"): celtypes.MapType({_s(DRIVER): celtypes.MapType(capacity)}),
+            _s("allowMultipleAllocations"): celtypes.BoolType(False),
+        }
+    )
+    return {"device": device}
+
+
+def profile_memory_mib(profile: str) -> int:
+    """The memory a MIG profile name promises ("1g.10gb" -> 10 GiB)."""
+    match = _PROFILE_MEMORY.search(profile)
+    return int(match[1]) * 1024 if match else 0
+
+
+@dataclass(frozen=True)
+class Match:
+    """The devices every selector accepted."""
+
+    devices: tuple[VirtualDevice, ...]
+
+    @property
+    def gpu_models(self) -> frozenset[str]:
+        return frozenset(d.model for d in self.devices if d.kind == "gpu")
+
+    @property
+    def mig(self) -> tuple[VirtualDevice, ...]:
+        return tuple(d for d in self.devices if d.kind == "mig")
+
+
+class DeviceSpace:
+    """Every virtual device of one catalog, with selector results cached per expression."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        memory: dict[str, int] = {}
+        self.max_count: dict[str, int] = {}
+        self.share_mib: dict[str, int] = {}  # largest fractional share per model
+        for itype in catalog.types:
+            gpus = [
+                (a.model, a.memory_mib, max(a.counts, default=1), 1.0)
+                for a in itype.attachable_gpus
+            ]
+            if itype.gpu is not None:
+                g = itype.gpu
+                gpus.append((g.model, g.memory_mib, g.count, g.fraction))
+            for model, mib, count, fraction in gpus:
+                if model not in GPU_MODELS:
+                    continue
+                if fraction < 1:
+                    # a partitioned GPU reports the memory of its share (as selection reads it)
+                    self.share_mib[model] = max(self.share_mib.get(model, 0), mib)
+                    memory.setdefault(model, 0)
+                    continue
+                memory[model] = max(memory.get(model, 0), mib)
+                self.max_count[model] = max(self.max_count.get(model, 0), count)
+        devices: list[VirtualDevice] = []
+        for model in sorted(memory):
+            mib = memory[model] or GPU_MODELS[model].memory_mib
+            devices.append(
+                VirtualDevice(f"gpu/{model}", "gpu", model, mib, "", _activation("gpu", model, mib))
+            )
+            if model not in self.max_count:
+                continue  # only fractional offerings: no MIG
+            for spec in profiles_for(model).values():
+                pmib = profile_memory_mib(spec.name)
+                devices.append(
+                    VirtualDevice(
+                        f"mig/{model}/{spec.name}",
+                        "mig",
+                        model,
+                        pmib,
+                        spec.name,
+                        _activation("mig", model, pmib, spec.name),
+                    )
+                )
+        self.devices = tuple(devices)
+        self.models = frozenset(memory)
+        self._cache: dict[str, tuple[frozenset[str], str]] = {}
+        self._lock = threading.Lock()
+
+    def _one(self, expression: str) -> tuple[frozenset[str], str]:
+        cached = self._cache.get(expression)
+        if cached is not None:
+            return cached
+        program = compile_selector(expression)
+        accepted: set[str] = set()
+        first_error = ""
+        for device in self.devices:
+            try:
+                if evaluate(program, device.activation):
+                    accepted.add(device.id)
+            except CelError as exc:
+                post_boot = next((a for a in POST_BOOT_ATTRIBUTES if f"'{a}'" in str(exc)), "")
+                if post_boot:
+                    raise InvalidRequest(
+                        f"selector {expression!r} reads {DRIVER}/{post_boot}, which exists only "
+                        "after the pod VM boots; peer pods cannot be matched on it"
+                    ) from None
+                first_error = first_error or str(exc)
+        result = (frozenset(accepted), first_error)
+        with self._lock:
+            self._cache[expression] = result
+        return result
+
+    def match(self, expressions: list[str]) -> tuple[Match, str]:
+        """Devices accepted by every expression, and the first evaluation error seen (if any)."""
+        ids = frozenset(d.id for d in self.devices)
+        error = ""
+        for expression in expressions:
+            accepted, err = self._one(expression)
+            ids &= accepted
+            error = error or err
+        return Match(tuple(d for d in self.devices if d.id in ids)), error

@@ -1,0 +1,90 @@
+"""A Resolver backed by the Kubernetes API (in-cluster, else KUBECONFIG), cached with a TTL.
+
+The official client is used at the raw-JSON level (`resource.k8s.io/v1` paths), so fields the
+generated models do not know yet (consumable capacity, firstAvailable) survive. Found objects are
+cached for `ttl_seconds`; misses and errors are not cached, so a claim created a moment later is
+seen. Calls block: the server runs admission in a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from webhook._resolver import LookupFailed, ObjectNotFound
+
+GROUP = "resource.k8s.io"
+VERSION = "v1"
+
+
+class KubeResolver:
+    """DRA objects from the API server."""
+
+    def __init__(
+        self, ttl_seconds: float = 30.0, timeout_seconds: float = 3.0, api_client: Any = None
+    ) -> None:
+        self.ttl_seconds = ttl_seconds
+        self.timeout_seconds = timeout_seconds
+        self._client = api_client
+        self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def _api(self) -> Any:
+        if self._client is None:
+            from kubernetes import client, config
+
+            try:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
+            except config.ConfigException:
+                try:
+                    config.load_kube_config()  # type: ignore[no-untyped-call]
+                except (config.ConfigException, OSError, TypeError) as exc:
+                    raise LookupFailed(f"no Kubernetes configuration: {exc}") from None
+            self._client = client.ApiClient()
+        return self._client
+
+    def _get(self, path: str, what: str) -> dict[str, Any]:
+        now = time.monotonic()
+        cached = self._cache.get(path)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            response = self._api().call_api(
+                path,
+                "GET",
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=self.timeout_seconds,
+            )
+            raw = response[0].data if isinstance(response, tuple) else response.data
+            obj = json.loads(raw)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ObjectNotFound(f"{what} not found") from None
+            raise LookupFailed(f"reading {what}: HTTP {exc.status} {exc.reason}") from None
+        except (HTTPError, OSError) as exc:
+            raise LookupFailed(f"reading {what}: {exc}") from None
+        except ValueError as exc:
+            raise LookupFailed(f"reading {what}: not JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise LookupFailed(f"reading {what}: not an object")
+        with self._lock:
+            self._cache[path] = (now + self.ttl_seconds, obj)
+        return obj
+
+    def claim(self, namespace: str, name: str) -> dict[str, Any]:
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/resourceclaims/{name}"
+        return self._get(path, f"ResourceClaim {namespace}/{name}")
+
+    def claim_template(self, namespace: str, name: str) -> dict[str, Any]:
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/resourceclaimtemplates/{name}"
+        return self._get(path, f"ResourceClaimTemplate {namespace}/{name}")
+
+    def device_class(self, name: str) -> dict[str, Any]:
+        return self._get(f"/apis/{GROUP}/{VERSION}/deviceclasses/{name}", f"DeviceClass {name}")

@@ -1,0 +1,393 @@
+"""A pod in, the pod the adaptor can act on out: the admission decision with no HTTP in it.
+
+`mutate_pod` reads what the pod asks for (resources, extended resources, DRA claims), writes the
+annotation contract (`providers.contract`), removes what a worker node cannot offer, marks the
+first container with `kata.peerpods.io/vm: 1` and returns the JSON Patch between the two.
+
+Idempotence: a pod already in that form (the VM resource on its first container, no resources
+or claims left to translate) is a fixed point: its contract annotations are kept (after
+validation) and the patch is empty. A denial is raised as a PeerpodsError: InvalidRequest for a
+pod that can never be admitted as written, NoMatch for a valid request no catalog type can serve
+(only when `impossible` is "deny"), LookupFailed when the Kubernetes API could not be read.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Literal
+
+from providers.catalog import Catalog
+from providers.contract import (
+    CDI_PREFIX,
+    DEFAULT_GPU_MODEL,
+    DEFAULT_GPUS,
+    DEFAULT_MEMORY,
+    DEFAULT_VCPUS,
+    DEVICES,
+    MACHINE_TYPE,
+    OWNED_KEYS,
+    VM_RESOURCE,
+    ContainerPlan,
+    DeviceUnit,
+    GpuIntent,
+    decode_gpu_model,
+    encode_gpu_model,
+)
+from providers.errors import AnnotationError, InvalidRequest, NoMatch
+from providers.request import InstanceRequest
+from webhook._devices import DeviceSpace
+from webhook._dra import ClaimUnit, translate
+from webhook._extended import container_units, is_device_resource
+from webhook._patch import Op, diff
+from webhook._resolver import MemoryResolver, Resolver
+from webhook._resources import container_lists, effective, pod_resources
+
+__all__ = ["MutationResult", "PodIntent", "Settings", "mutate_pod"]
+
+Pod = dict[str, Any]
+_STRIPPED = ("cpu", "memory")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Admission policy. Every field is a flag of `peerpods webhook`."""
+
+    # Pods whose spec.runtimeClassName is one of these are peer pods; others pass untouched.
+    runtime_classes: frozenset[str] = frozenset({"kata-remote"})
+    # Instance types a user may pin with the machine_type annotation (empty: none).
+    allowed_machine_types: frozenset[str] = frozenset()
+    # A GPU request no catalog type can serve: "deny" the pod, or "warn" and admit it.
+    impossible: Literal["deny", "warn"] = "deny"
+
+
+@dataclass(frozen=True)
+class PodIntent:
+    """What the pod VM must offer, as the contract annotations carry it."""
+
+    vcpus: int = 0
+    memory_mib: int = 0
+    gpu: GpuIntent = field(default_factory=GpuIntent)
+    machine_type: str = ""
+
+    def request(self) -> InstanceRequest:
+        return InstanceRequest(
+            vcpus=self.vcpus,
+            memory_mib=self.memory_mib,
+            gpus=self.gpu.gpus,
+            gpu_models=self.gpu.models,
+            gpu_memory_mib=self.gpu.memory_mib,
+            mig=dict(self.gpu.mig),
+            fractional=self.gpu.fractional,
+            rdma=self.gpu.rdma,
+            instance_type=self.machine_type,
+        )
+
+
+@dataclass(frozen=True)
+class MutationResult:
+    """The decision for one pod: the patch, the pod after it, and what it means."""
+
+    patch: list[Op]
+    pod: Pod
+    warnings: list[str] = field(default_factory=list)
+    intent: PodIntent | None = None  # None: not a peer pod, left untouched
+    plan: ContainerPlan | None = None
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.patch)
+
+
+_spaces: dict[int, tuple[Catalog, DeviceSpace]] = {}
+_spaces_lock = threading.Lock()
+
+
+def device_space(catalog: Catalog) -> DeviceSpace:
+    """The virtual devices of a catalog, built once per catalog object (a few kept)."""
+    found = _spaces.get(id(catalog))
+    if found is not None and found[0] is catalog:
+        return found[1]
+    space = DeviceSpace(catalog)
+    with _spaces_lock:
+        if len(_spaces) >= 8:
+            _spaces.pop(next(iter(_spaces)))
+        _spaces[id(catalog)] = (catalog, space)
+    return space
+
+
+def _annotations(pod: Pod) -> dict[str, str]:
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict):
+        raise InvalidRequest("pod has no metadata")
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+    ):
+        raise InvalidRequest("metadata.annotations must map strings to strings")
+    return dict(annotations)
+
+
+def _has_translatable(resources: Any) -> bool:
+    if not isinstance(resources, dict):
+        return False
+    if resources.get("claims"):
+        return True
+    for section in ("limits", "requests"):
+        values = resources.get(section) or {}
+        if isinstance(values, dict) and any(
+            k in _STRIPPED or is_device_resource(str(k)) for k in values
+        ):
+            return True
+    return False
+
+
+def _looks_mutated(pod: Pod) -> bool:
+    init, app = container_lists(pod)
+    spec = pod["spec"]
+    if not app or spec.get("resourceClaims") or _has_translatable(spec.get("resources")):
+        return False
+    first = (app[0].get("resources") or {}).get("limits") or {}
+    if not isinstance(first, dict) or VM_RESOURCE not in first:
+        return False
+    return not any(_has_translatable(c.get("resources")) for c in [*init, *app])
+
+
+def _strip_resources(container: dict[str, Any], vm: bool) -> None:
+    resources = container.get("resources")
+    resources = dict(resources) if isinstance(resources, dict) else {}
+    resources.pop("claims", None)
+    for section in ("limits", "requests"):
+        values = dict(resources.get(section) or {})
+        for key in list(values):
+            if key in _STRIPPED or key == VM_RESOURCE or is_device_resource(str(key)):
+                del values[key]
+        if vm:
+            values[VM_RESOURCE] = "1"
+        if values:
+            resources[section] = values
+        else:
+            resources.pop(section, None)
+    if resources:
+        container["resources"] = resources
+    else:
+        container.pop("resources", None)
+
+
+def _claim_refs(
+    container: Mapping[str, Any], where: str, by_claim: dict[str, list[ClaimUnit]]
+) -> list[str]:
+    refs = (container.get("resources") or {}).get("claims") or []
+    if not isinstance(refs, list):
+        raise InvalidRequest(f"{where}.resources.claims is not a list")
+    ids: list[str] = []
+    for ref in refs:
+        name = str((ref or {}).get("name", "")) if isinstance(ref, dict) else ""
+        if name not in by_claim:
+            raise InvalidRequest(f"{where} uses claim {name!r}, not in spec.resourceClaims")
+        request = str(ref.get("request") or "").split("/", 1)[0]
+        units = [u for u in by_claim[name] if not request or u.request == request]
+        if request and not units:
+            raise InvalidRequest(f"{where} uses request {request!r} that claim {name} lacks")
+        ids.extend(u.unit.id for u in units if u.unit.id not in ids)
+    return ids
+
+
+def _vm_gpu(
+    init: list[dict[str, Any]],
+    app: list[dict[str, Any]],
+    per_container: dict[int, list[DeviceUnit]],
+    claims: list[ClaimUnit],
+    all_models: frozenset[str],
+) -> GpuIntent:
+    def total(pred: Any) -> int:
+        def amount(c: Mapping[str, Any]) -> Decimal:
+            return Decimal(sum(u.count for u in per_container[id(c)] if pred(u)))
+
+        ext = effective(init, app, amount)
+        return int(ext) + sum(c.unit.count for c in claims if pred(c.unit))
+
+    profiles = {u.profile for units in per_container.values() for u in units if u.kind == "mig"}
+    profiles |= {c.unit.profile for c in claims if c.unit.kind == "mig"}
+    mig = {p: total(lambda u, p=p: u.kind == "mig" and u.profile == p) for p in sorted(profiles)}
+    models: frozenset[str] | None = None
+    for claim in claims:
+        if claim.models is not None:
+            models = claim.models if models is None else models & claim.models
+    if models is not None and not models:
+        raise InvalidRequest(
+            "the pod's claims ask for different GPU models; one pod VM carries one GPU model"
+        )
+    if models is not None and models >= all_models:
+        models = None
+    return GpuIntent(
+        gpus=total(lambda u: u.kind == "gpu"),
+        models=tuple(sorted(models)) if models else (),
+        memory_mib=max((c.memory_mib for c in claims), default=0),
+        mig={p: n for p, n in mig.items() if n},
+        fractional=any(c.fractional for c in claims),
+        rdma=total(lambda u: u.kind == "rdma") > 0,
+    )
+
+
+def _translate(
+    pod: Pod,
+    namespace: str,
+    resolver: Resolver,
+    catalog: Catalog | None,
+    machine_type: str,
+    warnings: list[str],
+) -> tuple[PodIntent, ContainerPlan]:
+    init, app = container_lists(pod)
+    resources = pod_resources(pod)
+    named = [(c, f"spec.initContainers[{i}]") for i, c in enumerate(init)]
+    named += [(c, f"spec.containers[{i}]") for i, c in enumerate(app)]
+    per_container = {id(c): container_units(c, where) for c, where in named}
+    claims: list[ClaimUnit] = []
+    all_models: frozenset[str] = frozenset()
+    if pod["spec"].get("resourceClaims"):
+        if catalog is None:
+            raise InvalidRequest("DRA claims need a catalog (--provider/--region) to match against")
+        space = device_space(catalog)
+        all_models = space.models
+        machine_gpus = None
+        if machine_type:
+            chosen = catalog.by_name().get(machine_type)
+            if chosen is not None and chosen.gpu is not None:
+                machine_gpus = chosen.gpu.count
+        translation = translate(pod, namespace, resolver, space, machine_gpus)
+        claims = translation.units
+        warnings.extend(translation.warnings)
+    gpu = _vm_gpu(init, app, per_container, claims, all_models)
+    by_claim: dict[str, list[ClaimUnit]] = {}
+    for claim in claims:
+        by_claim.setdefault(claim.claim, []).append(claim)
+    units: list[DeviceUnit] = [u for _, units_ in per_container.items() for u in units_]
+    for claim in claims:
+        constrained = claim.models is not None and claim.models != all_models
+        models = tuple(sorted(claim.models)) if constrained and claim.models else ()
+        units.append(claim.unit.model_copy(update={"models": models}))
+    containers: dict[str, tuple[str, ...]] = {}
+    for container, where in named:
+        ids = [u.id for u in per_container[id(container)]]
+        ids += [i for i in _claim_refs(container, where, by_claim) if i not in ids]
+        if ids:
+            containers[str(container.get("name", ""))] = tuple(ids)
+    try:
+        plan = ContainerPlan(units=tuple(units), containers=containers)
+    except ValueError as exc:
+        raise InvalidRequest(f"device plan: {exc}") from None
+    intent = PodIntent(resources.vcpus, resources.memory_mib, gpu, machine_type)
+    return intent, plan
+
+
+def _existing_intent(
+    annotations: Mapping[str, str], machine_type: str
+) -> tuple[PodIntent, ContainerPlan]:
+    def integer(key: str) -> int:
+        raw = annotations.get(key, "")
+        if raw and not raw.isdigit():
+            raise AnnotationError(key, f"expected a non-negative integer, got {raw!r}")
+        return int(raw or 0)
+
+    gpu = decode_gpu_model(annotations.get(DEFAULT_GPU_MODEL, ""), integer(DEFAULT_GPUS))
+    plan = ContainerPlan.decode(annotations[DEVICES]) if DEVICES in annotations else ContainerPlan()
+    return PodIntent(integer(DEFAULT_VCPUS), integer(DEFAULT_MEMORY), gpu, machine_type), plan
+
+
+def _contract(intent: PodIntent, plan: ContainerPlan) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if intent.vcpus:
+        out[DEFAULT_VCPUS] = str(intent.vcpus)
+    if intent.memory_mib:
+        out[DEFAULT_MEMORY] = str(intent.memory_mib)
+    if intent.gpu.gpus:
+        out[DEFAULT_GPUS] = str(intent.gpu.gpus)
+    encoded = encode_gpu_model(intent.gpu)
+    if encoded:
+        out[DEFAULT_GPU_MODEL] = encoded
+    if plan.units:
+        out[DEVICES] = plan.encode()
+    return out
+
+
+def _check_possible(
+    intent: PodIntent, catalog: Catalog | None, settings: Settings, warnings: list[str]
+) -> None:
+    if catalog is None or not (not intent.gpu.empty or intent.machine_type):
+        return
+    from providers.selection import select
+
+    try:
+        select(catalog, intent.request()).selected  # noqa: B018 - raises NoMatch
+    except NoMatch as exc:
+        where = f"{catalog.cloud} {catalog.region}"
+        message = f"no instance type in the {where} catalog can serve this pod: {exc}"
+        if settings.impossible == "deny":
+            raise NoMatch(message, exc.reasons) from None
+        warnings.append(message)
+
+
+def mutate_pod(
+    pod: Pod,
+    *,
+    resolver: Resolver | None = None,
+    catalog: Catalog | None = None,
+    settings: Settings | None = None,
+    namespace: str = "",
+) -> MutationResult:
+    """Admit one pod: the patch to apply and the pod it makes (raises to deny; see module doc)."""
+    settings = settings or Settings()
+    if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
+        raise InvalidRequest("not a pod: no spec")
+    if pod["spec"].get("runtimeClassName") not in settings.runtime_classes:
+        return MutationResult(patch=[], pod=pod)
+    annotations = _annotations(pod)
+    namespace = namespace or str((pod.get("metadata") or {}).get("namespace") or "default")
+    machine_type = annotations.get(MACHINE_TYPE, "").strip()
+    if machine_type and machine_type not in settings.allowed_machine_types:
+        allowed = ", ".join(sorted(settings.allowed_machine_types)) or "none are allowed"
+        raise InvalidRequest(
+            f"annotation {MACHINE_TYPE}: instance type {machine_type!r} is not allowed "
+            f"(allowed: {allowed})"
+        )
+    warnings: list[str] = []
+    mutated = copy.deepcopy(pod)
+    kept = {k: v for k, v in annotations.items() if not k.startswith(CDI_PREFIX)}
+    if _looks_mutated(pod):
+        intent, plan = _existing_intent(kept, machine_type)
+    else:
+        intent, plan = _translate(
+            pod, namespace, resolver or MemoryResolver(), catalog, machine_type, warnings
+        )
+        kept = {k: v for k, v in kept.items() if k not in OWNED_KEYS}
+        kept.update(_contract(intent, plan))
+        spec = mutated["spec"]
+        spec.pop("resourceClaims", None)
+        if isinstance(spec.get("resources"), dict):
+            level = {k: v for k, v in spec["resources"].items() if k not in ("limits", "requests")}
+            for section in ("limits", "requests"):
+                values = {
+                    k: v
+                    for k, v in (spec["resources"].get(section) or {}).items()
+                    if k not in _STRIPPED
+                }
+                if values:
+                    level[section] = values
+            if level:
+                spec["resources"] = level
+            else:
+                spec.pop("resources")
+        for container in spec.get("initContainers") or []:
+            _strip_resources(container, vm=False)
+        for index, container in enumerate(spec.get("containers") or []):
+            _strip_resources(container, vm=index == 0)
+    _check_possible(intent, catalog, settings, warnings)
+    if kept or "annotations" in mutated["metadata"]:
+        mutated["metadata"]["annotations"] = kept
+    return MutationResult(
+        patch=diff(pod, mutated), pod=mutated, warnings=warnings, intent=intent, plan=plan
+    )
