@@ -79,7 +79,8 @@ def network_client(fake: FakeCloud, subscription: str = SUBSCRIPTION) -> Any:
 
 def recorded_skus(location: str) -> list[dict[str, Any]]:
     """The recorded `resource_skus.list` items for a location (data/azure-<location>-skus.json)."""
-    items: list[dict[str, Any]] = json.loads((DATA / f"azure-{location}-skus.json").read_text())
+    recorded: dict[str, Any] = json.loads((DATA / f"azure-{location}-skus.json").read_text())
+    items: list[dict[str, Any]] = recorded["value"]
     return items
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "PAGE_TOKEN",
     "PROJECT",
     "client",
+    "clients",
     "recorded",
     "serve_recorded",
 ]
@@ -38,6 +39,19 @@ def client(fake: FakeCloud, client_class: type[C]) -> C:
     fake.mount_on(transport._session)
     made: C = client_class(transport=transport)  # type: ignore[call-arg]
     return made
+
+
+def clients(fake: FakeCloud) -> Any:
+    """The loader's GcpClients bundle (regions, machine types, accelerator types) over `fake`."""
+    from google.cloud import compute_v1
+
+    from providers.loaders.gcp import GcpClients
+
+    return GcpClients(
+        regions=client(fake, compute_v1.RegionsClient),
+        machine_types=client(fake, compute_v1.MachineTypesClient),
+        accelerator_types=client(fake, compute_v1.AcceleratorTypesClient),
+    )
 
 
 def recorded(region: str) -> dict[str, Any]:
