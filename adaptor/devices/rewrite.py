@@ -1,0 +1,94 @@
+"""The CreateContainer rewrite: give one container exactly its planned CDI devices.
+
+The request is decoded with the partial agent schema (fields it does not declare survive as
+unknown fields) and re-encoded only when something changes. Every `cdi.k8s.io/*` annotation the
+request carries is removed: a pod must not obtain devices by writing annotations. Then:
+
+- `annotations` mode: `cdi.k8s.io/peerpods_<container>` lists the container's qualified names and
+  kata-agent resolves them against the pod VM's CDI specs;
+- `edits` mode (agents without CDI): the adaptor applies the devices' edits from its own
+  configured specs into the OCI spec; device nodes must be fully specified there.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from google.protobuf.message import DecodeError
+
+from adaptor.cdi import ANNOTATION_PREFIX, CdiError, Registry, apply_to_proto
+from adaptor.devices.plan import DevicePlan
+from adaptor.ttrpc.gen import agent_pb2
+from providers.contract import (
+    CONTAINER_NAME,
+    CONTAINER_TYPE,
+    DEVICES,
+    ContainerPlan,
+    cdi_annotation_key,
+)
+from providers.errors import InvalidRequest
+
+CdiMode = Literal["annotations", "edits"]
+CDI_MODES: tuple[CdiMode, ...] = ("annotations", "edits")
+
+
+class RewriteError(InvalidRequest):
+    """A CreateContainer request the adaptor refuses (answered with INVALID_ARGUMENT)."""
+
+
+def decode_request(payload: bytes) -> Any:
+    request = agent_pb2.CreateContainerRequest()
+    try:
+        request.ParseFromString(payload)
+    except DecodeError as exc:
+        raise RewriteError(f"cannot decode CreateContainerRequest: {exc}") from None
+    return request
+
+
+def effective_plan(plan: DevicePlan | None, annotations: Any) -> DevicePlan | None:
+    """The stored plan, assigned per container by the request's device-plan annotation when the
+    stored plan has no assignment yet."""
+    if plan is None or plan.containers is not None or plan.empty:
+        return plan
+    raw = annotations.get(DEVICES)
+    if not raw:
+        return plan
+    return plan.with_container_plan(ContainerPlan.decode(raw))
+
+
+def rewrite_create_container(
+    payload: bytes,
+    plan: DevicePlan | None,
+    *,
+    mode: CdiMode = "annotations",
+    registry: Registry | None = None,
+) -> bytes:
+    """The rewritten CreateContainerRequest payload (the same bytes when nothing changes)."""
+    if mode not in CDI_MODES:
+        raise RewriteError(f"unknown CDI mode {mode!r}")
+    if mode == "edits" and registry is None:
+        raise RewriteError("edits mode needs a CDI spec registry")
+    request = decode_request(payload)
+    annotations = request.OCI.Annotations
+    foreign = [k for k in annotations if k.startswith(ANNOTATION_PREFIX)]
+    devices: list[str] = []
+    if annotations.get(CONTAINER_TYPE) != "sandbox":
+        plan = effective_plan(plan, annotations)
+        if plan is not None and not plan.empty:
+            name = annotations.get(CONTAINER_NAME, "")
+            if not name:
+                raise RewriteError(f"CreateContainer for a GPU pod without {CONTAINER_NAME}")
+            devices = plan.for_container(name)
+    if not devices and not foreign:
+        return payload
+    for key in foreign:
+        del annotations[key]
+    if devices and mode == "annotations":
+        annotations[cdi_annotation_key(annotations[CONTAINER_NAME])] = ",".join(devices)
+    elif devices:
+        assert registry is not None
+        try:
+            apply_to_proto(request.OCI, registry.edits_for(devices))
+        except CdiError as exc:
+            raise RewriteError(f"CDI edits for {annotations[CONTAINER_NAME]}: {exc}") from None
+    return bytes(request.SerializeToString())
