@@ -225,22 +225,24 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
             raise MalformedMessage("varint too long")
 
 
-# Request field number -> wire type (2: length-delimited, 0: varint)
+# field number -> wire type (2: length-delimited, 0: varint)
 _REQUEST_WIRE_TYPES = {1: 2, 2: 2, 3: 2, 4: 0, 5: 2}
+_KEY_VALUE_WIRE_TYPES = {1: 2, 2: 2}
+_MAX_FIELD_NUMBER = (1 << 29) - 1
 
 
-def peek_call(data: bytes) -> tuple[str, str]:
-    """Service and method of a serialized Request, walking the wire format without copying the
-    payload; raises MalformedMessage for anything protobuf would refuse to parse."""
-    service = method = ""
-    pos = 0
-    end = len(data)
+def _scan(
+    data: bytes, pos: int, end: int, wire_types: dict[int, int], strings: tuple[int, ...]
+) -> dict[int, str]:
+    """Walk one message's fields between pos and end; return the last value of each string
+    field named in `strings`; validate nested KeyValue metadata (field 5 of a Request)."""
+    found: dict[int, str] = {}
     while pos < end:
         key, pos = _read_varint(data, pos)
         number, wire_type = key >> 3, key & 7
-        if number == 0:
-            raise MalformedMessage("field number 0")
-        want = _REQUEST_WIRE_TYPES.get(number)
+        if number == 0 or number > _MAX_FIELD_NUMBER:
+            raise MalformedMessage(f"invalid field number {number}")
+        want = wire_types.get(number)
         if want is not None and want != wire_type:
             raise MalformedMessage(f"field {number}: wrong wire type {wire_type}")
         if wire_type == 0:
@@ -250,15 +252,13 @@ def peek_call(data: bytes) -> tuple[str, str]:
             stop = pos + length
             if stop > end:
                 raise MalformedMessage("truncated field")
-            if number == 1 or number == 2:
+            if number in strings:
                 try:
-                    text = data[pos:stop].decode()
+                    found[number] = data[pos:stop].decode()
                 except UnicodeDecodeError as exc:
                     raise MalformedMessage(f"field {number}: invalid UTF-8") from exc
-                if number == 1:
-                    service = text
-                else:
-                    method = text
+            elif number == 5 and wire_types is _REQUEST_WIRE_TYPES:
+                _scan(data, pos, stop, _KEY_VALUE_WIRE_TYPES, (1, 2))
             pos = stop
         elif wire_type == 1:
             pos += 8
@@ -268,4 +268,11 @@ def peek_call(data: bytes) -> tuple[str, str]:
             raise MalformedMessage(f"unsupported wire type {wire_type}")
         if pos > end:
             raise MalformedMessage("truncated field")
-    return service, method
+    return found
+
+
+def peek_call(data: bytes) -> tuple[str, str]:
+    """Service and method of a serialized Request, walking the wire format without copying the
+    payload; raises MalformedMessage for what protobuf would refuse to parse."""
+    found = _scan(data, 0, len(data), _REQUEST_WIRE_TYPES, (1, 2))
+    return found.get(1, ""), found.get(2, "")
