@@ -276,7 +276,7 @@ class _Matcher:
                 worst = max((o for o in options if isinstance(o, Rejection)), key=_stage)
                 return Rejection(t.name, worst.reason, worst.stage, worst.gpu_model, worst.have)
             fit = min(fits, key=lambda f: (f.gpus, f.gpu_memory_mib, f.gpu_model or ""))
-        elif t.gpu is not None:
+        elif t.gpu is not None and not request.instance_type:  # named explicitly: take it
             return Rejection(t.name, f"has {t.gpu.count} {t.gpu.model}, no GPU requested", NO_GPU)
         if t.arch != request.arch:
             return Rejection(t.name, f"{t.arch}, the image is {request.arch}", ARCH)
@@ -440,7 +440,9 @@ def _summarise(
     near = [r for r in rejections if r.stage == furthest]
     names = ", ".join(r.name for r in near[:3]) + (", ..." if len(near) > 3 else "")
     if furthest == NO_GPU:
-        return "no instance type has a GPU" if request.wants_gpu else "no type without GPUs"
+        if request.wants_gpu:
+            return "no instance type has a GPU"
+        return f"only types with GPUs match ({names}), and no GPU was requested"
     if furthest == GPU_MODEL:
         return f"no type offers GPU model {'|'.join(request.gpu_models)}"
     if furthest == GPU_MEMORY:
