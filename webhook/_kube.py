@@ -1,14 +1,13 @@
 """A Resolver backed by the Kubernetes API (in-cluster, else KUBECONFIG), cached with a TTL.
 
-The official client is used at the raw-JSON level (`resource.k8s.io/v1` paths), so fields the
-generated models do not know yet (consumable capacity, firstAvailable) survive. Found objects are
-cached for `ttl_seconds`; misses and errors are not cached, so a claim created a moment later is
-seen. Calls block: the server runs admission in a worker thread.
+The official client's CustomObjectsApi reads `resource.k8s.io/v1` objects as plain JSON, so
+fields the generated models do not know yet (consumable capacity, firstAvailable) survive. Found
+objects are cached for `ttl_seconds`; misses and errors are not cached, so a claim created a
+moment later is seen. Calls block: the server runs admission in a worker thread.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Any
@@ -45,7 +44,12 @@ class KubeResolver:
             self._client = client.ApiClient()
         return self._client
 
-    def _get(self, path: str, what: str) -> dict[str, Any]:
+    def _custom_objects(self) -> Any:
+        from kubernetes import client
+
+        return client.CustomObjectsApi(self._api())
+
+    def _get(self, path: str, what: str, fetch: Any) -> dict[str, Any]:
         now = time.monotonic()
         cached = self._cache.get(path)
         if cached is not None and cached[0] > now:
@@ -54,16 +58,7 @@ class KubeResolver:
         from urllib3.exceptions import HTTPError
 
         try:
-            response = self._api().call_api(
-                path,
-                "GET",
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=self.timeout_seconds,
-            )
-            raw = response[0].data if isinstance(response, tuple) else response.data
-            obj = json.loads(raw)
+            obj = fetch(self._custom_objects(), _request_timeout=self.timeout_seconds)
         except ApiException as exc:
             if exc.status == 404:
                 raise ObjectNotFound(f"{what} not found") from None
@@ -71,7 +66,7 @@ class KubeResolver:
         except (HTTPError, OSError) as exc:
             raise LookupFailed(f"reading {what}: {exc}") from None
         except ValueError as exc:
-            raise LookupFailed(f"reading {what}: not JSON: {exc}") from None
+            raise LookupFailed(f"reading {what}: {exc}") from None
         if not isinstance(obj, dict):
             raise LookupFailed(f"reading {what}: not an object")
         with self._lock:
@@ -80,11 +75,29 @@ class KubeResolver:
 
     def claim(self, namespace: str, name: str) -> dict[str, Any]:
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/resourceclaims/{name}"
-        return self._get(path, f"ResourceClaim {namespace}/{name}")
+        return self._get(
+            path,
+            f"ResourceClaim {namespace}/{name}",
+            lambda api, **kw: api.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "resourceclaims", name, **kw
+            ),
+        )
 
     def claim_template(self, namespace: str, name: str) -> dict[str, Any]:
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/resourceclaimtemplates/{name}"
-        return self._get(path, f"ResourceClaimTemplate {namespace}/{name}")
+        return self._get(
+            path,
+            f"ResourceClaimTemplate {namespace}/{name}",
+            lambda api, **kw: api.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "resourceclaimtemplates", name, **kw
+            ),
+        )
 
     def device_class(self, name: str) -> dict[str, Any]:
-        return self._get(f"/apis/{GROUP}/{VERSION}/deviceclasses/{name}", f"DeviceClass {name}")
+        return self._get(
+            f"/apis/{GROUP}/{VERSION}/deviceclasses/{name}",
+            f"DeviceClass {name}",
+            lambda api, **kw: api.get_cluster_custom_object(
+                GROUP, VERSION, "deviceclasses", name, **kw
+            ),
+        )
