@@ -60,8 +60,12 @@ def agent_tls_context(settings: ServeSettings) -> ssl.SSLContext | None:
         raise PeerpodsError(f"cannot load agent TLS files: {exc}") from exc
 
 
+# A sandbox (with its VM) -> the CreateContainer rewrite for its proxy, or None to pass through.
+ContainerHookFactory = Callable[[SandboxRecord], Callable[[bytes], bytes] | None]
+
+
 def agent_proxy_factory(
-    tls: ssl.SSLContext | None, create_container_hook: Callable[..., Any] | None = None
+    tls: ssl.SSLContext | None, container_hooks: ContainerHookFactory | None = None
 ) -> ProxyFactory:
     """Builds each sandbox's AgentProxy dialing its forwarder (over mTLS when `tls` is set)."""
 
@@ -72,7 +76,7 @@ def agent_proxy_factory(
             socket_path,
             tcp_dialer(host, port, ssl=tls),
             sandbox_id=record.id,
-            create_container_hook=create_container_hook,
+            create_container_hook=container_hooks(record) if container_hooks else None,
         )
         return proxy
 
@@ -90,14 +94,14 @@ class Daemon:
         proxy_factory: ProxyFactory | None = None,
         choose_candidates: CandidateChooser = machine_type_candidates,
         resolve_endpoint: EndpointResolver | None = None,
-        create_container_hook: Callable[..., Any] | None = None,
+        container_hooks: ContainerHookFactory | None = None,
     ) -> None:
         self.settings = settings
         self._provider = provider
         self._proxy_factory = proxy_factory
         self._choose_candidates = choose_candidates
         self._resolve_endpoint = resolve_endpoint
-        self._create_container_hook = create_container_hook
+        self._container_hooks = container_hooks
         self._lock_fd: int | None = None
         self.store: StateStore | None = None
         self.manager: SandboxManager | None = None
@@ -120,7 +124,7 @@ class Daemon:
             registry.ProviderOptions(static_endpoints=settings.static_endpoints, leases=self.store),
         )
         proxy_factory = self._proxy_factory or agent_proxy_factory(
-            agent_tls_context(settings), self._create_container_hook
+            agent_tls_context(settings), self._container_hooks
         )
         self.manager = SandboxManager(
             ManagerConfig(

@@ -78,8 +78,16 @@ class FakeProxies:
         self.made: list[FakeProxy] = []
         self.connect_error: Exception | None = None
         self.connect_gate: asyncio.Event | None = None
+        self.changed = asyncio.Event()
+
+    async def wait_made(self, count: int) -> None:
+        """Until `count` proxies were made."""
+        while len(self.made) < count:
+            self.changed.clear()
+            await self.changed.wait()
 
     def __call__(self, record: SandboxRecord, socket_path: str, host: str, port: int) -> FakeProxy:
         proxy = FakeProxy(record.id, socket_path, host, port, self.connect_error, self.connect_gate)
         self.made.append(proxy)
+        self.changed.set()
         return proxy

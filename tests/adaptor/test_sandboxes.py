@@ -1,4 +1,4 @@
-"""The sandbox lifecycle with a fake provider and proxy: ordering, cleanup, concurrency, recovery."""
+"""The sandbox lifecycle with a fake provider and proxy: order, cleanup, concurrency, recovery."""
 
 from __future__ import annotations
 
@@ -136,8 +136,7 @@ async def test_cancelled_start_still_deletes_the_vm(env: Env) -> None:
     env.proxies.connect_gate = asyncio.Event()
     await env.manager.create_vm("sb1", ANNOTATIONS)
     start = asyncio.create_task(env.manager.start_vm("sb1"))
-    while not env.proxies.made:
-        await asyncio.sleep(0.01)
+    await env.proxies.wait_made(1)
     start.cancel()
     with pytest.raises(asyncio.CancelledError):
         await start
@@ -170,8 +169,7 @@ async def test_same_sandbox_serialized_others_concurrent(env: Env) -> None:
     start_a = asyncio.create_task(env.manager.start_vm("a"))
     start_b = asyncio.create_task(env.manager.start_vm("b"))
     stop_a = asyncio.create_task(env.manager.stop_vm("a"))
-    while len(env.proxies.made) < 2:  # both starts reached the forwarder wait together
-        await asyncio.sleep(0.01)
+    await env.proxies.wait_made(2)  # both starts reached the forwarder wait together
     await asyncio.sleep(0.05)
     assert not stop_a.done()  # waits for a's start
     gate.set()

@@ -13,7 +13,9 @@ from providers.base import Instance
 
 async def test_records_round_trip_and_survive_reopen(tmp_path: Path) -> None:
     store = await StateStore.open(tmp_path / "state")
-    instance = Instance("i-1", "vm", ("10.1.2.3",), "g5.xlarge", "us-east-1a", port=9, tags={"a": "b"})
+    instance = Instance(
+        "i-1", "vm", ("10.1.2.3",), "g5.xlarge", "us-east-1a", port=9, tags={"a": "b"}
+    )
     record = SandboxRecord(
         id="sb1", pod_namespace="ns", pod_name="pod", annotations={"k": "v"}, agent_socket="/x"
     )
@@ -41,7 +43,9 @@ async def test_write_is_visible_to_another_connection_at_once(tmp_path: Path) ->
     store = await StateStore.open(tmp_path)
     await store.put(SandboxRecord(id="sb2", pod_namespace="ns", pod_name="p"))
     with sqlite3.connect(tmp_path / "sandboxes.db") as other:
-        assert other.execute("SELECT state FROM sandboxes WHERE id='sb2'").fetchone() == ("created",)
+        assert other.execute("SELECT state FROM sandboxes WHERE id='sb2'").fetchone() == (
+            "created",
+        )
     await store.close()
 
 

@@ -19,8 +19,11 @@ def spec(sandbox: str) -> VMSpec:
 
 @pytest.mark.parametrize(
     ("text", "endpoint"),
-    [("127.0.0.1:15150", Endpoint("127.0.0.1", 15150)), ("[::1]:9", Endpoint("::1", 9)),
-     (" vm-1.example:80 ", Endpoint("vm-1.example", 80))],
+    [
+        ("127.0.0.1:15150", Endpoint("127.0.0.1", 15150)),
+        ("[::1]:9", Endpoint("::1", 9)),
+        (" vm-1.example:80 ", Endpoint("vm-1.example", 80)),
+    ],
 )
 def test_parse_endpoint(text: str, endpoint: Endpoint) -> None:
     assert parse_endpoint(text) == endpoint

@@ -1,0 +1,130 @@
+"""`peerpods serve` as a real subprocess for tests, and the Go client calls the shim would make."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adaptor.ttrpc.gen import hypervisor_pb2 as pb
+from tests.go.peers import go_call
+
+ROOT = Path(__file__).resolve().parents[2]
+HYPERVISOR = "hypervisor.Hypervisor"
+
+ANNOTATIONS = {
+    "io.kubernetes.cri.sandbox-name": "pod-a",
+    "io.kubernetes.cri.sandbox-namespace": "default",
+    "io.katacontainers.config.hypervisor.machine_type": "",
+    "io.katacontainers.config.hypervisor.image": "",
+    "io.katacontainers.config.hypervisor.default_vcpus": "2",
+    "io.katacontainers.config.hypervisor.default_memory": "4096",
+    "io.katacontainers.config.hypervisor.cc_init_data": "",
+    "io.katacontainers.config.hypervisor.default_gpus": "0",
+    "io.katacontainers.config.hypervisor.default_gpu_model": "",
+}
+
+
+@dataclass
+class ServeProcess:
+    """One `peerpods serve` process over a directory that outlives it (for restarts)."""
+
+    root: Path
+    args: Sequence[str]
+    process: asyncio.subprocess.Process | None = None
+    logs: list[Path] = field(default_factory=list)
+
+    @property
+    def socket(self) -> str:
+        return str(self.root / "hv.sock")
+
+    @property
+    def state_db(self) -> Path:
+        return self.root / "state" / "sandboxes.db"
+
+    async def start(self) -> None:
+        log = self.root / f"serve-{len(self.logs)}.log"
+        self.logs.append(log)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PEERPODS_")}
+        env["PYTHONPATH"] = str(ROOT)
+        with log.open("wb") as stderr:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "adaptor.cli.main",
+                "--log-level",
+                "debug",
+                "serve",
+                "--socket",
+                self.socket,
+                "--pods-dir",
+                str(self.root / "pods"),
+                "--state-dir",
+                str(self.root / "state"),
+                *self.args,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                cwd=ROOT,
+                env=env,
+            )
+        assert self.process.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.process.stdout.readline(), 30)
+        except BaseException:
+            await self.kill()
+            raise
+        if b"listening" not in line:
+            await self.process.wait()
+            raise RuntimeError(f"serve did not start ({self.process.returncode}): {self.log()}")
+
+    def log(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.logs if p.exists())
+
+    async def kill(self) -> None:
+        """SIGKILL: no cleanup at all."""
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGKILL)
+            await self.process.wait()
+
+    async def terminate(self, wait_seconds: float = 20) -> int:
+        """SIGTERM and wait for the exit code."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(self.process.wait(), wait_seconds)
+
+    async def call(self, method: str, message: Any, call_timeout: str = "") -> dict[str, Any]:
+        return await go_call(
+            self.socket, HYPERVISOR, method, message.SerializeToString(), call_timeout=call_timeout
+        )
+
+    async def create_vm(
+        self, sandbox_id: str, annotations: Mapping[str, str] = ANNOTATIONS
+    ) -> dict[str, Any]:
+        return await self.call(
+            "CreateVM", pb.CreateVMRequest(id=sandbox_id, annotations=dict(annotations))
+        )
+
+    async def start_vm(self, sandbox_id: str) -> dict[str, Any]:
+        return await self.call("StartVM", pb.StartVMRequest(id=sandbox_id), call_timeout="60s")
+
+    async def stop_vm(self, sandbox_id: str) -> dict[str, Any]:
+        return await self.call("StopVM", pb.StopVMRequest(id=sandbox_id), call_timeout="60s")
+
+    def rows(self, query: str) -> list[tuple[Any, ...]]:
+        """Read the state database from outside the daemon, as a status tool would."""
+        with contextlib.closing(sqlite3.connect(self.state_db)) as db:
+            return list(db.execute(query).fetchall())
+
+
+def exists(path: str | Path) -> bool:
+    """Whether a file is there (a plain function: tests call it between awaits)."""
+    return os.path.lexists(path)
