@@ -1,0 +1,454 @@
+"""The agent proxy: the shim's agent socket, relayed over one multiplexed upstream connection.
+
+Request frames are forwarded as they arrived, only the stream id is remapped (the shim's ids are
+per shim connection, the upstream's are ours); service and method are peeked without decoding the
+payload. Response frames come back unchanged with the shim's stream id restored. No timeout is
+added: long calls (WaitProcess, GetOOMEvent) simply stay in flight beside the others.
+
+Only `grpc.AgentService/CreateContainer` is ever decoded, and only when a hook is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+
+from adaptor.ttrpc.codec import (
+    MAX_DATA_LENGTH,
+    Event,
+    FrameDecoder,
+    MalformedMessage,
+    MessageType,
+    Oversized,
+    encode_header,
+    encode_request,
+    encode_response,
+    peek_call,
+)
+from adaptor.ttrpc.connection import READ_CHUNK, bind_unix, close_writer, unlink_socket
+from adaptor.ttrpc.gen import ttrpc_pb2
+from adaptor.ttrpc.status import Code, TtrpcError
+
+from .dial import Dial
+
+log = logging.getLogger(__name__)
+
+CreateContainerHook = Callable[[bytes], bytes]
+OnCall = Callable[[str, str, int], None]
+
+CREATE_CONTAINER = ("grpc.AgentService", "CreateContainer")
+MAX_IN_FLIGHT = 1024  # per shim connection; reading pauses beyond it
+DIAL_ATTEMPT_SECONDS = 10.0  # one TCP/TLS connect attempt (a blackholed VM never refuses)
+BACKOFF_FIRST_SECONDS = 0.1
+BACKOFF_MAX_SECONDS = 5.0
+_REQUEST = MessageType.REQUEST
+_RESPONSE = MessageType.RESPONSE
+
+
+class AgentProxy:
+    """One sandbox's proxy between the shim (unix socket) and the pod VM forwarder (TCP)."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        dial: Dial,
+        *,
+        sandbox_id: str,
+        create_container_hook: CreateContainerHook | None = None,
+        on_call: OnCall | None = None,
+    ) -> None:
+        self.socket_path = socket_path
+        self.sandbox_id = sandbox_id
+        self._dial = dial
+        self._hook = create_container_hook
+        self._on_call = on_call
+        self._server: asyncio.AbstractServer | None = None
+        self._inode: int | None = None
+        self._shims: dict[_ShimConnection, asyncio.Task[None]] = {}
+        self._upstream: _Upstream | None = None
+        self._dialing: asyncio.Future[_Upstream] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopped = False
+        self.last_error = "not connected yet"
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Serve the shim on the agent socket (mode 0600); listening when this returns."""
+        if self._server is not None:
+            raise RuntimeError("proxy already started")
+        sock = bind_unix(self.socket_path, 0o600)
+        self._inode = os.lstat(self.socket_path).st_ino
+        self._server = await asyncio.start_unix_server(self._accept, sock=sock, limit=READ_CHUNK)
+
+    async def connect(self, timeout_seconds: float) -> None:
+        """Dial the forwarder, retrying with backoff (capped at 5 s) until `timeout_seconds`."""
+        deadline = time.monotonic() + timeout_seconds
+        delay = BACKOFF_FIRST_SECONDS
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                await self._ensure_upstream(min(DIAL_ATTEMPT_SECONDS, max(left, 0.001)))
+                return
+            except TtrpcError:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopped:
+                    raise TtrpcError(
+                        Code.UNAVAILABLE,
+                        f"pod VM forwarder unreachable after {timeout_seconds:g}s: "
+                        f"{self.last_error}",
+                    ) from None
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, BACKOFF_MAX_SECONDS)
+
+    @property
+    def connected(self) -> bool:
+        """Whether an upstream connection is up now."""
+        return self._upstream is not None and not self._upstream.closed
+
+    async def stop(self) -> None:
+        """Close the listener, shim connections and upstream; remove the socket. Idempotent."""
+        self._stopped = True
+        if self._server is not None:
+            self._server.close()
+        unlink_socket(self.socket_path, self._inode)
+        tasks = [*self._tasks, *self._shims.values()]
+        for task in tasks:
+            task.cancel()
+        if self._dialing is not None and not self._dialing.done():
+            self._dialing.cancel()
+        upstream, self._upstream = self._upstream, None
+        if upstream is not None:
+            await upstream.close()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    # --- upstream ----------------------------------------------------------------------------
+
+    async def _ensure_upstream(self, attempt_seconds: float = DIAL_ATTEMPT_SECONDS) -> _Upstream:
+        """The live upstream, dialing once if there is none (concurrent callers share a dial)."""
+        upstream = self._upstream
+        if upstream is not None and not upstream.closed:
+            return upstream
+        if self._stopped:
+            raise TtrpcError(Code.UNAVAILABLE, "proxy stopped")
+        if self._dialing is None:
+            self._dialing = asyncio.get_running_loop().create_future()
+            dialing = self._dialing
+            try:
+                async with asyncio.timeout(attempt_seconds):
+                    reader, writer = await self._dial()
+            except TtrpcError as exc:
+                self.last_error = exc.message
+                dialing.set_exception(exc)
+            except TimeoutError:
+                self.last_error = f"dial timed out after {attempt_seconds:g}s"
+                dialing.set_exception(TtrpcError(Code.UNAVAILABLE, self.last_error))
+            except (OSError, ValueError) as exc:
+                self.last_error = str(exc) or type(exc).__name__
+                dialing.set_exception(TtrpcError(Code.UNAVAILABLE, self.last_error))
+            else:
+                if self._stopped:
+                    await close_writer(writer)
+                    dialing.set_exception(TtrpcError(Code.UNAVAILABLE, "proxy stopped"))
+                else:
+                    self._upstream = _Upstream(self, reader, writer)
+                    log.info("sandbox %s: connected to the pod VM forwarder", self.sandbox_id)
+                    dialing.set_result(self._upstream)
+            finally:
+                self._dialing = None
+                if not dialing.done():
+                    dialing.cancel()
+            return await dialing
+        shared = self._dialing
+        try:
+            return await asyncio.shield(shared)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if shared.cancelled() and task is not None and not task.cancelling():
+                raise TtrpcError(Code.UNAVAILABLE, "dial abandoned") from None
+            raise
+
+    def upstream_lost(self, upstream: _Upstream, why: str) -> None:
+        """Called by the upstream reader: fail its in-flight calls; the next call re-dials."""
+        if self._upstream is upstream:
+            self._upstream = None
+        self.last_error = why
+        if not self._stopped:
+            log.warning("sandbox %s: pod VM connection lost: %s", self.sandbox_id, why)
+        for shim, shim_id, service, method in upstream.pending.values():
+            message = f"pod VM connection lost: {why}"
+            shim.answer(shim_id, service, method, Code.UNAVAILABLE, message)
+        upstream.pending.clear()
+
+    # --- shim side ---------------------------------------------------------------------------
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._stopped:
+            writer.close()
+            return
+        shim = _ShimConnection(self, reader, writer)
+        task = asyncio.get_running_loop().create_task(shim.run(), name="agent-proxy-shim")
+        self._shims[shim] = task
+        task.add_done_callback(lambda _t: self._shims.pop(shim, None))
+
+    def forward(self, shim: _ShimConnection, shim_id: int, data: bytes) -> None:
+        """Route one Request frame's data from a shim upstream (or answer it here)."""
+        try:
+            service, method = peek_call(data)
+        except MalformedMessage as exc:
+            shim.answer(shim_id, "", "", Code.INVALID_ARGUMENT, f"unmarshal request error: {exc}")
+            return
+        if self._hook is not None and (service, method) == CREATE_CONTAINER:
+            try:
+                data = self._rewrite(data)
+            except TtrpcError as exc:
+                shim.answer(shim_id, service, method, exc.code, exc.message)
+                return
+        upstream = self._upstream
+        if upstream is not None and not upstream.closed:
+            upstream.send(shim, shim_id, service, method, data)
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._forward_after_dial(shim, shim_id, service, method, data)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _forward_after_dial(
+        self, shim: _ShimConnection, shim_id: int, service: str, method: str, data: bytes
+    ) -> None:
+        try:
+            upstream = await self._ensure_upstream()
+        except TtrpcError as exc:
+            message = f"pod VM unreachable: {exc.message}"
+            shim.answer(shim_id, service, method, Code.UNAVAILABLE, message)
+            return
+        upstream.send(shim, shim_id, service, method, data)
+
+    def _rewrite(self, data: bytes) -> bytes:
+        assert self._hook is not None
+        request = ttrpc_pb2.Request.FromString(data)
+        try:
+            payload = self._hook(bytes(request.payload))
+        except TtrpcError:
+            raise
+        except Exception as exc:
+            log.exception("sandbox %s: CreateContainer hook failed", self.sandbox_id)
+            raise TtrpcError(Code.INTERNAL, f"CreateContainer rewrite failed: {exc}") from exc
+        rewritten = encode_request(
+            request.service,
+            request.method,
+            payload,
+            request.timeout_nano,
+            [(kv.key, kv.value) for kv in request.metadata],
+        )
+        if len(rewritten) > MAX_DATA_LENGTH:
+            raise TtrpcError(Code.RESOURCE_EXHAUSTED, "rewritten CreateContainer is too large")
+        return rewritten
+
+    def report(self, service: str, method: str, code: int) -> None:
+        if self._on_call is not None:
+            try:
+                self._on_call(service, method, code)
+            except Exception:
+                log.exception("agent proxy on_call callback failed")
+
+
+class _Upstream:
+    """The one connection to the forwarder; owns the upstream stream id space."""
+
+    def __init__(
+        self, proxy: AgentProxy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self._proxy = proxy
+        self._reader = reader
+        self._writer = writer
+        self._next_id = 1
+        self.closed = False
+        # upstream stream id -> (shim connection, shim stream id, service, method)
+        self.pending: dict[int, tuple[_ShimConnection, int, str, str]] = {}
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._read_loop(), name="agent-proxy-upstream")
+
+    def send(
+        self, shim: _ShimConnection, shim_id: int, service: str, method: str, data: bytes
+    ) -> None:
+        up_id = self._next_id
+        if up_id > 0xFFFFFFFF:
+            # ids exhausted: retire this connection; the next call dials a fresh one
+            shim.answer(shim_id, service, method, Code.UNAVAILABLE, "upstream stream ids exhausted")
+            self._writer.close()
+            return
+        self._next_id = up_id + 2
+        self.pending[up_id] = (shim, shim_id, service, method)
+        self._writer.write(encode_header(len(data), up_id, _REQUEST) + data)
+
+    async def drain(self) -> None:
+        await self._writer.drain()
+
+    async def _read_loop(self) -> None:
+        decoder = FrameDecoder()
+        why = "connection closed by the pod VM"
+        pending = self.pending
+        try:
+            while True:
+                chunk = await self._reader.read(READ_CHUNK)
+                if not chunk:
+                    break
+                for event in decoder.feed(chunk):
+                    entry = pending.pop(event.stream_id, None)
+                    if entry is None:
+                        continue
+                    shim, shim_id, service, method = entry
+                    if isinstance(event, Oversized):
+                        shim.answer(
+                            shim_id,
+                            service,
+                            method,
+                            Code.RESOURCE_EXHAUSTED,
+                            "response exceeds maximum message size",
+                        )
+                    elif event.msg_type == _RESPONSE:
+                        shim.relay(shim_id, service, method, event.data)
+                    else:
+                        pending[event.stream_id] = entry  # not the answer: keep waiting
+        except (ConnectionError, OSError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        except asyncio.CancelledError:
+            why = "proxy stopped"
+            raise
+        finally:
+            self.closed = True
+            self._writer.close()
+            self._proxy.upstream_lost(self, why)
+
+    async def close(self) -> None:
+        self.closed = True
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await close_writer(self._writer)
+
+
+class _ShimConnection:
+    """One connection from the shim: Go-server rules for stream ids, then forward."""
+
+    def __init__(
+        self, proxy: AgentProxy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self._proxy = proxy
+        self._reader = reader
+        self._writer = writer
+        self._last_id = 0
+        self.in_flight = 0
+        self._room = asyncio.Event()
+
+    async def run(self) -> None:
+        decoder = FrameDecoder()
+        proxy = self._proxy
+        try:
+            while True:
+                chunk = await self._reader.read(READ_CHUNK)
+                if not chunk:
+                    break
+                for event in decoder.feed(chunk):
+                    self._dispatch(event)
+                upstream = proxy._upstream
+                if upstream is not None and not upstream.closed:
+                    with contextlib.suppress(ConnectionError, OSError):
+                        await upstream.drain()  # backpressure from the pod VM
+                if self.in_flight >= MAX_IN_FLIGHT:
+                    self._room.clear()
+                    await self._room.wait()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            await close_writer(self._writer)
+
+    def _dispatch(self, event: Event) -> None:
+        if isinstance(event, Oversized):
+            self.answer(
+                event.stream_id,
+                "",
+                "",
+                Code.RESOURCE_EXHAUSTED,
+                f"message length {event.length} exceed maximum message size of {MAX_DATA_LENGTH}",
+                counted=False,
+            )
+            return
+        if event.msg_type != _REQUEST:
+            return
+        shim_id = event.stream_id
+        if shim_id % 2 != 1 or shim_id <= self._last_id:
+            self.answer(
+                shim_id,
+                "",
+                "",
+                Code.INVALID_ARGUMENT,
+                "StreamID must be odd and increasing",
+                counted=False,
+            )
+            return
+        self._last_id = shim_id
+        self.in_flight += 1
+        self._proxy.forward(self, shim_id, event.data)
+
+    def relay(self, shim_id: int, service: str, method: str, data: bytes) -> None:
+        """Send an upstream Response's bytes back unchanged under the shim's stream id."""
+        self._done()
+        if self._proxy._on_call is not None:
+            self._proxy.report(service, method, _status_code(data))
+        if not self._writer.is_closing():
+            self._writer.write(encode_header(len(data), shim_id, _RESPONSE) + data)
+
+    def answer(
+        self,
+        shim_id: int,
+        service: str,
+        method: str,
+        code: Code,
+        message: str,
+        *,
+        counted: bool = True,
+    ) -> None:
+        """Answer a shim stream with a status produced by the proxy itself."""
+        if counted:
+            self._done()
+            self._proxy.report(service, method, code)
+        if not self._writer.is_closing():
+            data = encode_response(b"", code, message)
+            self._writer.write(encode_header(len(data), shim_id, _RESPONSE) + data)
+
+    def _done(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight < MAX_IN_FLIGHT:
+            self._room.set()
+
+
+def _status_code(response: bytes) -> int:
+    """The status code of a serialized Response, read without decoding its payload.
+
+    Status is field 1 and every ttrpc implementation writes it first; absent means OK.
+    """
+    if len(response) < 2 or response[0] != 0x0A:
+        return 0
+    length = response[1]
+    if length & 0x80:  # a status message of 128+ bytes: rare, decode it all
+        try:
+            return int(ttrpc_pb2.Response.FromString(response).status.code)
+        except Exception:
+            return int(Code.UNKNOWN)
+    if length >= 2 and response[2] == 0x08:
+        code = response[3]
+        if code & 0x80:
+            return int(Code.UNKNOWN)
+        return code
+    return 0
