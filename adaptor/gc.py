@@ -1,0 +1,118 @@
+"""Garbage collection of pod VMs: delete VMs this adaptor owns whose sandbox it no longer knows.
+
+A VM costs money from its first second, so a VM left by a crash (between launch and the sandbox
+record, or a delete that failed) must not live on. At start and then periodically the collector
+lists the VMs carrying this adaptor's owner tag, reads the known sandboxes *after* the listing
+(a sandbox is recorded before its VM is launched, so a VM seen in the listing whose sandbox is
+still unknown afterwards is an orphan), and deletes only those. A VM without our owner tag or
+without a sandbox tag is never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, field
+
+from providers.base import TAG_OWNER, TAG_SANDBOX, Instance, Provider
+from providers.errors import ProviderError
+
+log = logging.getLogger(__name__)
+
+KnownSandboxes = Callable[[], Awaitable[Collection[str]]]
+
+
+@dataclass
+class SweepResult:
+    """What one sweep did: deleted orphans, deletes that failed (retried next sweep), kept VMs."""
+
+    deleted: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    kept: int = 0
+
+
+def orphans(
+    instances: Collection[Instance], owner_id: str, known: Collection[str]
+) -> list[Instance]:
+    """The owned VMs whose sandbox is unknown (the tags are re-checked: never trust a filter)."""
+    known_set = set(known)
+    return [
+        vm
+        for vm in instances
+        if vm.tags.get(TAG_OWNER) == owner_id
+        and vm.tags.get(TAG_SANDBOX)
+        and vm.tags[TAG_SANDBOX] not in known_set
+    ]
+
+
+class GarbageCollector:
+    """Sweeps at start and every `interval_seconds`; `stop()` ends the loop."""
+
+    def __init__(
+        self,
+        provider: Provider,
+        owner_id: str,
+        known_sandboxes: KnownSandboxes,
+        *,
+        interval_seconds: float = 300.0,
+        sweep_timeout_seconds: float = 600.0,
+    ) -> None:
+        self.provider = provider
+        self.owner_id = owner_id
+        self.known_sandboxes = known_sandboxes
+        self.interval_seconds = interval_seconds
+        self.sweep_timeout_seconds = sweep_timeout_seconds
+        self._task: asyncio.Task[None] | None = None
+        self.sweeps = 0
+
+    async def sweep(self) -> SweepResult:
+        """One pass: list owned VMs, then read the known sandboxes, delete the difference."""
+        instances = await self.provider.list_owned()
+        known = await self.known_sandboxes()
+        result = SweepResult()
+        doomed = orphans(instances, self.owner_id, known)
+        result.kept = len(instances) - len(doomed)
+        for vm in doomed:
+            log.info(
+                "gc: deleting orphan %s (sandbox %s, pod %s/%s)",
+                vm.id,
+                vm.tags.get(TAG_SANDBOX, ""),
+                vm.tags.get("peerpods-pod-namespace", ""),
+                vm.tags.get("peerpods-pod-name", ""),
+            )
+            try:
+                await self.provider.delete(vm.id)
+            except ProviderError as exc:
+                log.warning("gc: delete of %s failed, retried next sweep: %s", vm.id, exc)
+                result.failed.append(vm.id)
+            else:
+                result.deleted.append(vm.id)
+        self.sweeps += 1
+        return result
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self.sweep(), self.sweep_timeout_seconds)
+            except (ProviderError, TimeoutError) as exc:
+                log.warning("gc: sweep failed, retried in %gs: %s", self.interval_seconds, exc)
+            await asyncio.sleep(self.interval_seconds)
+
+    def start(self) -> asyncio.Task[None]:
+        """Start sweeping (first sweep at once); the caller owns the task through stop()."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop(), name="peerpods-gc")
+        return self._task
+
+    async def stop(self) -> None:
+        """Cancel the loop and wait for it to end."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not task.cancelled():
+                raise
