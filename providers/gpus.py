@@ -99,6 +99,7 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
     "a100": ("a100-40gb", "a100-80gb"),
     "h100": ("h100-80gb", "h100-nvl"),
     "v100": ("v100", "v100-32gb"),
+    "t4": ("t4", "t4g"),  # T4G: the T4 of Graviton hosts
 }
 _FAMILY = {variant: family for family, variants in _FAMILIES.items() for variant in variants}
 
