@@ -147,7 +147,8 @@ async def test_connect_retries_until_forwarder_is_up_or_times_out(sock_dir: Path
     try:
         with pytest.raises(TtrpcError) as info:
             await asyncio.wait_for(proxy.connect(0.5), 5)
-        assert info.value.code == Code.UNAVAILABLE and "unreachable after 0.5s" in info.value.message
+        assert info.value.code == Code.UNAVAILABLE
+        assert "unreachable after 0.5s" in info.value.message
         # before the VM is reachable, calls are answered UNAVAILABLE, not hung
         async with await Client.connect_unix(proxy.socket_path) as client:
             with pytest.raises(TtrpcError) as info:
@@ -204,7 +205,8 @@ async def test_create_container_hook(go: GoServer, sock_dir: Path) -> None:
             with pytest.raises(TtrpcError) as info:
                 await client.call(AGENT, "CreateContainer", bad)
             assert (info.value.code, info.value.message) == (
-                Code.INVALID_ARGUMENT, "no devices for container bad"
+                Code.INVALID_ARGUMENT,
+                "no devices for container bad",
             )
             await client.call(AGENT, "StartContainer", b"\x0a\x02c1")
             assert seen == [original, bad]  # only CreateContainer reaches the hook
@@ -227,8 +229,14 @@ async def test_mutual_tls_to_the_forwarder(sock_dir: Path) -> None:
     }.items():
         (sock_dir / name).write_bytes(blob)
         files[name] = str(sock_dir / name)
-    tls_args = ("-tls-cert", files["server.pem"], "-tls-key", files["server.key"],
-                "-tls-client-ca", files["ca.pem"])
+    tls_args = (
+        "-tls-cert",
+        files["server.pem"],
+        "-tls-key",
+        files["server.key"],
+        "-tls-client-ca",
+        files["ca.pem"],
+    )
     async with echo_server("tcp:127.0.0.1:0", *tls_args) as go:
         context = client_tls_context(files["ca.pem"], files["client.pem"], files["client.key"])
         proxy = AgentProxy(
@@ -245,7 +253,8 @@ async def test_mutual_tls_to_the_forwarder(sock_dir: Path) -> None:
         other = trustme.CA().issue_cert("intruder")
         (sock_dir / "x.pem").write_bytes(other.cert_chain_pems[0].bytes())
         (sock_dir / "x.key").write_bytes(other.private_key_pem.bytes())
-        wrong = client_tls_context(files["ca.pem"], str(sock_dir / "x.pem"), str(sock_dir / "x.key"))
+        x_pem, x_key = str(sock_dir / "x.pem"), str(sock_dir / "x.key")
+        wrong = client_tls_context(files["ca.pem"], x_pem, x_key)
         intruder = AgentProxy(
             str(sock_dir / "i.ttrpc"), tcp_dialer(go.host, go.port, wrong), sandbox_id="sb2"
         )
