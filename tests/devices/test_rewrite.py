@@ -184,7 +184,7 @@ def test_edits_mode_refuses_specs_needing_a_guest_stat(tmp_path: Path) -> None:
     hook = make_hook(
         plan_devices(None, GpuIntent(gpus=1), (1, "l4")), "edits", Registry([str(tmp_path)])
     )
-    with pytest.raises(TtrpcError, match="nvidia-uvm.*stat") as info:
+    with pytest.raises(TtrpcError, match=r"nvidia-uvm.*stat") as info:
         hook(create_container("main").SerializeToString())
     assert info.value.code == Code.INVALID_ARGUMENT
 
