@@ -111,6 +111,8 @@ class TlsFiles:
             digest = _digest(self.cert_file, self.key_file)
             if digest == self.digest:
                 return False
+            # a failed load leaves a context half-updated: check the pair in a scratch one first
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.cert_file, self.key_file)
             self.context.load_cert_chain(self.cert_file, self.key_file)
         except (OSError, ssl.SSLError) as exc:
             log.warning("TLS files not reloaded (will retry): %s", exc)

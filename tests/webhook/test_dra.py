@@ -1,3 +1,4 @@
+# ruff: noqa: E501
 """DRA claims through the live webhook, with claims, templates and device classes read from a
 fake Kubernetes API server (KUBECONFIG pointing at it) and selectors evaluated by CEL."""
 
@@ -37,7 +38,7 @@ metadata: {name: mig.nvidia.com}
 spec:
   selectors:
     - cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}
-"""  # noqa: E501
+"""
 
 
 def template(
