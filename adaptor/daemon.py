@@ -20,6 +20,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from adaptor.gc import GarbageCollector
 from adaptor.hypervisor.sandboxes import (
     AgentProxyHandle,
     CandidateChooser,
@@ -106,6 +107,7 @@ class Daemon:
         self.store: StateStore | None = None
         self.manager: SandboxManager | None = None
         self.server: Server | None = None
+        self.gc: GarbageCollector | None = None
 
     async def start(self) -> None:
         """Bring everything up; on failure, whatever started is closed again."""
@@ -139,6 +141,19 @@ class Daemon:
             resolve_endpoint=self._resolve_endpoint,
         )
         await self.manager.recover()
+        owner_id = getattr(provider, "owner_id", None)
+        if settings.gc_interval_seconds > 0 and isinstance(owner_id, str) and owner_id:
+            # Only a provider whose owner tag is this node's own may be swept: another node's
+            # sandboxes are unknown here, and their VMs must never look like orphans.
+            store = self.store
+
+            async def known() -> list[str]:
+                return [r.id for r in await store.records()]
+
+            self.gc = GarbageCollector(
+                provider, owner_id, known, interval_seconds=settings.gc_interval_seconds
+            )
+            self.gc.start()
         server = Server()
         HypervisorService(self.manager).register(server)
         await server.start_unix(str(settings.socket), mode=0o600)
@@ -156,6 +171,9 @@ class Daemon:
         if self.server is not None:
             await _graceful(self.server.close, grace)
             self.server = None
+        if self.gc is not None:
+            await self.gc.stop()
+            self.gc = None
         if self.manager is not None:
             await _graceful(self.manager.close, grace)
             self.manager = None

@@ -58,6 +58,7 @@ class ServeSettings(BaseModel):
     forwarder_port: int = Field(15150, ge=1, le=65535)
     proxy_timeout_seconds: float = Field(300.0, gt=0, description="StartVM's forwarder wait")
     shutdown_grace_seconds: float = Field(10.0, ge=0, description="in-flight calls at exit")
+    gc_interval_seconds: float = Field(300.0, ge=0, description="orphan VM sweeps; 0: off")
     static_endpoints: tuple[Endpoint, ...] = ()
     agent_tls: AgentTls = Field(default_factory=AgentTls)
 

@@ -111,6 +111,8 @@ class StaticProvider:
     """Hands out pre-provisioned pod VMs, one sandbox per endpoint at a time."""
 
     name = "static"
+    # The pool and its leases are this node's own, so every leased endpoint is ours to sweep.
+    owner_id = "peerpods-static"
 
     def __init__(
         self, endpoints: Sequence[Endpoint], leases: LeaseBook | None = None, pool: str = POOL
@@ -127,7 +129,7 @@ class StaticProvider:
 
     def _instance(self, key: str, sandbox_id: str, spec: VMSpec | None = None) -> Instance:
         endpoint = self._endpoints[key]
-        tags = {TAG_OWNER: "peerpods", TAG_SANDBOX: sandbox_id}
+        tags = {TAG_OWNER: self.owner_id, TAG_SANDBOX: sandbox_id}
         if spec is not None:
             tags |= {TAG_POD_NAMESPACE: spec.pod_namespace, TAG_POD_NAME: spec.pod_name}
         return Instance(

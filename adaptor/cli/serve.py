@@ -74,6 +74,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         parser,
+        "--gc-interval",
+        type=flags.duration,
+        default="5m",
+        help="how often VMs owned by this node but unknown to its state are deleted (0s: never)",
+    )
+    flags.add(
+        parser,
         "--static-endpoints",
         default="",
         help="the static provider's pod VMs, HOST:PORT[,...]; one sandbox each at a time",
@@ -94,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         forwarder_port=args.forwarder_port,
         proxy_timeout_seconds=args.proxy_timeout,
         shutdown_grace_seconds=args.shutdown_grace,
+        gc_interval_seconds=args.gc_interval,
         static_endpoints=args.static_endpoints,
         agent_tls={
             "enabled": args.agent_tls,

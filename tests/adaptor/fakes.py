@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from adaptor.state import SandboxRecord
-from providers.base import Instance, VMSpec
+from providers.base import TAG_OWNER, TAG_SANDBOX, Instance, VMSpec
 from providers.errors import ProviderError
 
 
@@ -14,6 +14,7 @@ class FakeProvider:
     """Creates VMs in a dict; deletes can be made to fail."""
 
     name = "fake"
+    owner_id = "node-a"
 
     def __init__(self) -> None:
         self.vms: dict[str, Instance] = {}
@@ -31,6 +32,7 @@ class FakeProvider:
             name=spec.sandbox_id,
             addresses=("10.0.0.7",),
             instance_type=spec.candidates[0] if spec.candidates else "default",
+            tags={TAG_OWNER: self.owner_id, TAG_SANDBOX: spec.sandbox_id},
         )
         self.vms[instance.id] = instance
         return instance
