@@ -78,6 +78,8 @@ def combine(edits: Iterable[ContainerEdits]) -> ContainerEdits:
 
 def go_clean(path: str) -> str:
     """Go's filepath.Clean (differs from posixpath.normpath on '//' and on '')."""
+    if path.startswith("/") and "//" not in path and "/." not in path and path[-1] != "/":
+        return path  # already clean: the common case
     if not path:
         return "."
     rooted = path.startswith("/")
@@ -193,12 +195,14 @@ def apply_to(target: EditTarget, edits: ContainerEdits, stat: StatFn | None = ho
             if node.type in ("b", "c"):
                 target.add_cgroup_rule(node.type, node.major, node.minor, node.permissions or "rwm")
     if edits.mounts:
-        for mount in edits.mounts:
-            dests = target.mount_destinations()
-            if mount.container_path in dests:
-                target.remove_mount(dests.index(mount.container_path))
-            target.append_mount(mount)
         dests = target.mount_destinations()
+        for mount in edits.mounts:
+            if mount.container_path in dests:
+                at = dests.index(mount.container_path)
+                target.remove_mount(at)
+                del dests[at]
+            target.append_mount(mount)
+            dests.append(mount.container_path)
         order = sorted(range(len(dests)), key=lambda i: mount_order(dests[i]))
         if order != list(range(len(dests))):
             target.reorder_mounts(order)

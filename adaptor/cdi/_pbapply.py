@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from google.protobuf.unknown_fields import UnknownFieldSet
+
 from adaptor.cdi._apply import OCI_HOOK_KEYS, StatFn, apply_to
 from adaptor.cdi._errors import EditError
 from adaptor.cdi._spec import ContainerEdits, DeviceNode, Hook, Mount
@@ -79,13 +81,13 @@ class ProtoTarget:
             return 0, 0
         uid = gid = 0
         try:
-            for number, wire, value in _fields(self.spec.Process.SerializeToString()):
-                if number == 3 and wire == 2:
-                    for sub, sub_wire, sub_value in _fields(value):
+            for field in UnknownFieldSet(self.spec.Process):
+                if field.field_number == 3 and isinstance(field.data, bytes):
+                    for sub, sub_wire, sub_value in _fields(field.data):
                         if sub == 1 and sub_wire == 0:
-                            uid = sub_value
+                            uid = int(sub_value)
                         elif sub == 2 and sub_wire == 0:
-                            gid = sub_value
+                            gid = int(sub_value)
         except ValueError:
             return 0, 0
         return uid, gid
