@@ -10,12 +10,14 @@ cuts the grace short.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import fcntl
 import logging
 import os
 import signal
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -96,6 +98,7 @@ class Daemon:
         choose_candidates: CandidateChooser = machine_type_candidates,
         resolve_endpoint: EndpointResolver | None = None,
         container_hooks: ContainerHookFactory | None = None,
+        provider_args: argparse.Namespace | None = None,
     ) -> None:
         self.settings = settings
         self._provider = provider
@@ -103,6 +106,7 @@ class Daemon:
         self._choose_candidates = choose_candidates
         self._resolve_endpoint = resolve_endpoint
         self._container_hooks = container_hooks
+        self._provider_args = provider_args
         self._lock_fd: int | None = None
         self.store: StateStore | None = None
         self.manager: SandboxManager | None = None
@@ -123,7 +127,12 @@ class Daemon:
         self.store = await StateStore.open(settings.state_dir)
         provider = self._provider or registry.create(
             settings.provider,
-            registry.ProviderOptions(static_endpoints=settings.static_endpoints, leases=self.store),
+            registry.ProviderOptions(
+                static_endpoints=settings.static_endpoints,
+                leases=self.store,
+                args=self._provider_args,
+                owner_id=settings.owner_id or f"peerpods-{socket.gethostname()}",
+            ),
         )
         proxy_factory = self._proxy_factory or agent_proxy_factory(
             agent_tls_context(settings), self._container_hooks

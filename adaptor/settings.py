@@ -55,6 +55,7 @@ class ServeSettings(BaseModel):
     pods_dir: Path = Field(Path("/run/peerpod/pods"), description="agent sockets, one dir each")
     state_dir: Path = Field(Path("/var/lib/peerpods"), description="the sandbox database")
     provider: str = "static"
+    owner_id: str = Field("", description="this node's owner tag value on its VMs")
     forwarder_port: int = Field(15150, ge=1, le=65535)
     proxy_timeout_seconds: float = Field(300.0, gt=0, description="StartVM's forwarder wait")
     shutdown_grace_seconds: float = Field(10.0, ge=0, description="in-flight calls at exit")

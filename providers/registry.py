@@ -1,19 +1,23 @@
 """Provider names -> where they live, imported on first use.
 
 `peerpods serve --provider aws` imports `providers.aws` (and boto3) only then; a missing SDK gives
-an install hint instead of a traceback. A registry target is `module:attr`; the attribute is a
-provider class or factory, built with `from_options(options)` when it has that classmethod, else
-called as `attr(options)`.
+an install hint instead of a traceback. A registry target is `module:attr`:
+
+- "options" style (static, local): `attr(options)`, or `attr.from_options(options)` when the
+  attribute has that classmethod;
+- "args" style (the clouds): `attr(args, owner_id, resolve)` with the parsed `serve` flags, and
+  the module's flags added to `serve` by `add_flags` (`Entry.flags`, imported without the SDK).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from providers.base import Provider
+from providers.base import Instance, Provider
 from providers.errors import InvalidRequest
 from providers.static import Endpoint, LeaseBook
 
@@ -27,6 +31,11 @@ class ProviderOptions:
     region: str = ""
     # Provider-specific settings (`--provider-option KEY=VALUE` style), never credentials.
     extra: Mapping[str, str] = field(default_factory=dict)
+    # For "args" style providers: the parsed `serve` flags, this node's owner tag value, and the
+    # hook mapping a VM to the addresses the adaptor dials (tests map private ones to loopback).
+    args: argparse.Namespace | None = None
+    owner_id: str = ""
+    resolve: Callable[[Instance], Instance] | None = None
 
 
 @dataclass(frozen=True)
@@ -35,12 +44,14 @@ class Entry:
 
     target: str
     extra: str = ""  # pip extra carrying the SDK
+    style: Literal["options", "args"] = "options"
+    flags: str = ""  # `module:add_flags`, a function adding the provider's flags to `serve`
 
 
 PROVIDERS: dict[str, Entry] = {
-    "aws": Entry("providers.aws:AwsProvider", "aws"),
-    "azure": Entry("providers.azure:AzureProvider", "azure"),
-    "gcp": Entry("providers.gcp:GcpProvider", "gcp"),
+    "aws": Entry("providers.aws:from_args", "aws", "args", "providers.aws:add_flags"),
+    "azure": Entry("providers.azure:from_args", "azure", "args", "providers.azure:add_flags"),
+    "gcp": Entry("providers.gcp:from_args", "gcp", "args", "providers.gcp:add_flags"),
     "static": Entry("providers.registry:_static"),
     "local": Entry("providers.registry:_local"),
 }
@@ -56,7 +67,23 @@ def load(name: str) -> Callable[..., Any]:
     entry = PROVIDERS.get(name)
     if entry is None:
         raise InvalidRequest(f"unknown provider {name!r} (choose from {', '.join(names())})")
-    module_name, _, attr = entry.target.partition(":")
+    return _import(name, entry, entry.target)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add every available provider's own flags to `serve` (providers not in this build: none)."""
+    for name, entry in sorted(PROVIDERS.items()):
+        if not entry.flags:
+            continue
+        try:
+            add = _import(name, entry, entry.flags)
+        except InvalidRequest:
+            continue
+        add(parser)
+
+
+def _import(name: str, entry: Entry, target_path: str) -> Callable[..., Any]:
+    module_name, _, attr = target_path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -75,8 +102,16 @@ def load(name: str) -> Callable[..., Any]:
 def create(name: str, options: ProviderOptions) -> Provider:
     """Build the named provider from `options`."""
     target = load(name)
-    factory = getattr(target, "from_options", target)
-    provider = factory(options)
+    if PROVIDERS[name].style == "args":
+        if options.args is None:
+            raise InvalidRequest(f"provider {name!r} is configured by `peerpods serve` flags")
+        if options.resolve is not None:
+            provider = target(options.args, options.owner_id, options.resolve)
+        else:
+            provider = target(options.args, options.owner_id)
+    else:
+        factory = getattr(target, "from_options", target)
+        provider = factory(options)
     if not isinstance(provider, Provider):
         raise InvalidRequest(f"provider {name!r} does not implement the provider interface")
     return provider

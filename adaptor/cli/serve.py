@@ -36,6 +36,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         parser,
+        "--owner-id",
+        default="",
+        help="owner tag value on this node's VMs; must differ per node, as orphan sweeps delete "
+        "owned VMs this node does not know (default: peerpods-<hostname>)",
+    )
+    flags.add(
+        parser,
         "--forwarder-port",
         type=int,
         default=15150,
@@ -85,6 +92,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="",
         help="the static provider's pod VMs, HOST:PORT[,...]; one sandbox each at a time",
     )
+    from providers import registry
+
+    registry.add_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         pods_dir=args.pods_dir,
         state_dir=args.state_dir,
         provider=args.provider,
+        owner_id=args.owner_id,
         forwarder_port=args.forwarder_port,
         proxy_timeout_seconds=args.proxy_timeout,
         shutdown_grace_seconds=args.shutdown_grace,
@@ -110,5 +121,5 @@ def run(args: argparse.Namespace) -> int:
             "key_file": args.agent_tls_key,
         },
     )
-    run_loop(serve(settings))
+    run_loop(serve(settings, provider_args=args))
     return 0

@@ -88,3 +88,25 @@ def test_registry_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     with pytest.raises(InvalidRequest, match=r"pip install 'peerpods\[aws\]'"):
         registry.load("aws")
+
+
+def test_registry_builds_a_cloud_provider_from_serve_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("boto3")
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
+        monkeypatch.setenv(key, value)
+    from adaptor.cli.main import build_parser
+
+    args = build_parser().parse_args(
+        ["serve", "--provider", "aws", "--aws-region", "us-east-1", "--no-agent-tls"]
+    )
+    provider = registry.create(
+        "aws", registry.ProviderOptions(args=args, owner_id="peerpods-node-1")
+    )
+    assert provider.name == "aws"
+    assert getattr(provider, "owner_id", None) == "peerpods-node-1"
+    with pytest.raises(InvalidRequest, match="serve"):
+        registry.create("aws", registry.ProviderOptions())
