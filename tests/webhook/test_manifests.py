@@ -1,4 +1,4 @@
-"""The webhook's deploy manifests: valid Kubernetes objects, and the settings admission relies on."""
+"""The webhook deploy manifests: valid Kubernetes objects with the settings admission needs."""
 
 from __future__ import annotations
 
