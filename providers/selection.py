@@ -46,6 +46,7 @@ STAGE_NAMES: Final = (
 )  # fmt: skip
 
 _GIB = 1024
+_NVIDIA = frozenset(m.id for m in GPU_MODELS.values() if m.vendor == "NVIDIA")
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ class _Matcher:
     """A request compiled for repeated checks."""
 
     request: InstanceRequest
-    models: frozenset[str] | None  # acceptable canonical models (None: any)
+    models: frozenset[str]  # acceptable canonical models
     whole_gpus: int  # whole GPUs wanted (1 when only a model or memory was asked)
     allow: re.Pattern[str] | None
     deny: re.Pattern[str] | None
@@ -180,9 +181,10 @@ class _Matcher:
 
     @classmethod
     def build(cls, request: InstanceRequest, index: _Index) -> _Matcher:
-        models: frozenset[str] | None = None
         if request.gpu_models:
             models = frozenset().union(*(models_matching(m) for m in request.gpu_models))
+        else:  # `nvidia.com/gpu` means NVIDIA: Radeon or Gaudi types only when named
+            models = _NVIDIA
         whole = request.gpus
         if request.wants_gpu and not request.gpus and not request.mig:
             whole = 1
@@ -201,8 +203,8 @@ class _Matcher:
     ) -> _Fit | Rejection:
         """Whether `count` GPUs of `model` (or one of `counts` attached) serve the GPU request."""
         request = self.request
-        if self.models is not None and model not in self.models:
-            wanted = "|".join(request.gpu_models)
+        if model not in self.models:
+            wanted = "|".join(request.gpu_models) or "NVIDIA (name the model to use others)"
             return Rejection("", f"GPU {model} is not one of {wanted}", GPU_MODEL, model)
         nominal = GPU_MODELS[model].memory_mib if model in GPU_MODELS else memory_mib
         effective = memory_mib if fraction < 1 else max(memory_mib, nominal)
@@ -444,7 +446,7 @@ def _summarise(
             return "no instance type has a GPU"
         return f"only types with GPUs match ({names}), and no GPU was requested"
     if furthest == GPU_MODEL:
-        return f"no type offers GPU model {'|'.join(request.gpu_models)}"
+        return f"no type offers GPU model {'|'.join(request.gpu_models) or 'from NVIDIA'}"
     if furthest == GPU_MEMORY:
         return f"no GPU has {_mib(request.gpu_memory_mib)} of memory ({near[0].reason})"
     if furthest == FRACTIONAL:
@@ -535,7 +537,7 @@ def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
     for t, vc, mem, a, rd, _zones, offered, model, _count, attach in index.rows:
         if vc < vcpus or mem < memory or a != arch or not offered or (rdma and not rd):
             continue
-        if not attach and (model is None or (models is not None and model not in models)):
+        if not attach and (model is None or model not in models):
             continue
         result = matcher.check(t)
         if not isinstance(result, Rejection):

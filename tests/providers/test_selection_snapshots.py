@@ -40,6 +40,8 @@ ASKS: list[tuple[str, dict[str, Any], str]] = [
     ("aws", {"gpus": 1, "gpu_models": ("l4",), "fractional": True}, "g6f.large"),
     ("aws", {"gpus": 1, "gpu_models": ("h200",)}, "p5en.48xlarge"),
     ("aws", {"gpus": 1, "gpu_models": ("t4",), "arch": "arm64"}, "g5g.xlarge"),
+    ("aws", {"gpus": 1}, "g4dn.xlarge"),  # a GPU means NVIDIA: not the cheaper g4ad (AMD)
+    ("aws", {"gpus": 1, "gpu_models": ("Radeon Pro V520",)}, "g4ad.xlarge"),
     # Azure eastus (no prices: smallest fit)
     ("azure", {"gpus": 1, "gpu_models": H100}, "Standard_NC40ads_H100_v5"),
     ("azure", {"gpus": 1, "gpu_models": ("h100-80gb",)}, "Standard_ND96isr_H100_v5"),
