@@ -74,7 +74,7 @@ async def _run(
 def _row(name: str, latencies: list[float], throughput: float, base_p99: float | None) -> str:
     q = statistics.quantiles(latencies, n=100)
     p50, p99 = statistics.median(latencies) * 1e3, q[98] * 1e3
-    ratio = f"{p99 / base_p99:6.2f}x" if base_p99 else "   1.00x"
+    ratio = f"{p99 / (base_p99 * 1e3):6.2f}x" if base_p99 else "   1.00x"
     return (
         f"{name:<14} n={len(latencies):<5} p50={p50:6.2f} ms  p99={p99:6.2f} ms  "
         f"{throughput:7.1f} req/s  p99 vs baseline {ratio}"
