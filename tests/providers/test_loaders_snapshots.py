@@ -1,0 +1,116 @@
+"""The bundled snapshots are what the loaders make, and known prices merge as documented."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from providers import prices
+from providers.catalog import Catalog, InstanceType
+from providers.errors import CatalogError
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAPSHOTS = ROOT / "config" / "catalogs"
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "make_catalogs", ROOT / "scripts" / "make_catalogs.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _snapshot(name: str) -> Catalog:
+    return Catalog.model_validate_json((SNAPSHOTS / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "name", ["aws-us-east-1", "aws-us-west-2", "azure-eastus", "gcp-us-central1"]
+)
+def test_snapshot_is_a_valid_catalog(name: str) -> None:
+    catalog = _snapshot(name)
+    assert f"{catalog.cloud}-{catalog.region}" == name
+    names = [t.name for t in catalog.types]
+    assert names == sorted(names) and len(set(names)) == len(names)
+    assert catalog.source.startswith("snapshot")
+    assert all(t.zones for t in catalog.types)
+    assert any(t.gpu for t in catalog.types)
+
+
+@pytest.mark.parametrize("name", ["azure-eastus", "gcp-us-central1"])
+def test_snapshot_is_byte_for_byte_what_the_script_writes(name: str, tmp_path: Path) -> None:
+    script = _script()
+    assert script.main(["--out", str(tmp_path), name]) == 0
+    assert (tmp_path / f"{name}.json").read_text() == (SNAPSHOTS / f"{name}.json").read_text()
+
+
+def test_script_refuses_unknown_snapshot_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _script().main(["--out", str(tmp_path), "aws-mars-1"]) == 2
+    assert "unknown snapshot aws-mars-1" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_aws_snapshots_have_region_offerings_and_us_east_1_prices() -> None:
+    east, west = _snapshot("aws-us-east-1"), _snapshot("aws-us-west-2")
+    by_east = east.by_name()
+    assert "p5e.48xlarge" not in by_east and "p5en.48xlarge" in by_east
+    assert by_east["p5.48xlarge"].price_per_hour == pytest.approx(55.04)
+    assert by_east["g6f.large"].gpu is not None and by_east["g6f.large"].gpu.fraction == 0.125
+    priced = {t.name for t in east.types if t.price_per_hour is not None}
+    assert priced <= set(prices.known_prices("aws", "us-east-1"))
+    assert len(priced) >= 40
+    assert all(z.startswith("us-east-1") for t in east.types for z in t.zones)
+    assert all(z.startswith("us-west-2") for t in west.types for z in t.zones)
+    assert all(t.price_per_hour is None for t in west.types)
+
+
+def test_known_prices_come_from_the_bundled_csv() -> None:
+    table = prices.known_prices("aws", "us-east-1")
+    assert table["p4de.24xlarge"] == pytest.approx(27.44705)
+    assert prices.price_per_hour("aws", "us-east-1", "g6e.xlarge") == pytest.approx(1.861)
+    assert prices.price_per_hour("aws", "us-east-1", "c5.large") is None
+    assert prices.known_prices("azure", "eastus") == {}
+    with pytest.raises(TypeError):
+        table["x"] = 1.0  # type: ignore[index]
+
+
+def test_with_prices_fills_only_missing_prices(tmp_path: Path) -> None:
+    (tmp_path / "aws-xx-test-1.csv").write_text(
+        "instance_type,usd_per_hour\na.large,1.5\nb.large,2\n"
+    )
+    catalog = Catalog(
+        cloud="aws",
+        region="xx-test-1",
+        types=(
+            InstanceType(name="a.large", vcpus=2, memory_mib=4096),
+            InstanceType(name="b.large", vcpus=2, memory_mib=4096, price_per_hour=9.0),
+            InstanceType(name="c.large", vcpus=2, memory_mib=4096),
+        ),
+    )
+    priced = prices.with_prices(catalog, tmp_path)
+    assert [t.price_per_hour for t in priced.types] == [1.5, 9.0, None]
+    assert catalog.types[0].price_per_hour is None  # the input is untouched
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "name,price\na.large,1\n",
+        "instance_type,usd_per_hour\na.large,cheap\n",
+        "instance_type,usd_per_hour\na.large,-1\n",
+        "instance_type,usd_per_hour\n,1\n",
+        "instance_type,usd_per_hour\na.large,nan\n",
+    ],
+)
+def test_malformed_price_files_are_catalog_errors(tmp_path: Path, content: str) -> None:
+    (tmp_path / "aws-xx-bad-1.csv").write_text(content)
+    with pytest.raises(CatalogError, match=r"aws-xx-bad-1\.csv"):
+        prices.known_prices("aws", "xx-bad-1", tmp_path)
