@@ -178,6 +178,9 @@ class _Matcher:
     deny: re.Pattern[str] | None
     has_zones: bool
     wants_gpu: bool
+    gpu_cache: dict[tuple[str, int, int, float, tuple[int, ...]], _Fit | Rejection] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def build(cls, request: InstanceRequest, index: _Index) -> _Matcher:
@@ -201,7 +204,19 @@ class _Matcher:
     def gpu_fit(
         self, model: str, count: int, memory_mib: int, fraction: float, counts: tuple[int, ...]
     ) -> _Fit | Rejection:
-        """Whether `count` GPUs of `model` (or one of `counts` attached) serve the GPU request."""
+        """Whether `count` GPUs of `model` (or one of `counts` attached) serve the GPU request.
+
+        Many types share a GPU configuration (every g6 size has one L4): decided once each.
+        """
+        key = (model, count, memory_mib, fraction, counts)
+        found = self.gpu_cache.get(key)
+        if found is None:
+            found = self.gpu_cache[key] = self._gpu_fit(model, count, memory_mib, fraction, counts)
+        return found
+
+    def _gpu_fit(
+        self, model: str, count: int, memory_mib: int, fraction: float, counts: tuple[int, ...]
+    ) -> _Fit | Rejection:
         request = self.request
         if model not in self.models:
             wanted = "|".join(request.gpu_models) or "NVIDIA (name the model to use others)"
@@ -380,6 +395,13 @@ class Selection:
         """How many candidates there are (without building them)."""
         return len(self._fits)
 
+    def top(self, n: int) -> list[Candidate]:
+        """The best `n` candidates, without building the rest (StartVM's fallback list)."""
+        if "candidates" in self.__dict__:
+            return self.candidates[:n]
+        total = len(self._fits)
+        return [self._candidate(i, total) for i in range(min(n, total))]
+
     @cached_property
     def candidates(self) -> list[Candidate]:
         total = len(self._fits)
@@ -407,8 +429,12 @@ class Selection:
         chosen = {t.name for t, _ in self._fits}
         pool = self._pool if self._pool is not None else self.catalog.types
         found: list[Rejection] = []
+        wants_gpu = self._matcher.wants_gpu
         for t in pool:
             if t.name in chosen:
+                continue
+            if wants_gpu and t.gpu is None and not t.attachable_gpus:
+                found.append(Rejection(t.name, "no GPU", NO_GPU))  # what check() says, cheaper
                 continue
             result = self._matcher.check(t)
             if isinstance(result, Rejection):

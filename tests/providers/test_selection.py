@@ -253,3 +253,12 @@ def test_candidates_and_rejections_partition_the_catalog() -> None:
         assert not chosen & rejected
         assert chosen | rejected == {t.name for t in C.types}
         assert selection.count == len(chosen)
+
+
+def test_top_builds_only_what_is_asked() -> None:
+    selection = select(C, req(gpus=1))
+    top = selection.top(2)
+    assert "candidates" not in selection.__dict__
+    assert top == selection.candidates[:2] and len(top) == 2
+    assert selection.top(100) == selection.candidates
+    assert select(C, req(gpus=99)).top(3) == []
