@@ -9,6 +9,7 @@ merged by the loaders. Usage: python scripts/make_catalogs.py [--out DIR] [NAME 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -73,7 +74,7 @@ def makers() -> dict[str, Callable[[], Catalog]]:
         ("gcp", GCP_REGIONS, gcp),
     ):
         for region in regions:
-            found[f"{cloud}-{region}"] = lambda make=make, region=region: make(region)
+            found[f"{cloud}-{region}"] = functools.partial(make, region)
     return found
 
 

@@ -172,7 +172,7 @@ def test_http_errors_become_catalog_errors() -> None:
 
 def test_malformed_answer_becomes_a_catalog_error() -> None:
     fake = FakeCloud()
-    fake.reply("GET", SKUS_PATH, b"<html>proxy error</html>")  # type: ignore[arg-type]
+    fake.reply("GET", SKUS_PATH, b"<html>proxy error</html>")
     with pytest.raises(CatalogError):
         azure.load_catalog(REGION, client=compute_client(fake))
 

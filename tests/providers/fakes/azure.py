@@ -54,7 +54,7 @@ def compute_client(fake: FakeCloud, subscription: str = SUBSCRIPTION) -> Any:
 
     transport = RequestsTransport(session=_session(fake), session_owner=False)
     return ComputeManagementClient(
-        StubCredential(),  # type: ignore[arg-type]
+        StubCredential(),
         subscription,
         transport=transport,
         polling_interval=0,
@@ -69,7 +69,7 @@ def network_client(fake: FakeCloud, subscription: str = SUBSCRIPTION) -> Any:
 
     transport = RequestsTransport(session=_session(fake), session_owner=False)
     return NetworkManagementClient(
-        StubCredential(),  # type: ignore[arg-type]
+        StubCredential(),
         subscription,
         transport=transport,
         polling_interval=0,

@@ -35,7 +35,7 @@ def client(fake: FakeCloud, client_class: type[C]) -> C:
     from google.auth.credentials import AnonymousCredentials
 
     transport_class: Any = client_class.get_transport_class("rest")  # type: ignore[attr-defined]
-    transport = transport_class(credentials=AnonymousCredentials())
+    transport = transport_class(credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
     fake.mount_on(transport._session)
     made: C = client_class(transport=transport)  # type: ignore[call-arg]
     return made

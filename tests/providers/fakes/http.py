@@ -125,11 +125,7 @@ class FakeCloud(BaseAdapter):
         url = request.url or ""
         parts = urlsplit(url)
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-        body = request.body or b""
-        if isinstance(body, str):
-            body = body.encode()
-        elif not isinstance(body, bytes):
-            body = b"".join(body)  # a generator body
+        body = _body_bytes(request.body)
         method = (request.method or "GET").upper()
         handler, match = self.fallback, None
         for route_method, pattern, route_handler in self._routes:
@@ -138,7 +134,7 @@ class FakeCloud(BaseAdapter):
                 handler, match = route_handler, found
                 break
         recorded = RecordedRequest(
-            method, url, parts.path, query, dict(request.headers), body, match
+            method, url, parts.path, query, _text_headers(request.headers), body, match
         )
         with self._lock:
             self.requests.append(recorded)
@@ -158,6 +154,23 @@ class FakeCloud(BaseAdapter):
 
     def close(self) -> None:
         pass
+
+
+def _body_bytes(body: Any) -> bytes:
+    if body is None:
+        return b""
+    if isinstance(body, str):
+        return body.encode()
+    if isinstance(body, bytes):
+        return body
+    if hasattr(body, "read"):
+        data = body.read()
+        return data.encode() if isinstance(data, str) else bytes(data)
+    return b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in body)
+
+
+def _text_headers(headers: Mapping[str, str | bytes]) -> dict[str, str]:
+    return {k: v.decode("latin-1") if isinstance(v, bytes) else v for k, v in headers.items()}
 
 
 @dataclass(frozen=True)
