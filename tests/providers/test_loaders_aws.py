@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -16,6 +19,7 @@ from providers.errors import CatalogError, InvalidRequest
 from providers.loaders import aws, load
 
 REGION = "us-east-1"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _ec2(region: str = REGION) -> Any:
@@ -250,3 +254,21 @@ def test_unknown_gpu_skips_the_type_and_mac_arch_is_dropped() -> None:
 def test_unknown_cloud_is_refused() -> None:
     with pytest.raises(InvalidRequest, match="no catalog loader"):
         load("openstack", "regionOne")
+
+
+def test_missing_sdk_gives_an_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 now raises ImportError
+    with pytest.raises(CatalogError, match=r"pip install 'peerpods\[aws\]'"):
+        aws.load_catalog(REGION)
+
+
+def test_loading_aws_imports_no_other_cloud_sdk() -> None:
+    code = (
+        "import sys, providers.loaders, providers.loaders.aws\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('azure', 'google'))\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
