@@ -1,15 +1,250 @@
-"""`peerpods plan` (placeholder until its issue lands: it refuses to run)."""
+"""`peerpods plan POD.yaml`: the whole decision for a pod manifest, without a cluster.
+
+Prints the webhook's mutation, the ranked instance types, the MIG layout, each container's CDI
+devices and the annotations (`adaptor.planning` makes the report; this module only prints it).
+Exit codes: 0 the pod would run, 1 it would not (denied, no instance type, devices that do not
+fit: one line on stderr says why), 2 bad input (not YAML, no pod, bad flags).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TextIO
 
-from providers.errors import PeerpodsError
+from adaptor.cli import flags
+
+if TYPE_CHECKING:
+    from adaptor.planning import PlanReport
+
+_MAX_MANIFEST_BYTES = 4 << 20
+# adaptor.devices.naming.CdiNaming's defaults, repeated so --help imports nothing (a test checks)
+DEFAULT_CDI_NAMES = {
+    "gpu": "nvidia.com/gpu={index}",
+    "mig": "nvidia.com/gpu={gpu}:{mig}",
+    "rdma": "rdma.peerpods.io/hca={index}",
+}
+CDI_NAME_FLAGS = {
+    "gpu": "a whole GPU ({index}: its index in the VM)",
+    "mig": "a MIG device ({gpu}, {mig}: GPU and MIG index)",
+    "rdma": "an RDMA device ({index}: its index)",
+}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add this subcommand's flags."""
+    parser.add_argument("manifest", metavar="POD.yaml", help="pod manifest ('-' for stdin)")
+    flags.add(
+        parser,
+        "--provider",
+        choices=["aws", "azure", "gcp"],
+        default="aws",
+        help="cloud whose catalog to plan on",
+    )
+    flags.add(
+        parser,
+        "--region",
+        default="",
+        help="region (default: us-east-1, eastus or us-central1 by provider)",
+    )
+    flags.add(
+        parser,
+        "--catalog-dir",
+        default="",
+        metavar="DIR",
+        help="folder of catalog snapshots (default: the bundled config/catalogs)",
+    )
+    flags.add(parser, "--output", choices=["table", "json"], default="table", help="output format")
+    flags.add(parser, "--pod", default="", metavar="NAME",
+              help="the pod to plan when the manifest holds several")  # fmt: skip
+    flags.add(
+        parser,
+        "--allowed-machine-types",
+        default="",
+        metavar="TYPE[,...]",
+        help="instance types a pod may pin with the machine_type annotation (as the webhook's)",
+    )
+    flags.add(parser, "--limit", type=int, default=5, metavar="N",
+              help="candidates shown in the table (JSON lists all)")  # fmt: skip
+    for kind, what in CDI_NAME_FLAGS.items():
+        flags.add(parser, f"--cdi-{kind}-name", default=DEFAULT_CDI_NAMES[kind],
+                  help=f"CDI name template of {what} (as the adaptor's)")  # fmt: skip
+
+
+def _read(path: str) -> str:
+    from providers.errors import InvalidRequest
+
+    if path == "-":
+        data = sys.stdin.buffer.read(_MAX_MANIFEST_BYTES + 1)
+    else:
+        file = Path(path)
+        if file.is_dir():
+            raise InvalidRequest(f"{path}: is a directory, not a manifest")
+        with file.open("rb") as stream:
+            data = stream.read(_MAX_MANIFEST_BYTES + 1)
+    if len(data) > _MAX_MANIFEST_BYTES:
+        raise InvalidRequest(f"{path}: larger than {_MAX_MANIFEST_BYTES >> 20} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidRequest(f"{path}: not UTF-8 text") from None
+
+
+def report_json(report: PlanReport) -> dict[str, Any]:
+    """The report as JSON (the shape `--output json` prints)."""
+    from adaptor.cli.select import selection_json
+
+    catalog = report.catalog
+    intent = report.intent
+    devices = report.devices
+    failure = report.failure
+    return {
+        "pod": {"name": report.pod_name, "namespace": report.namespace},
+        "provider": catalog.cloud,
+        "region": catalog.region,
+        "source": catalog.source,
+        "peer_pod": report.peer_pod,
+        "ok": report.ok,
+        "failure": None
+        if failure is None
+        else {"stage": failure.stage, "code": failure.code, "message": failure.message},
+        "warnings": list(report.warnings),
+        "annotations": report.annotations,
+        "patch": list(report.patch),
+        "intent": None
+        if intent is None
+        else {
+            "vcpus": intent.vcpus,
+            "memory_mib": intent.memory_mib,
+            "machine_type": intent.machine_type,
+            "gpu": intent.gpu.model_dump(mode="json"),
+        },
+        "container_plan": None
+        if report.container_plan is None
+        else report.container_plan.model_dump(mode="json"),
+        "selected": _selected(report),
+        "selection": None
+        if report.selection is None or report.selection.count == 0
+        else selection_json(catalog, report.selection),
+        "mig_layout": [m.model_dump(mode="json") for m in report.mig_layout],
+        "devices": None
+        if devices is None
+        else {
+            "model": devices.model,
+            "gpus": list(devices.gpus),
+            "mig": [m.name for m in devices.mig],
+            "rdma": list(devices.rdma),
+        },
+        "containers": [
+            {"name": c.name, "init": c.init, "cdi": list(c.cdi)} for c in report.containers
+        ],
+    }
+
+
+def _selected(report: PlanReport) -> str | None:
+    selection = report.selection
+    return selection.selected.name if selection is not None and selection.count else None
+
+
+def _rows(rows: Sequence[tuple[str, ...]], out: TextIO, indent: str = "  ") -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        print((indent + "  ".join(cells)).rstrip(), file=out)
+
+
+def print_report(report: PlanReport, limit: int, out: TextIO) -> None:
+    """The report as a human reads it: one section per step."""
+    from adaptor.cli.select import print_table
+
+    catalog = report.catalog
+    source = f", {catalog.source}" if catalog.source else ""
+    print(f"pod {report.namespace}/{report.pod_name}  ({catalog.cloud} {catalog.region}{source})",
+          file=out)  # fmt: skip
+    if not report.peer_pod:
+        print("not a peer pod (runtimeClassName is not kata-remote): admitted untouched", file=out)
+        return
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=out)
+    if report.failure is not None and report.failure.stage == "admission":
+        return
+    print("\nadmission (webhook mutation):", file=out)
+    changes = [(op["op"], op["path"]) for op in report.patch]
+    for op, path in changes or [("none", "(already mutated)")]:
+        print(f"  {op:<7} {path}", file=out)
+    print("\nannotations:", file=out)
+    for key, value in sorted(report.annotations.items()):
+        print(f"  {key}: {value}", file=out)
+    intent = report.intent
+    if intent is not None:
+        gpu = intent.gpu
+        parts = [f"{intent.vcpus} vCPUs", f"{intent.memory_mib} MiB"]
+        if gpu.gpus:
+            parts.append(f"{gpu.gpus} GPU(s)")
+        if gpu.models:
+            parts.append("model " + "|".join(gpu.models))
+        if gpu.memory_mib:
+            parts.append(f">= {gpu.memory_mib} MiB per GPU")
+        if gpu.mig:
+            parts.append("MIG " + ", ".join(f"{n} x {p}" for p, n in sorted(gpu.mig.items())))
+        if gpu.fractional:
+            parts.append("a fraction of a GPU may serve")
+        if gpu.rdma:
+            parts.append("RDMA")
+        print("\nrequest (as CreateVM reads it): " + ", ".join(parts), file=out)
+    selection = report.selection
+    if selection is not None and selection.count:
+        print("\ninstance types:", file=out)
+        print_table(catalog, selection, limit, out)
+    devices = report.devices
+    if devices is None:
+        return
+    if devices.mig:
+        print("\nMIG layout:", file=out)
+        rows: list[tuple[str, ...]] = [("GPU", "START", "PROFILE", "CDI")]
+        rows += [(str(m.gpu), str(m.start), m.profile, m.name) for m in devices.mig]
+        _rows(rows, out)
+    print("\nCDI devices per container:", file=out)
+    rows = [("CONTAINER", "DEVICES")]
+    for c in report.containers:
+        label = f"{c.name} (init)" if c.init else c.name
+        rows.append((label, ", ".join(c.cdi) or "-"))
+    _rows(rows, out)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise PeerpodsError("plan is not available in this build")
+    from adaptor.devices.naming import naming_from_flags
+    from adaptor.planning import load_documents, plan_manifest
+    from providers.errors import InvalidRequest
+
+    if args.limit < 1:
+        raise InvalidRequest(f"--limit must be at least 1, got {args.limit}")
+    naming = naming_from_flags(args.cdi_gpu_name, args.cdi_mig_name, args.cdi_rdma_name)
+    source = "stdin" if args.manifest == "-" else args.manifest
+    documents = load_documents(_read(args.manifest), source)
+    allowed = [t.strip() for t in args.allowed_machine_types.split(",") if t.strip()]
+    report = plan_manifest(
+        documents,
+        args.provider,
+        args.region.strip(),
+        catalog_dir=Path(args.catalog_dir) if args.catalog_dir else None,
+        pod_name=args.pod.strip(),
+        allowed_machine_types=allowed,
+        naming=naming,
+    )
+    if args.output == "json":
+        json.dump(report_json(report), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print_report(report, args.limit, sys.stdout)
+    sys.stdout.flush()
+    failure = report.failure
+    if failure is None:
+        return 0
+    verb = {"admission": "denied", "selection": "no instance type", "devices": "devices"}
+    print(f"peerpods plan: {verb[failure.stage]} ({failure.code}): {failure.message}",
+          file=sys.stderr)  # fmt: skip
+    return 1
