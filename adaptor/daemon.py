@@ -22,6 +22,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from adaptor.devices import CdiConfig, CdiNaming
 from adaptor.gc import GarbageCollector
 from adaptor.hypervisor.sandboxes import (
     AgentProxyHandle,
@@ -30,12 +31,17 @@ from adaptor.hypervisor.sandboxes import (
     ManagerConfig,
     ProxyFactory,
     SandboxManager,
-    machine_type_candidates,
 )
 from adaptor.hypervisor.service import HypervisorService
+from adaptor.placement import Placement
+from adaptor.proxy import CreateContainerHook
 from adaptor.settings import ServeSettings
 from adaptor.state import SandboxRecord, StateStore
+from adaptor.status import DeviceBook, build_app
+from adaptor.status.app import refresh_sandbox_gauge
+from adaptor.status.server import StatusServer
 from adaptor.ttrpc.server import Server
+from adaptor.wiring import container_hooks, count_proxy_call, placement_for
 from providers import registry
 from providers.base import Provider
 from providers.errors import PeerpodsError
@@ -64,7 +70,7 @@ def agent_tls_context(settings: ServeSettings) -> ssl.SSLContext | None:
 
 
 # A sandbox (with its VM) -> the CreateContainer rewrite for its proxy, or None to pass through.
-ContainerHookFactory = Callable[[SandboxRecord], Callable[[bytes], bytes] | None]
+ContainerHookFactory = Callable[[SandboxRecord], CreateContainerHook | None]
 
 
 def agent_proxy_factory(
@@ -80,6 +86,7 @@ def agent_proxy_factory(
             tcp_dialer(host, port, ssl=tls),
             sandbox_id=record.id,
             create_container_hook=container_hooks(record) if container_hooks else None,
+            on_call=count_proxy_call,
         )
         return proxy
 
@@ -95,10 +102,12 @@ class Daemon:
         *,
         provider: Provider | None = None,
         proxy_factory: ProxyFactory | None = None,
-        choose_candidates: CandidateChooser = machine_type_candidates,
+        choose_candidates: CandidateChooser | None = None,
         resolve_endpoint: EndpointResolver | None = None,
         container_hooks: ContainerHookFactory | None = None,
         provider_args: argparse.Namespace | None = None,
+        cdi: CdiConfig | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.settings = settings
         self._provider = provider
@@ -107,6 +116,10 @@ class Daemon:
         self._resolve_endpoint = resolve_endpoint
         self._container_hooks = container_hooks
         self._provider_args = provider_args
+        self._cdi = cdi or CdiConfig("annotations", CdiNaming(), None)
+        self._placement = placement
+        self.devices = DeviceBook()
+        self.status: StatusServer | None = None
         self._lock_fd: int | None = None
         self.store: StateStore | None = None
         self.manager: SandboxManager | None = None
@@ -134,8 +147,14 @@ class Daemon:
                 owner_id=settings.owner_id or f"peerpods-{socket.gethostname()}",
             ),
         )
+        placement = self._placement
+        if placement is None:
+            placement = await asyncio.to_thread(
+                placement_for, provider, self._cdi, settings.catalog_dir
+            )
         proxy_factory = self._proxy_factory or agent_proxy_factory(
-            agent_tls_context(settings), self._container_hooks
+            agent_tls_context(settings),
+            self._container_hooks or container_hooks(self._cdi, self.devices),
         )
         self.manager = SandboxManager(
             ManagerConfig(
@@ -146,8 +165,10 @@ class Daemon:
             self.store,
             provider,
             proxy_factory,
-            choose_candidates=self._choose_candidates,
+            choose_candidates=self._choose_candidates or placement.candidates,
             resolve_endpoint=self._resolve_endpoint,
+            plan_devices=lambda intent, instance: placement.device_plan(intent, instance).to_json(),
+            on_stopped=self.devices.forget,
         )
         await self.manager.recover()
         owner_id = getattr(provider, "owner_id", None)
@@ -163,6 +184,14 @@ class Daemon:
                 provider, owner_id, known, interval_seconds=settings.gc_interval_seconds
             )
             self.gc.start()
+        if settings.status_address:
+            store = self.store
+            app = build_app(
+                store, self.devices, refresh_metrics=lambda: refresh_sandbox_gauge(store)
+            )
+            self.status = StatusServer(app, settings.status_address)
+            await self.status.start()
+            log.info("status API on %s", settings.status_address)
         server = Server()
         HypervisorService(self.manager).register(server)
         await server.start_unix(str(settings.socket), mode=0o600)
@@ -183,6 +212,9 @@ class Daemon:
         if self.gc is not None:
             await self.gc.stop()
             self.gc = None
+        if self.status is not None:
+            await self.status.stop()
+            self.status = None
         if self.manager is not None:
             await _graceful(self.manager.close, grace)
             self.manager = None

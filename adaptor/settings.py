@@ -61,6 +61,8 @@ class ServeSettings(BaseModel):
     shutdown_grace_seconds: float = Field(10.0, ge=0, description="in-flight calls at exit")
     gc_interval_seconds: float = Field(300.0, ge=0, description="orphan VM sweeps; 0: off")
     static_endpoints: tuple[Endpoint, ...] = ()
+    status_address: str = Field("127.0.0.1:8006", description="status API HOST:PORT; '': off")
+    catalog_dir: str = Field("", description="catalog snapshots (default: the bundled ones)")
     agent_tls: AgentTls = Field(default_factory=AgentTls)
 
     @field_validator("pods_dir")

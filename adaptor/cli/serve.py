@@ -92,14 +92,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="",
         help="the static provider's pod VMs, HOST:PORT[,...]; one sandbox each at a time",
     )
+    flags.add(
+        parser,
+        "--status-address",
+        default="127.0.0.1:8006",
+        help="HOST:PORT of the status API (/v1/sandboxes, /healthz, /metrics); empty: off",
+    )
+    flags.add(
+        parser,
+        "--catalog-dir",
+        default="",
+        help="directory of instance-type catalog snapshots (default: the bundled ones)",
+    )
+    from adaptor.devices.flags import add_cdi_flags
     from providers import registry
 
+    add_cdi_flags(parser)
     registry.add_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Validate the settings, then serve until SIGTERM/SIGINT."""
     from adaptor.daemon import serve
+    from adaptor.devices import cdi_config_from_args
     from adaptor.settings import ServeSettings
     from adaptor.ttrpc.loop import run as run_loop
 
@@ -114,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         shutdown_grace_seconds=args.shutdown_grace,
         gc_interval_seconds=args.gc_interval,
         static_endpoints=args.static_endpoints,
+        status_address=args.status_address,
+        catalog_dir=args.catalog_dir,
         agent_tls={
             "enabled": args.agent_tls,
             "ca_file": args.agent_tls_ca,
@@ -121,5 +138,6 @@ def run(args: argparse.Namespace) -> int:
             "key_file": args.agent_tls_key,
         },
     )
-    run_loop(serve(settings, provider_args=args))
+    cdi = cdi_config_from_args(args)
+    run_loop(serve(settings, provider_args=args, cdi=cdi))
     return 0

@@ -1,10 +1,11 @@
 """Per-container devices: the sandbox's device plan and the CreateContainer rewrite."""
 
 from adaptor.devices.flags import CdiConfig, add_cdi_flags, cdi_config_from_args
-from adaptor.devices.hook import CreateContainerHook, make_hook
+from adaptor.devices.hook import make_hook
 from adaptor.devices.naming import CdiNaming
 from adaptor.devices.plan import DevicePlan, MigDevice, plan_devices
 from adaptor.devices.rewrite import CDI_MODES, CdiMode, RewriteError, rewrite_create_container
+from adaptor.proxy import CreateContainerHook
 
 __all__ = [
     "CDI_MODES",

@@ -12,6 +12,7 @@ request carries is removed: a pod must not obtain devices by writing annotations
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from google.protobuf.message import DecodeError
@@ -56,6 +57,15 @@ def effective_plan(plan: DevicePlan | None, annotations: Any) -> DevicePlan | No
     return plan.with_container_plan(ContainerPlan.decode(raw))
 
 
+@dataclass(frozen=True)
+class Rewritten:
+    """A rewritten request, with whom it was for and what it was given."""
+
+    payload: bytes
+    container: str  # "" for the sandbox (pause) container
+    devices: tuple[str, ...]
+
+
 def rewrite_create_container(
     payload: bytes,
     plan: DevicePlan | None,
@@ -64,6 +74,17 @@ def rewrite_create_container(
     registry: Registry | None = None,
 ) -> bytes:
     """The rewritten CreateContainerRequest payload (the same bytes when nothing changes)."""
+    return rewrite_for_container(payload, plan, mode=mode, registry=registry).payload
+
+
+def rewrite_for_container(
+    payload: bytes,
+    plan: DevicePlan | None,
+    *,
+    mode: CdiMode = "annotations",
+    registry: Registry | None = None,
+) -> Rewritten:
+    """`rewrite_create_container`, also saying which container it was and its devices."""
     if mode not in CDI_MODES:
         raise RewriteError(f"unknown CDI mode {mode!r}")
     if mode == "edits" and registry is None:
@@ -72,7 +93,9 @@ def rewrite_create_container(
     annotations = request.OCI.Annotations
     foreign = [k for k in annotations if k.startswith(ANNOTATION_PREFIX)]
     devices: list[str] = []
+    container = ""
     if annotations.get(CONTAINER_TYPE) != "sandbox":
+        container = annotations.get(CONTAINER_NAME, "")
         plan = effective_plan(plan, annotations)
         if plan is not None and not plan.empty:
             name = annotations.get(CONTAINER_NAME, "")
@@ -80,7 +103,7 @@ def rewrite_create_container(
                 raise RewriteError(f"CreateContainer for a GPU pod without {CONTAINER_NAME}")
             devices = plan.for_container(name)
     if not devices and not foreign:
-        return payload
+        return Rewritten(payload, container, ())
     for key in foreign:
         del annotations[key]
     if devices and mode == "annotations":
@@ -91,4 +114,4 @@ def rewrite_create_container(
             apply_to_proto(request.OCI, registry.edits_for(devices))
         except CdiError as exc:
             raise RewriteError(f"CDI edits for {annotations[CONTAINER_NAME]}: {exc}") from None
-    return bytes(request.SerializeToString())
+    return Rewritten(bytes(request.SerializeToString()), container, tuple(devices))

@@ -14,11 +14,13 @@ import contextlib
 import logging
 import re
 import shutil
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from adaptor import metrics
 from adaptor.state import SandboxRecord, SandboxState, StateStore
 from providers.base import Instance, Provider, VMSpec
 from providers.contract import VMIntent, parse_vm_annotations
@@ -62,6 +64,10 @@ ProxyFactory = Callable[[SandboxRecord, str, str, int], AgentProxyHandle]
 CandidateChooser = Callable[[VMIntent], tuple[str, ...]]
 # A VM -> the (host, port) its forwarder is reached at.
 EndpointResolver = Callable[[Instance], tuple[str, int]]
+# The intent and the VM it got -> the sandbox's device plan (JSON), stored with the record.
+DevicePlanner = Callable[[VMIntent, Instance], str]
+# The record, its intent and the candidates -> the pod VM's user data.
+UserDataBuilder = Callable[[SandboxRecord, VMIntent, tuple[str, ...]], str]
 
 
 def machine_type_candidates(intent: VMIntent) -> tuple[str, ...]:
@@ -100,6 +106,9 @@ class SandboxManager:
         *,
         choose_candidates: CandidateChooser = machine_type_candidates,
         resolve_endpoint: EndpointResolver | None = None,
+        plan_devices: DevicePlanner | None = None,
+        user_data: UserDataBuilder | None = None,
+        on_stopped: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -107,6 +116,9 @@ class SandboxManager:
         self._proxy_factory = proxy_factory
         self._choose_candidates = choose_candidates
         self._resolve_endpoint = resolve_endpoint or self.default_endpoint
+        self._plan_devices = plan_devices
+        self._user_data = user_data
+        self._on_stopped = on_stopped
         self._proxies: dict[str, AgentProxyHandle] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -195,17 +207,20 @@ class SandboxManager:
 
     async def _start_locked(self, record: SandboxRecord) -> None:
         intent = parse_vm_annotations(record.annotations)
+        candidates = self._choose_candidates(intent)
         spec = VMSpec(
             sandbox_id=record.id,
             pod_namespace=record.pod_namespace,
             pod_name=record.pod_name,
-            candidates=self._choose_candidates(intent),
+            candidates=candidates,
+            user_data=self._user_data(record, intent, candidates) if self._user_data else "",
             image=intent.image,
             vcpus=intent.vcpus,
             memory_mib=intent.memory_mib,
             gpus=intent.gpu.gpus,
         )
         record = await self.store.put(record.evolve(state=SandboxState.STARTING, reason=""))
+        started = time.monotonic()
         try:
             instance = await self.provider.create(spec)
         except BaseException as exc:
@@ -213,10 +228,16 @@ class SandboxManager:
                 self.store.put(record.evolve(state=SandboxState.FAILED, reason=_why("create", exc)))
             )
             raise
+        metrics.VM_CREATE_SECONDS.labels(provider=self.provider.name).observe(
+            time.monotonic() - started
+        )
         log.info("sandbox %s: VM %s (%s) created", record.id, instance.id, instance.instance_type)
         proxy: AgentProxyHandle | None = None
         try:
             record = await self.store.put(record.evolve(instance=instance))
+            if self._plan_devices is not None:
+                plan = self._plan_devices(intent, instance)
+                record = await self.store.put(record.evolve(device_plan=plan))
             host, port = self._resolve_endpoint(instance)
             socket = Path(record.agent_socket)
             await asyncio.to_thread(_prepare_socket_dir, socket)
@@ -279,6 +300,8 @@ class SandboxManager:
                     raise ProviderError(f"sandbox {sandbox_id}: {reason}; retry StopVM") from exc
             await asyncio.to_thread(_remove_socket_dir, Path(record.agent_socket))
             await self.store.delete(sandbox_id)
+        if self._on_stopped is not None:
+            self._on_stopped(sandbox_id)
         log.info("sandbox %s stopped", sandbox_id)
 
     async def get(self, sandbox_id: str) -> SandboxRecord | None:

@@ -37,7 +37,10 @@ from .dial import Dial
 
 log = logging.getLogger(__name__)
 
-CreateContainerHook = Callable[[bytes], bytes]
+# Told the status code and message of the agent's answer to one rewritten CreateContainer.
+Completion = Callable[[int, str], None]
+# CreateContainerRequest payload -> new payload, optionally with a completion for its answer.
+CreateContainerHook = Callable[[bytes], bytes | tuple[bytes, Completion]]
 OnCall = Callable[[str, str, int], None]
 
 CREATE_CONTAINER = ("grpc.AgentService", "CreateContainer")
@@ -208,10 +211,12 @@ class AgentProxy:
             return
         if self._hook is not None and (service, method) == CREATE_CONTAINER:
             try:
-                data = self._rewrite(data)
+                data, completion = self._rewrite(data)
             except TtrpcError as exc:
                 shim.answer(shim_id, service, method, exc.code, exc.message)
                 return
+            if completion is not None:
+                shim.completions[shim_id] = completion
         upstream = self._upstream
         if upstream is not None and not upstream.closed:
             upstream.send(shim, shim_id, service, method, data)
@@ -233,11 +238,16 @@ class AgentProxy:
             return
         upstream.send(shim, shim_id, service, method, data)
 
-    def _rewrite(self, data: bytes) -> bytes:
+    def _rewrite(self, data: bytes) -> tuple[bytes, Completion | None]:
         assert self._hook is not None
         request = ttrpc_pb2.Request.FromString(data)
+        completion: Completion | None = None
         try:
-            payload = self._hook(bytes(request.payload))
+            result = self._hook(bytes(request.payload))
+            if isinstance(result, tuple):
+                payload, completion = result
+            else:
+                payload = result
         except TtrpcError:
             raise
         except Exception as exc:
@@ -252,7 +262,7 @@ class AgentProxy:
         )
         if len(rewritten) > MAX_DATA_LENGTH:
             raise TtrpcError(Code.RESOURCE_EXHAUSTED, "rewritten CreateContainer is too large")
-        return rewritten
+        return rewritten, completion
 
     def report(self, service: str, method: str, code: int) -> None:
         if self._on_call is not None:
@@ -350,6 +360,8 @@ class _ShimConnection:
         self._last_id = 0
         self.in_flight = 0
         self._room = asyncio.Event()
+        # shim stream id -> completion of a rewritten CreateContainer awaiting its answer
+        self.completions: dict[int, Completion] = {}
 
     async def run(self) -> None:
         decoder = FrameDecoder()
@@ -404,8 +416,10 @@ class _ShimConnection:
     def relay(self, shim_id: int, service: str, method: str, data: bytes) -> None:
         """Send an upstream Response's bytes back unchanged under the shim's stream id."""
         self._done()
-        if self._proxy._on_call is not None:
-            self._proxy.report(service, method, _status_code(data))
+        if self._proxy._on_call is not None or self.completions:
+            code = _status_code(data)
+            self._proxy.report(service, method, code)
+            self._complete(shim_id, code, data)
         if not self._writer.is_closing():
             self._writer.write(encode_header(len(data), shim_id, _RESPONSE) + data)
 
@@ -423,14 +437,34 @@ class _ShimConnection:
         if counted:
             self._done()
             self._proxy.report(service, method, code)
+        completion = self.completions.pop(shim_id, None)
+        if completion is not None:
+            _call_completion(completion, int(code), message)
         if not self._writer.is_closing():
             data = encode_response(b"", code, message)
             self._writer.write(encode_header(len(data), shim_id, _RESPONSE) + data)
+
+    def _complete(self, shim_id: int, code: int, response: bytes) -> None:
+        completion = self.completions.pop(shim_id, None)
+        if completion is None:
+            return
+        message = ""
+        if code:
+            with contextlib.suppress(Exception):
+                message = ttrpc_pb2.Response.FromString(response).status.message
+        _call_completion(completion, code, message)
 
     def _done(self) -> None:
         self.in_flight -= 1
         if self.in_flight < MAX_IN_FLIGHT:
             self._room.set()
+
+
+def _call_completion(completion: Completion, code: int, message: str) -> None:
+    try:
+        completion(code, message)
+    except Exception:
+        log.exception("CreateContainer completion callback failed")
 
 
 def _status_code(response: bytes) -> int:

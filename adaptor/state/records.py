@@ -47,6 +47,8 @@ class SandboxRecord:
     instance: Instance | None = None
     created_at: float = 0.0
     updated_at: float = 0.0
+    # The sandbox's device plan (adaptor.devices.DevicePlan JSON), fixed once its VM exists.
+    device_plan: str = ""
 
     def evolve(self, **changes: Any) -> SandboxRecord:
         """A copy with `changes` applied (records are immutable)."""

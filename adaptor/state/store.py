@@ -45,7 +45,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     reason TEXT NOT NULL,
     instance TEXT,
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    device_plan TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS leases (
     pool TEXT NOT NULL,
@@ -176,7 +177,7 @@ class StateStore:
 
     def _put_sync(self, record: SandboxRecord) -> None:
         self._db().execute(
-            "INSERT OR REPLACE INTO sandboxes VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT OR REPLACE INTO sandboxes VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 record.id,
                 record.pod_namespace,
@@ -189,6 +190,7 @@ class StateStore:
                 json.dumps(instance_to_json(record.instance)) if record.instance else None,
                 record.created_at,
                 record.updated_at,
+                record.device_plan,
             ),
         )
 
@@ -206,6 +208,7 @@ class StateStore:
             instance=instance_from_json(json.loads(row[8])) if row[8] else None,
             created_at=row[9],
             updated_at=row[10],
+            device_plan=row[11],
         )
 
     def _get_sync(self, sandbox_id: str) -> SandboxRecord | None:

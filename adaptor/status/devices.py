@@ -49,6 +49,12 @@ class DeviceBook:
                 name: ContainerDevices(tuple(names)) for name, names in devices_by_container.items()
             }
 
+    def set_devices(self, sandbox_id: str, container: str, devices: tuple[str, ...]) -> None:
+        """A container's CreateContainer carried these devices: pending until the agent answers."""
+        with self._lock:
+            containers = self._sandboxes.setdefault(sandbox_id, {})
+            containers[container] = ContainerDevices(devices)
+
     def mark(self, sandbox_id: str, container: str, state: DeviceState, reason: str = "") -> None:
         """Set one container's status (a container outside the plan is tracked with no devices)."""
         with self._lock:

@@ -1,0 +1,95 @@
+"""How the daemon's parts meet: the device book observing CreateContainer outcomes, the proxy's
+metrics, the catalog and placement of a provider. Kept apart from `daemon.py` so each piece can be
+tested as a plain function."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from adaptor import metrics
+from adaptor.devices import CdiConfig, DevicePlan, make_hook
+from adaptor.devices.hook import OutcomeObserver
+from adaptor.placement import Placement
+from adaptor.proxy import Completion, CreateContainerHook
+from adaptor.state import SandboxRecord
+from adaptor.status import DeviceBook, DeviceState
+from adaptor.ttrpc import Code
+from providers.base import Provider
+from providers.errors import CatalogError
+
+log = logging.getLogger(__name__)
+
+CLOUDS = ("aws", "azure", "gcp")
+
+
+def observe_devices(book: DeviceBook, sandbox_id: str) -> OutcomeObserver:
+    """Record each container's devices as pending, then ready or failed from the agent's answer."""
+
+    def observe(container: str, devices: tuple[str, ...], refused: str) -> Completion | None:
+        if refused:
+            book.mark(sandbox_id, container or "(unknown)", DeviceState.FAILED, refused)
+            return None
+        book.set_devices(sandbox_id, container, devices)
+
+        def done(code: int, message: str) -> None:
+            if code == 0:
+                book.mark(sandbox_id, container, DeviceState.READY)
+            else:
+                name = Code.from_wire(code).name
+                book.mark(sandbox_id, container, DeviceState.FAILED, f"agent: {name}: {message}")
+
+        return done
+
+    return observe
+
+
+def container_hooks(
+    cdi: CdiConfig, book: DeviceBook
+) -> Callable[[SandboxRecord], CreateContainerHook | None]:
+    """Each sandbox's CreateContainer rewrite: its stored device plan, the CDI mode, the book.
+
+    Installed for every sandbox, GPU or not, so a pod can never obtain devices by writing
+    `cdi.k8s.io/*` annotations itself.
+    """
+
+    def hook_for(record: SandboxRecord) -> CreateContainerHook | None:
+        plan = DevicePlan.from_json(record.device_plan) if record.device_plan else None
+        return make_hook(plan, cdi.mode, cdi.registry, observe=observe_devices(book, record.id))
+
+    return hook_for
+
+
+def count_proxy_call(service: str, method: str, code: int) -> None:
+    """The proxy's per-call callback: calls by method and status code."""
+    metrics.PROXY_CALLS.labels(method=f"{service}/{method}", code=str(code)).inc()
+
+
+def provider_region(provider: Provider) -> str:
+    """The region a cloud provider creates VMs in (its catalog's region)."""
+    config = getattr(provider, "config", None)
+    for attribute in ("region", "location"):
+        value = getattr(config, attribute, "") or getattr(provider, attribute, "")
+        if value:
+            return str(value)
+    zones = getattr(config, "zones", ()) or ()
+    zone = str(zones[0]) if zones else str(getattr(config, "zone", "") or "")
+    return zone.rsplit("-", 1)[0] if zone.count("-") >= 2 else ""
+
+
+def placement_for(provider: Provider, cdi: CdiConfig, catalog_dir: str = "") -> Placement:
+    """Selection over the provider's bundled catalog (none for static and local)."""
+    if provider.name not in CLOUDS:
+        return Placement(naming=cdi.naming)
+    from pathlib import Path
+
+    from providers.catalogs import load_snapshot
+
+    region = provider_region(provider)
+    try:
+        catalog = load_snapshot(provider.name, region, Path(catalog_dir) if catalog_dir else None)
+    except CatalogError as exc:
+        raise CatalogError(f"cannot select instance types for {provider.name}: {exc}") from None
+    config = getattr(provider, "config", None)
+    allowed = tuple(getattr(config, "allowed_instance_types", ()) or ())
+    return Placement(catalog=catalog, allowed=allowed, naming=cdi.naming)
