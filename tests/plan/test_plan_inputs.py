@@ -173,7 +173,9 @@ def test_not_a_peer_pod_is_left_untouched(
     assert code == 0 and "not a peer pod" in out
 
 
-def test_machine_type_pin_needs_allowing(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_machine_type_pin_needs_allowing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     pinned = POD.replace(
         "metadata: {name: one, namespace: default}",
         "metadata:\n  name: one\n  annotations:\n"
@@ -240,8 +242,8 @@ def test_cdi_name_templates_follow_the_flags(
     names = sorted(m["name"] for m in data["mig_layout"])
     assert names == ["example.com/mig=gpu0-mig0", "example.com/mig=gpu0-mig1",
                      "example.com/mig=gpu0-mig2"]  # fmt: skip
-    assert DEFAULT_CDI_NAMES == {"gpu": CdiNaming().gpu, "mig": CdiNaming().mig,
-                                 "rdma": CdiNaming().rdma}  # fmt: skip
+    naming = CdiNaming()
+    assert {"gpu": naming.gpu, "mig": naming.mig, "rdma": naming.rdma} == DEFAULT_CDI_NAMES
 
 
 def test_library_entry_point() -> None:
