@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Final
+from typing import Final, NamedTuple
 
 from providers.catalog import Catalog, InstanceType
 from providers.errors import NoMatch
@@ -49,9 +49,8 @@ _GIB = 1024
 _NVIDIA = frozenset(m.id for m in GPU_MODELS.values() if m.vendor == "NVIDIA")
 
 
-@dataclass(frozen=True)
-class Rejection:
-    """A type that cannot serve the request, and why."""
+class Rejection(NamedTuple):
+    """A type that cannot serve the request, and why (a tuple: catalogs reject by the thousand)."""
 
     name: str
     reason: str
@@ -98,6 +97,7 @@ class Candidate:
 
 # One row per type, in static rank order: (type, vcpus, memory_mib, arch, rdma, zones,
 # offered in the region, bundled GPU model or None, bundled GPU count, attaches GPUs).
+_SpecKey = tuple[str, int, int, float, tuple[int, ...]]  # model, count, MiB, fraction, counts
 _Row = tuple[InstanceType, int, int, str, bool, frozenset[str], bool, str | None, int, bool]
 
 
@@ -110,9 +110,16 @@ class _Index:
     gpu_types: tuple[InstanceType, ...]  # bundled or attachable GPUs
     has_zones: bool
     rows: tuple[_Row, ...]  # every type, sorted by its request-independent rank key
+    gpu_rows: tuple[_Row, ...]  # the rows of types with bundled or attachable GPUs
+    # GPU verdicts per GPU ask (models, count, memory, MIG, fractional) and GPU configuration:
+    # the same few asks recur (every pod of a Deployment), and MIG packing is the costly part.
+    verdicts: dict[tuple[object, ...], dict[_SpecKey, _Fit | Rejection]] = field(
+        default_factory=dict
+    )
 
 
 _INDEXES: dict[int, tuple[weakref.ref[Catalog], _Index]] = {}
+_MAX_ASKS = 512  # distinct GPU asks remembered per catalog before starting over
 
 
 def _static_key(t: InstanceType) -> tuple[int, float, int, int, int, int, str]:
@@ -148,6 +155,7 @@ def _index(catalog: Catalog) -> _Index:
         gpu_types=tuple(t for t in catalog.types if t.gpu is not None or t.attachable_gpus),
         has_zones=has_zones,
         rows=rows,
+        gpu_rows=tuple(r for r in rows if r[7] is not None or r[9]),
     )
     key = id(catalog)
     _INDEXES[key] = (weakref.ref(catalog, lambda _ref: _INDEXES.pop(key, None)), index)
@@ -178,7 +186,7 @@ class _Matcher:
     deny: re.Pattern[str] | None
     has_zones: bool
     wants_gpu: bool
-    gpu_cache: dict[tuple[str, int, int, float, tuple[int, ...]], _Fit | Rejection] = field(
+    gpu_cache: dict[_SpecKey, _Fit | Rejection] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -191,7 +199,20 @@ class _Matcher:
         whole = request.gpus
         if request.wants_gpu and not request.gpus and not request.mig:
             whole = 1
+        ask = (
+            request.gpu_models,
+            request.gpus,
+            request.gpu_memory_mib,
+            tuple(sorted(request.mig.items())),
+            request.fractional,
+        )
+        cache = index.verdicts.get(ask)
+        if cache is None:
+            if len(index.verdicts) >= _MAX_ASKS:
+                index.verdicts.clear()
+            cache = index.verdicts[ask] = {}
         return cls(
+            gpu_cache=cache,
             request=request,
             models=models,
             whole_gpus=whole,
@@ -274,7 +295,15 @@ class _Matcher:
         """The fit of one type, or the first check it fails."""
         request = self.request
         fit = _NO_FIT
-        if self.wants_gpu:
+        if self.wants_gpu and not t.attachable_gpus:  # the common shape: bundled GPUs or none
+            g = t.gpu
+            if g is None:
+                return Rejection(t.name, "no GPU", NO_GPU)
+            verdict = self.gpu_fit(g.model, g.count, g.memory_mib, g.fraction, ())
+            if isinstance(verdict, Rejection):
+                return Rejection(t.name, *verdict[1:])
+            fit = verdict
+        elif self.wants_gpu:
             options: list[_Fit | Rejection] = []
             if t.gpu is not None:
                 g = t.gpu
@@ -445,18 +474,29 @@ class Selection:
     def selected(self) -> Candidate:
         """The best candidate; NoMatch with the summary when there is none."""
         if not self._fits:
-            reasons = [f"{r.name}: {r.reason}" for r in self.rejections[:20]]
-            raise NoMatch(self.summary(), reasons)
+            head = self._furthest()
+            reasons = [f"{r.name}: {r.reason}" for r in head[:20]]
+            raise NoMatch(_summarise(self.request, head, _index(self.catalog).gpu_types), reasons)
         if "candidates" in self.__dict__:
             return self.candidates[0]
         return self._candidate(0, len(self._fits))
+
+    def _furthest(self) -> list[Rejection]:
+        """The rejections a summary needs: for a GPU ask, GPU types' (the rest say "no GPU")."""
+        if "rejections" in self.__dict__ or not self._matcher.wants_gpu or self._pool is not None:
+            return self.rejections
+        found = [self._matcher.check(t) for t in _index(self.catalog).gpu_types]
+        rejected = [r for r in found if isinstance(r, Rejection)]
+        if not rejected:
+            return self.rejections
+        return sorted(rejected, key=lambda r: (-r.stage, r.name))
 
     def summary(self) -> str:
         """One line: what was chosen, or why nothing could be."""
         if self._fits:
             t, _ = self._fits[0]
             return f"{t.name} ({len(self._fits)} candidates, {len(self.rejections)} rejected)"
-        return _summarise(self.request, self.rejections, _index(self.catalog).gpu_types)
+        return _summarise(self.request, self._furthest(), _index(self.catalog).gpu_types)
 
 
 def _summarise(
@@ -560,7 +600,7 @@ def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
         return fits
     models = matcher.models
     reorder = False
-    for t, vc, mem, a, rd, _zones, offered, model, _count, attach in index.rows:
+    for t, vc, mem, a, rd, _zones, offered, model, _count, attach in index.gpu_rows:
         if vc < vcpus or mem < memory or a != arch or not offered or (rdma and not rd):
             continue
         if not attach and (model is None or model not in models):

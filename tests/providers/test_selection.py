@@ -262,3 +262,20 @@ def test_top_builds_only_what_is_asked() -> None:
     assert top == selection.candidates[:2] and len(top) == 2
     assert selection.top(100) == selection.candidates
     assert select(C, req(gpus=99)).top(3) == []
+
+
+def test_failure_summary_does_not_depend_on_what_was_built() -> None:
+    for fields in (
+        {"gpus": 16, "gpu_models": ("h100",)},
+        {"mig": {"9g.99gb": 1}},
+        {"vcpus": 512},
+        {"gpus": 1, "gpu_models": ("h100",), "deny": ("p5.*",)},
+    ):
+        fresh = select(C, req(**fields))
+        with pytest.raises(NoMatch) as before:
+            _ = fresh.selected
+        built = select(C, req(**fields))
+        _ = built.rejections
+        with pytest.raises(NoMatch) as after:
+            _ = built.selected
+        assert str(before.value) == str(after.value) == fresh.summary()
