@@ -11,7 +11,7 @@ plans can name the very slices selection counted.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -296,8 +296,3 @@ def min_gpus(model_id: str, profiles: Mapping[str, int]) -> int | None:
     """How many GPUs of this model the MIG devices need (None: a profile is not offered)."""
     layout = pack(model_id, profiles)
     return None if layout is None else layout.gpus_used
-
-
-def iter_models_with(profile: str) -> Iterator[str]:
-    """GPU models offering a profile name (for "no type offers MIG profile X" messages)."""
-    return (m for m, specs in MIG_PROFILES.items() if any(s.name == profile for s in specs))

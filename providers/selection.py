@@ -309,8 +309,7 @@ class _Matcher:
                 g = t.gpu
                 options.append(self.gpu_fit(g.model, g.count, g.memory_mib, g.fraction, ()))
             for a in t.attachable_gpus:
-                zones = getattr(a, "zones", ())
-                if request.zone and zones and request.zone not in zones:
+                if request.zone and a.zones and request.zone not in a.zones:
                     reason = f"{a.model} cannot be attached in zone {request.zone}"
                     options.append(Rejection(t.name, reason, OFFERED, a.model))
                     continue
