@@ -33,6 +33,7 @@ from adaptor.hypervisor.sandboxes import (
     SandboxManager,
 )
 from adaptor.hypervisor.service import HypervisorService
+from adaptor.pki import AdaptorPKI
 from adaptor.placement import Placement
 from adaptor.proxy import CreateContainerHook
 from adaptor.settings import ServeSettings
@@ -41,7 +42,13 @@ from adaptor.status import DeviceBook, build_app
 from adaptor.status.app import refresh_sandbox_gauge
 from adaptor.status.server import StatusServer
 from adaptor.ttrpc.server import Server
-from adaptor.wiring import container_hooks, count_proxy_call, placement_for
+from adaptor.wiring import (
+    CLOUDS,
+    container_hooks,
+    count_proxy_call,
+    placement_for,
+    user_data_builder,
+)
 from providers import registry
 from providers.base import Provider
 from providers.errors import PeerpodsError
@@ -55,16 +62,25 @@ class StateLocked(PeerpodsError):
     """Another `peerpods serve` already uses this state directory."""
 
 
-def agent_tls_context(settings: ServeSettings) -> ssl.SSLContext | None:
-    """The client TLS context for forwarder connections, None with --no-agent-tls."""
+def agent_tls_context(
+    settings: ServeSettings,
+) -> tuple[ssl.SSLContext | None, AdaptorPKI | None]:
+    """The client TLS context for forwarder connections (None with --no-agent-tls), and the
+    adaptor's CA when it is the one in use (no TLS files given). Blocking file IO."""
     tls = settings.agent_tls
     if not tls.enabled:
-        return None
+        return None, None
     from adaptor.proxy import client_tls_context
 
-    assert tls.ca_file and tls.cert_file and tls.key_file  # checked by AgentTls
+    pki: AdaptorPKI | None = None
+    if tls.ca_file is None:
+        pki = AdaptorPKI.load_or_create(settings.state_dir)
+        files = (pki.ca_file, pki.client_cert_file, pki.client_key_file)
+    else:
+        assert tls.cert_file and tls.key_file  # checked by AgentTls
+        files = (tls.ca_file, tls.cert_file, tls.key_file)
     try:
-        return client_tls_context(str(tls.ca_file), str(tls.cert_file), str(tls.key_file))
+        return client_tls_context(*(str(f) for f in files)), pki
     except (OSError, ssl.SSLError) as exc:
         raise PeerpodsError(f"cannot load agent TLS files: {exc}") from exc
 
@@ -152,9 +168,9 @@ class Daemon:
             placement = await asyncio.to_thread(
                 placement_for, provider, self._cdi, settings.catalog_dir
             )
+        tls, pki = await asyncio.to_thread(agent_tls_context, settings)
         proxy_factory = self._proxy_factory or agent_proxy_factory(
-            agent_tls_context(settings),
-            self._container_hooks or container_hooks(self._cdi, self.devices),
+            tls, self._container_hooks or container_hooks(self._cdi, self.devices)
         )
         self.manager = SandboxManager(
             ManagerConfig(
@@ -169,6 +185,11 @@ class Daemon:
             resolve_endpoint=self._resolve_endpoint,
             plan_devices=lambda intent, instance: placement.device_plan(intent, instance).to_json(),
             on_stopped=self.devices.forget,
+            user_data=(
+                user_data_builder(provider.name, placement, pki)
+                if provider.name in CLOUDS
+                else None
+            ),
         )
         await self.manager.recover()
         owner_id = getattr(provider, "owner_id", None)
@@ -263,7 +284,8 @@ async def serve(settings: ServeSettings, **hooks: Any) -> None:
         loop.add_signal_handler(signum, on_signal, signum)
     try:
         await daemon.start()
-        print(f"peerpods serve: listening on {settings.socket}", flush=True)
+        status = f" (status API {daemon.status.url})" if daemon.status else ""
+        print(f"peerpods serve: listening on {settings.socket}{status}", flush=True)
         await stop.wait()
         closing = asyncio.create_task(daemon.close(), name="daemon-close")
         forced = asyncio.create_task(force.wait(), name="daemon-force")

@@ -56,6 +56,28 @@ class Placement:
             return (intent.machine_type,) if intent.machine_type else ()
         return tuple(c.name for c in self.ranked(intent))
 
+    def plans_by_model(
+        self, intent: VMIntent, candidates: tuple[str, ...]
+    ) -> dict[str, DevicePlan]:
+        """The device plan each GPU model among the candidates would get, best candidate first.
+
+        The VM is told all of them (a capacity fallback may land on another model, whose MIG
+        profile names and packing differ) and applies the one matching its GPUs.
+        """
+        plans: dict[str, DevicePlan] = {}
+        if self.catalog is None or intent.gpu.empty:
+            return plans
+        types = self.catalog.by_name()
+        for name in candidates:
+            known = types.get(name)
+            if known is None or known.gpu is None or known.gpu.model in plans:
+                continue
+            try:
+                plans[known.gpu.model] = plan_devices(None, intent.gpu, known, self.naming)
+            except InvalidRequest:
+                continue
+        return plans
+
     def device_plan(self, intent: VMIntent, instance: Instance) -> DevicePlan:
         """The sandbox's device inventory on the VM it got (InvalidRequest if it cannot hold it)."""
         return plan_devices(None, intent.gpu, self._inventory(intent, instance), self.naming)

@@ -15,7 +15,11 @@ from providers.static import Endpoint, parse_endpoints
 
 
 class AgentTls(BaseModel):
-    """Mutual TLS towards the pod VM forwarder (its CA, our client certificate and key)."""
+    """Mutual TLS towards the pod VM forwarder (its CA, our client certificate and key).
+
+    Without files, the adaptor's own CA under --state-dir signs both ends: each pod VM gets its
+    server certificate in its user data, and the adaptor dials with its client certificate.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -26,20 +30,19 @@ class AgentTls(BaseModel):
 
     @model_validator(mode="after")
     def _files_when_enabled(self) -> Self:
+        files = (
+            ("--agent-tls-ca", self.ca_file),
+            ("--agent-tls-cert", self.cert_file),
+            ("--agent-tls-key", self.key_file),
+        )
+        given = [flag for flag, value in files if value is not None]
+        if self.enabled and given and len(given) != len(files):
+            missing = [flag for flag, value in files if value is None]
+            raise ValueError(
+                f"{', '.join(missing)} not set: give all three TLS files, or none to use the "
+                "adaptor's own CA under --state-dir (or --no-agent-tls)"
+            )
         if self.enabled:
-            missing = [
-                flag
-                for flag, value in (
-                    ("--agent-tls-ca", self.ca_file),
-                    ("--agent-tls-cert", self.cert_file),
-                    ("--agent-tls-key", self.key_file),
-                )
-                if value is None
-            ]
-            if missing:
-                raise ValueError(
-                    f"agent TLS is on but {', '.join(missing)} not set (or use --no-agent-tls)"
-                )
             for path in (self.ca_file, self.cert_file, self.key_file):
                 if path is not None and not path.is_file():
                     raise ValueError(f"agent TLS file {path} does not exist")
@@ -61,7 +64,7 @@ class ServeSettings(BaseModel):
     shutdown_grace_seconds: float = Field(10.0, ge=0, description="in-flight calls at exit")
     gc_interval_seconds: float = Field(300.0, ge=0, description="orphan VM sweeps; 0: off")
     static_endpoints: tuple[Endpoint, ...] = ()
-    status_address: str = Field("127.0.0.1:8006", description="status API HOST:PORT; '': off")
+    status_address: str = Field("", description="status API HOST:PORT ('': off; CLI default on)")
     catalog_dir: str = Field("", description="catalog snapshots (default: the bundled ones)")
     agent_tls: AgentTls = Field(default_factory=AgentTls)
 

@@ -73,6 +73,20 @@ class GpuSetup:
             generate_cdi=generate_cdi,
         )
 
+    @classmethod
+    def from_plan(cls, plan: Any, generate_cdi: bool = True) -> GpuSetup:
+        """From an adaptor.devices.DevicePlan: MIG devices on the GPU indices the plan gave them
+        (whole GPUs come first and carry none), so the VM creates what CreateContainer names."""
+        gpus = max([m.gpu + 1 for m in plan.mig_layout] + [len(plan.gpus)], default=0)
+        groups: list[list[MigSlot]] = [[] for _ in range(gpus)]
+        for device in sorted(plan.mig_layout, key=lambda m: (m.gpu, m.start)):
+            groups[device.gpu].append(MigSlot(device.profile, device.start))
+        return cls(
+            model=str(plan.model),
+            mig=tuple(tuple(g) for g in groups) if plan.mig_layout else (),
+            generate_cdi=generate_cdi,
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "v": 1,

@@ -4,18 +4,22 @@ tested as a plain function."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 
-from adaptor import metrics
+from adaptor import metrics, userdata
 from adaptor.devices import CdiConfig, DevicePlan, make_hook
 from adaptor.devices.hook import OutcomeObserver
+from adaptor.pki import AdaptorPKI
 from adaptor.placement import Placement
 from adaptor.proxy import Completion, CreateContainerHook
 from adaptor.state import SandboxRecord
 from adaptor.status import DeviceBook, DeviceState
 from adaptor.ttrpc import Code
+from adaptor.userdata import GpuSetup, PodVMConfig
 from providers.base import Provider
+from providers.contract import VMIntent
 from providers.errors import CatalogError
 
 log = logging.getLogger(__name__)
@@ -93,3 +97,34 @@ def placement_for(provider: Provider, cdi: CdiConfig, catalog_dir: str = "") -> 
     config = getattr(provider, "config", None)
     allowed = tuple(getattr(config, "allowed_instance_types", ()) or ())
     return Placement(catalog=catalog, allowed=allowed, naming=cdi.naming)
+
+
+def user_data_builder(
+    cloud: str, placement: Placement, pki: AdaptorPKI | None
+) -> Callable[[SandboxRecord, VMIntent, tuple[str, ...]], str]:
+    """The pod VM's user data: apf.json with a server certificate from the adaptor's CA (when
+    agent TLS is on) and the device layout for each GPU model the candidates may land on."""
+
+    def build(record: SandboxRecord, intent: VMIntent, candidates: tuple[str, ...]) -> str:
+        pair = pki.issue_server(record.id) if pki is not None else None
+        plans = placement.plans_by_model(intent, candidates)
+        setups = [GpuSetup.from_plan(plan) for plan in plans.values()]
+        extra = tuple(
+            (
+                f"/run/peerpod/devices.{setup.model}.json",
+                json.dumps(setup.to_json(), sort_keys=True),
+            )
+            for setup in setups[1:]
+        )
+        config = PodVMConfig(
+            pod_namespace=record.pod_namespace,
+            pod_name=record.pod_name,
+            tls_server_cert=pair.cert_pem if pair else "",
+            tls_server_key=pair.key_pem if pair else "",
+            tls_client_ca=pki.ca_pem if pki is not None else "",
+            gpu=setups[0] if setups else None,
+            extra_files=extra,
+        )
+        return userdata.build(cloud, config)
+
+    return build

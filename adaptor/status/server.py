@@ -34,6 +34,7 @@ class StatusServer:
     def __init__(self, app: Starlette, address: str) -> None:
         host, port = parse_address(address)
         self._address = address
+        self.host = host
         config = uvicorn.Config(
             app, host=host, port=port, log_level="warning", lifespan="off", access_log=False
         )
@@ -48,6 +49,11 @@ class StatusServer:
             for sock in server.sockets:
                 return int(sock.getsockname()[1])
         return 0
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
         """Listening when this returns; a bind failure raises."""

@@ -69,6 +69,8 @@ class ServeProcess:
                 str(self.root / "pods"),
                 "--state-dir",
                 str(self.root / "state"),
+                "--status-address",
+                "127.0.0.1:0",
                 *self.args,
                 stdout=subprocess.PIPE,
                 stderr=stderr,

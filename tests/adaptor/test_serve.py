@@ -230,8 +230,11 @@ async def test_bad_flags_exit_cleanly(root: Path) -> None:
     proc = ServeProcess(root, ["--provider", "static", "--static-endpoints", "nope"])
     with pytest.raises(RuntimeError, match="invalid endpoint 'nope'"):
         await proc.start()
-    tls = ServeProcess(root, ["--static-endpoints", "127.0.0.1:1", "--agent-tls"])
-    with pytest.raises(RuntimeError, match="--agent-tls-ca"):
+    # some TLS files but not all: refused (none at all means the adaptor's own CA)
+    tls = ServeProcess(
+        root, ["--static-endpoints", "127.0.0.1:1", "--agent-tls", "--agent-tls-ca", str(root)]
+    )
+    with pytest.raises(RuntimeError, match="--agent-tls-cert, --agent-tls-key not set"):
         await tls.start()
     assert "Traceback" not in proc.log() + tls.log()
     await asyncio.sleep(0)
