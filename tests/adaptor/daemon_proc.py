@@ -41,6 +41,7 @@ class ServeProcess:
     args: Sequence[str]
     process: asyncio.subprocess.Process | None = None
     logs: list[Path] = field(default_factory=list)
+    status_url: str = ""
 
     @property
     def socket(self) -> str:
@@ -86,6 +87,9 @@ class ServeProcess:
         if b"listening" not in line:
             await self.process.wait()
             raise RuntimeError(f"serve did not start ({self.process.returncode}): {self.log()}")
+        ready = line.decode()
+        if "status API " in ready:
+            self.status_url = ready.split("status API ", 1)[1].rstrip(")\n")
 
     def log(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in self.logs if p.exists())
