@@ -15,7 +15,7 @@ import fnmatch
 import re
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Final, NamedTuple
 
@@ -70,6 +70,7 @@ class _Fit:
     fraction: float = 1.0
     attach: int = 0  # GCP N1: GPUs to attach at create
     mig_layout: MigLayout | None = None
+    zones: tuple[str, ...] = ()  # GCP N1: the only zones the attached GPU is offered in
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,9 @@ class Candidate:
     fraction: float = 1.0
     attach_gpus: int = 0
     mig_layout: MigLayout | None = None
+    # The only zones it can be created in (GCP N1 with a GPU some zones lack); empty: any zone
+    # offering the type.
+    zones: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -313,7 +317,17 @@ class _Matcher:
                     reason = f"{a.model} cannot be attached in zone {request.zone}"
                     options.append(Rejection(t.name, reason, OFFERED, a.model))
                     continue
-                options.append(self.gpu_fit(a.model, 0, a.memory_mib, 1.0, a.counts))
+                verdict = self.gpu_fit(a.model, 0, a.memory_mib, 1.0, a.counts)
+                if a.zones and isinstance(verdict, _Fit):  # only some zones have this GPU
+                    where = tuple(z for z in a.zones if not t.zones or z in t.zones)
+                    if request.zone:
+                        where = tuple(z for z in where if z == request.zone)
+                    if not where:
+                        reason = f"{a.model} cannot be attached in any zone offering {t.name}"
+                        options.append(Rejection(t.name, reason, OFFERED, a.model))
+                        continue
+                    verdict = replace(verdict, zones=where)
+                options.append(verdict)
             if not options:
                 return Rejection(t.name, "no GPU", NO_GPU)
             fits = [o for o in options if isinstance(o, _Fit)]
@@ -449,6 +463,7 @@ class Selection:
             fraction=fit.fraction,
             attach_gpus=fit.attach,
             mig_layout=fit.mig_layout,
+            zones=fit.zones,
         )
 
     @cached_property
