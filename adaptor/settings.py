@@ -66,6 +66,7 @@ class ServeSettings(BaseModel):
     static_endpoints: tuple[Endpoint, ...] = ()
     status_address: str = Field("", description="status API HOST:PORT ('': off; CLI default on)")
     catalog_dir: str = Field("", description="catalog snapshots (default: the bundled ones)")
+    gpu_quota: str = Field("", description="GPU quota pool, e.g. 'h100=8,vcpus:p5=192'; '': off")
     agent_tls: AgentTls = Field(default_factory=AgentTls)
 
     @field_validator("pods_dir")
@@ -74,6 +75,17 @@ class ServeSettings(BaseModel):
         # The shim splits "remote:<path>" on ":", so the agent socket path must not carry one.
         if ":" in str(value):
             raise ValueError("must not contain ':'")
+        return value
+
+    @field_validator("gpu_quota")
+    @classmethod
+    def _quota(cls, value: str) -> str:
+        from providers.quota import parse_quota
+
+        try:
+            parse_quota(value)
+        except InvalidRequest as exc:
+            raise ValueError(str(exc)) from None
         return value
 
     @field_validator("static_endpoints", mode="before")

@@ -104,6 +104,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="",
         help="directory of instance-type catalog snapshots (default: the bundled ones)",
     )
+    flags.add(
+        parser,
+        "--gpu-quota",
+        default="",
+        help="shared GPU quota pool of this node's sandboxes, KEY=LIMIT[,...]: a GPU model "
+        "(h100=8), gpus:MODEL, gpus (any model), family:FAMILY (its GPUs), vcpus:FAMILY, vcpus; "
+        "StartVM drops candidates over it and fails with 'quota for H100 exhausted (8/8)' when "
+        "none is left (default: off)",
+    )
     from adaptor.devices.flags import add_cdi_flags
     from providers import registry
 
@@ -131,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         static_endpoints=args.static_endpoints,
         status_address=args.status_address,
         catalog_dir=args.catalog_dir,
+        gpu_quota=args.gpu_quota,
         agent_tls={
             "enabled": args.agent_tls,
             "ca_file": args.agent_tls_ca,
