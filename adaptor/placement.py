@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from adaptor import metrics
 from adaptor.devices import CdiNaming, DevicePlan, plan_devices
-from adaptor.state import SandboxState, StateStore
+from adaptor.state import StateStore
 from providers.base import Instance
 from providers.catalog import Catalog, GpuSpec, InstanceType
 from providers.contract import VMIntent
@@ -178,15 +178,16 @@ def _attached(types: Mapping[str, InstanceType], name: str) -> InstanceType | No
 
 
 def store_holdings(store: StateStore) -> Holdings:
-    """The quota pool's view of the state store: every sandbox that holds or may get a VM."""
+    """The quota pool's view of the state store: each sandbox's VM type ("" while it has none).
+
+    A sandbox leaves the store at StopVM; until then it may (again) be starting a VM, so its
+    reservation stands.
+    """
 
     async def holdings() -> Mapping[str, str]:
-        held: dict[str, str] = {}
-        for record in await store.records():
-            if record.instance is not None:
-                held[record.id] = record.instance.instance_type
-            elif record.state in (SandboxState.CREATED, SandboxState.STARTING):
-                held[record.id] = ""
-        return held
+        return {
+            r.id: r.instance.instance_type if r.instance is not None else ""
+            for r in await store.records()
+        }
 
     return holdings

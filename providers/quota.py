@@ -97,10 +97,15 @@ class QuotaLimit:
 
 
 def _model_label(model_id: str) -> str:
+    """ "H100" for the model its family name means, else the id ("A100 80GB", "H100 NVL")."""
     family = GPU_MODELS[model_id].family
-    if models_matching(family) == frozenset({model_id}):
+    try:
+        default = resolve_gpu(family).id
+    except InvalidRequest:
+        default = ""
+    if default == model_id or models_matching(family) == frozenset({model_id}):
         return family.upper()
-    return model_id.upper()
+    return model_id.replace("-", " ").upper()
 
 
 def _figure(value: float) -> str:
