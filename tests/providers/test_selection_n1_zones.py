@@ -1,0 +1,103 @@
+"""GCP N1 with attachable GPUs: only in the zones that have the GPU, named for the provider."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaptor.placement import Placement
+from providers.base import Instance
+from providers.catalog import AttachableGpu, Catalog, InstanceType
+from providers.catalogs import load_snapshot
+from providers.contract import GpuIntent, VMIntent
+from providers.errors import NoMatch
+from providers.gcp import parse_candidate
+from providers.request import InstanceRequest
+from providers.selection import select
+
+P100 = AttachableGpu(model="p100", memory_mib=16384, counts=(1, 2, 4), zones=("z-c", "z-f"))
+T4 = AttachableGpu(model="t4", memory_mib=16384, counts=(1, 2, 4))
+
+
+def catalog(*types: InstanceType) -> Catalog:
+    return Catalog(cloud="gcp", region="z", types=types)
+
+
+def n1(name: str, zones: tuple[str, ...], *gpus: AttachableGpu, vcpus: int = 4) -> InstanceType:
+    return InstanceType(
+        name=name, vcpus=vcpus, memory_mib=15360, attachable_gpus=gpus, zones=zones, family="n1"
+    )
+
+
+def test_candidate_carries_the_zones_that_have_its_gpu() -> None:
+    c = catalog(n1("n1-standard-4", ("z-a", "z-b", "z-c", "z-f"), P100, T4))
+    found = select(c, InstanceRequest(gpus=2, gpu_models=("p100",))).selected
+    assert (found.gpu_model, found.attach_gpus, found.zones) == ("p100", 2, ("z-c", "z-f"))
+    anywhere = select(c, InstanceRequest(gpus=1, gpu_models=("t4",))).selected
+    assert (anywhere.gpu_model, anywhere.zones) == ("t4", ())
+
+
+def test_a_zone_in_the_request_filters() -> None:
+    c = catalog(n1("n1-standard-4", ("z-a", "z-c", "z-f"), P100))
+    there = select(c, InstanceRequest(gpus=1, gpu_models=("p100",), zone="z-f")).selected
+    assert there.zones == ("z-f",)
+    with pytest.raises(NoMatch, match="offered in zone z-a"):
+        select(c, InstanceRequest(gpus=1, gpu_models=("p100",), zone="z-a")).selected  # noqa: B018
+
+
+def test_gpu_zones_outside_the_types_zones_never_match() -> None:
+    c = catalog(
+        n1("n1-standard-4", ("z-a", "z-b"), P100),
+        n1("n1-standard-8", ("z-c",), P100, vcpus=8),
+    )
+    selection = select(c, InstanceRequest(gpus=1, gpu_models=("p100",)))
+    assert [(x.name, x.zones) for x in selection.candidates] == [("n1-standard-8", ("z-c",))]
+    assert [r.reason for r in selection.rejections] == [
+        "p100 cannot be attached in any zone offering n1-standard-4"
+    ]
+
+
+def test_an_other_gpu_of_the_same_type_serves_where_the_first_is_missing() -> None:
+    c = catalog(n1("n1-standard-4", ("z-a", "z-c"), P100, T4))
+    found = select(c, InstanceRequest(gpus=1, gpu_models=("p100", "t4"), zone="z-a")).selected
+    assert (found.gpu_model, found.zones) == ("t4", ())
+
+
+@pytest.fixture(scope="module")
+def gcp() -> Catalog:
+    return load_snapshot("gcp", "us-central1", None)
+
+
+def intent(gpus: int, *models: str) -> VMIntent:
+    return VMIntent(pod_name="p", pod_namespace="ns", gpu=GpuIntent(gpus=gpus, models=models))
+
+
+def test_placement_names_n1_candidates_as_the_gcp_provider_reads_them(gcp: Catalog) -> None:
+    placement = Placement(catalog=gcp)
+    names = placement.candidates(intent(2, "p100"))
+    assert names and all("+nvidia-tesla-p100:2" in n for n in names)
+    machine, accelerator, count = parse_candidate(names[0])
+    assert (accelerator, count) == ("nvidia-tesla-p100", 2)
+    assert machine in gcp.by_name() and gcp.by_name()[machine].attachable_gpus
+    bundled = placement.candidates(intent(1, "l4"))
+    assert bundled and all("+" not in n for n in bundled)  # G2 carries its L4 itself
+
+
+def test_placement_keeps_to_the_providers_zones(gcp: Catalog) -> None:
+    no_p100 = Placement(catalog=gcp, zones=("us-central1-a", "us-central1-b"))
+    with pytest.raises(NoMatch, match="us-central1-a, us-central1-b"):
+        no_p100.candidates(intent(1, "p100"))
+    assert no_p100.candidates(intent(1, "t4"))  # T4 attaches in every zone
+    with_p100 = Placement(catalog=gcp, zones=("us-central1-a", "us-central1-f"))
+    assert with_p100.candidates(intent(1, "p100"))
+
+
+def test_device_plans_of_n1_candidates_and_vms(gcp: Catalog) -> None:
+    placement = Placement(catalog=gcp)
+    wanted = intent(2, "t4")
+    names = placement.candidates(wanted)
+    assert list(placement.plans_by_model(wanted, names)) == ["t4"]
+    # The VM reports its machine type alone; its plan still has the two attached GPUs.
+    machine, _, _ = parse_candidate(names[0])
+    vm = Instance(id="z/vm", name="vm", addresses=("127.0.0.1",), instance_type=machine)
+    plan = placement.device_plan(wanted, vm)
+    assert plan.to_json() == placement.plans_by_model(wanted, names)["t4"].to_json()
