@@ -168,6 +168,7 @@ class Daemon:
             placement = await asyncio.to_thread(
                 placement_for, provider, self._cdi, settings.catalog_dir
             )
+        placement.use_quota(settings.gpu_quota, self.store)
         tls, pki = await asyncio.to_thread(agent_tls_context, settings)
         proxy_factory = self._proxy_factory or agent_proxy_factory(
             tls, self._container_hooks or container_hooks(self._cdi, self.devices)
@@ -185,6 +186,9 @@ class Daemon:
             resolve_endpoint=self._resolve_endpoint,
             plan_devices=lambda intent, instance: placement.device_plan(intent, instance).to_json(),
             on_stopped=self.devices.forget,
+            reserve=placement.reserve if self._choose_candidates is None else None,
+            release=placement.release,
+            candidate_zones=placement.zones_for,
             user_data=(
                 user_data_builder(provider.name, placement, pki)
                 if provider.name in CLOUDS

@@ -49,6 +49,8 @@ class Placement:
     # The zones the provider creates VMs in (empty: unknown); a candidate whose GPU is offered
     # in none of them is dropped.
     zones: tuple[str, ...] = ()
+    # candidate name -> the zones it is restricted to (catalog facts, learnt while ranking)
+    _candidate_zones: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     def ranked(self, intent: VMIntent) -> list[Candidate]:
         """Ranked candidates for the intent; NoMatch (counted by reason) when none serves it."""
@@ -78,9 +80,16 @@ class Placement:
 
     def candidate_name(self, candidate: Candidate) -> str:
         """How the provider is told a candidate: GCP N1 names its attached GPUs."""
+        name = candidate.name
         if candidate.attach_gpus and candidate.gpu_model and self._cloud() == "gcp":
-            return n1_candidate(candidate.name, candidate.gpu_model, candidate.attach_gpus)
-        return candidate.name
+            name = n1_candidate(candidate.name, candidate.gpu_model, candidate.attach_gpus)
+        if candidate.zones:
+            self._candidate_zones[name] = tuple(candidate.zones)
+        return name
+
+    def zones_for(self, names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+        """The zone restrictions of these candidates (VMSpec.zones)."""
+        return {n: self._candidate_zones[n] for n in names if n in self._candidate_zones}
 
     def _cloud(self) -> str:
         return self.catalog.cloud if self.catalog is not None else ""

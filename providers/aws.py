@@ -230,7 +230,7 @@ class AwsProvider:
             return await self._finish(what, existing["InstanceId"])
         zones = await self._zones()
         subnet_of = dict(zones)
-        order = placements(candidates, [z for z, _ in zones])
+        order = placements(candidates, [z for z, _ in zones], spec.zones)
         tag_list = [{"Key": k, "Value": v} for k, v in tags_for(spec, self.owner_id).items()]
 
         async def attempt(placement: Placement) -> Instance:

@@ -262,7 +262,7 @@ class AzureProvider:
                 raise
             return await self._finish(what, vm)
 
-        order = placements(candidates, self.config.zones)
+        order = placements(candidates, self.config.zones, spec.zones)
         return await create_with_fallback(what, order, attempt, self.config.policy)
 
     async def _get(self, name: str) -> Any:

@@ -51,6 +51,9 @@ class VMSpec:
     memory_mib: int = 0
     gpus: int = 0
     tags: Mapping[str, str] = field(default_factory=dict)
+    # candidate -> the only zones it may be created in (absent or empty: any configured zone),
+    # e.g. a GCP N1 type whose attachable GPU exists in some zones only.
+    zones: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ import hashlib
 import logging
 import os
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from providers.base import Instance
@@ -60,13 +60,34 @@ class RetryPolicy:
         return self.rng.uniform(0.0, ceiling)
 
 
-def placements(candidates: Sequence[str], zones: Sequence[str]) -> list[Placement]:
-    """Zones first, then candidates: every zone of the best type before the next type."""
+def placements(
+    candidates: Sequence[str],
+    zones: Sequence[str],
+    only: Mapping[str, Sequence[str]] | None = None,
+) -> list[Placement]:
+    """Zones first, then candidates: every zone of the best type before the next type.
+
+    `only` narrows a candidate to the zones that can host it (VMSpec.zones); a candidate with no
+    allowed zone among `zones` is left out, and an empty result is an InvalidRequest.
+    """
     if not candidates:
         raise InvalidRequest("no instance type to create: the candidate list is empty")
     zone_list = list(dict.fromkeys(zones)) or [""]
     seen: dict[str, None] = dict.fromkeys(c for c in candidates if c)
-    return [Placement(t, z) for t in seen for z in zone_list]
+    order: list[Placement] = []
+    for name in seen:
+        allowed = set((only or {}).get(name, ()))
+        if not allowed:
+            order += [Placement(name, z) for z in zone_list]
+        elif zone_list == [""]:
+            order += [Placement(name, z) for z in sorted(allowed)]
+        else:
+            order += [Placement(name, z) for z in zone_list if z in allowed]
+    if not order:
+        raise InvalidRequest(
+            f"no configured zone ({', '.join(zone_list)}) can host {', '.join(seen)}"
+        )
+    return order
 
 
 class FallbackExhausted(CapacityError):

@@ -364,7 +364,7 @@ class GcpProvider:
                 raise
             return await self._finish(what, zone, name)
 
-        order = placements(candidates, self.config.zones)
+        order = placements(candidates, self.config.zones, spec.zones)
         return await create_with_fallback(what, order, attempt, self.config.policy)
 
     async def _get(self, zone: str, name: str) -> Any:

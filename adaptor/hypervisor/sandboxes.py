@@ -15,7 +15,7 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -66,6 +66,11 @@ CandidateChooser = Callable[[VMIntent], tuple[str, ...]]
 EndpointResolver = Callable[[Instance], tuple[str, int]]
 # The intent and the VM it got -> the sandbox's device plan (JSON), stored with the record.
 DevicePlanner = Callable[[VMIntent, Instance], str]
+# Candidates reserved against the quota pool for a sandbox, and the release of that reservation.
+Reserver = Callable[[VMIntent, str], Awaitable[tuple[str, ...]]]
+Releaser = Callable[[str], None]
+# Candidates -> the zones each is restricted to (VMSpec.zones).
+ZoneRestrictions = Callable[[tuple[str, ...]], Mapping[str, tuple[str, ...]]]
 # The record, its intent and the candidates -> the pod VM's user data.
 UserDataBuilder = Callable[[SandboxRecord, VMIntent, tuple[str, ...]], str]
 
@@ -109,6 +114,9 @@ class SandboxManager:
         plan_devices: DevicePlanner | None = None,
         user_data: UserDataBuilder | None = None,
         on_stopped: Callable[[str], None] | None = None,
+        reserve: Reserver | None = None,
+        release: Releaser | None = None,
+        candidate_zones: ZoneRestrictions | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -119,6 +127,9 @@ class SandboxManager:
         self._plan_devices = plan_devices
         self._user_data = user_data
         self._on_stopped = on_stopped
+        self._reserve_candidates = reserve
+        self._release = release or (lambda _sandbox_id: None)
+        self._candidate_zones = candidate_zones
         self._proxies: dict[str, AgentProxyHandle] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -207,8 +218,21 @@ class SandboxManager:
 
     async def _start_locked(self, record: SandboxRecord) -> None:
         intent = parse_vm_annotations(record.annotations)
-        candidates = self._choose_candidates(intent)
-        spec = VMSpec(
+        if self._reserve_candidates is not None:
+            candidates = await self._reserve_candidates(intent, record.id)
+        else:
+            candidates = self._choose_candidates(intent)
+        try:
+            spec = self._vm_spec(record, intent, candidates)
+        except BaseException:
+            self._release(record.id)
+            raise
+        await self._create_and_serve(record, spec, intent)
+
+    def _vm_spec(
+        self, record: SandboxRecord, intent: VMIntent, candidates: tuple[str, ...]
+    ) -> VMSpec:
+        return VMSpec(
             sandbox_id=record.id,
             pod_namespace=record.pod_namespace,
             pod_name=record.pod_name,
@@ -218,12 +242,18 @@ class SandboxManager:
             vcpus=intent.vcpus,
             memory_mib=intent.memory_mib,
             gpus=intent.gpu.gpus,
+            zones=dict(self._candidate_zones(candidates)) if self._candidate_zones else {},
         )
+
+    async def _create_and_serve(
+        self, record: SandboxRecord, spec: VMSpec, intent: VMIntent
+    ) -> None:
         record = await self.store.put(record.evolve(state=SandboxState.STARTING, reason=""))
         started = time.monotonic()
         try:
             instance = await self.provider.create(spec)
         except BaseException as exc:
+            self._release(record.id)
             await asyncio.shield(
                 self.store.put(record.evolve(state=SandboxState.FAILED, reason=_why("create", exc)))
             )
@@ -264,6 +294,7 @@ class SandboxManager:
     ) -> None:
         """Undo a StartVM that failed after the VM existed: stop the proxy, delete the VM."""
         log.warning("sandbox %s: %s; deleting VM %s", record.id, reason, instance.id)
+        self._release(record.id)
         if proxy is not None:
             with contextlib.suppress(Exception):
                 await proxy.stop()
@@ -300,6 +331,7 @@ class SandboxManager:
                     raise ProviderError(f"sandbox {sandbox_id}: {reason}; retry StopVM") from exc
             await asyncio.to_thread(_remove_socket_dir, Path(record.agent_socket))
             await self.store.delete(sandbox_id)
+        self._release(sandbox_id)
         if self._on_stopped is not None:
             self._on_stopped(sandbox_id)
         log.info("sandbox %s stopped", sandbox_id)
