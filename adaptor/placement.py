@@ -58,13 +58,14 @@ class Placement:
             return []
         request = intent.to_request(allow=self.allowed, deny=self.denied)
         try:
-            found = select(self.catalog, request).candidates
-            if self.zones:
-                found = [c for c in found if not c.zones or set(c.zones) & set(self.zones)]
-                if not found:
-                    raise NoMatch(
-                        f"no candidate's GPU is offered in the zones {', '.join(self.zones)}"
-                    )
+            selection = select(self.catalog, request)
+            selection.selected  # noqa: B018 - raises NoMatch with selection's summary when empty
+            if not self.zones:
+                return selection.top(self.max_candidates)
+            zones = set(self.zones)
+            found = [c for c in selection.candidates if not c.zones or set(c.zones) & zones]
+            if not found:
+                raise NoMatch(f"no candidate's GPU is offered in the zones {', '.join(self.zones)}")
             return found[: self.max_candidates]
         except NoMatch as exc:
             metrics.SELECTION_FAILURES.labels(

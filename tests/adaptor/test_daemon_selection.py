@@ -144,3 +144,15 @@ async def test_mig_plan_reaches_create_container(
     with pytest.raises(TtrpcError) as missing:
         await hv(node, "StopVM", pb.StopVMRequest(id="nope"))
     assert missing.value.code == Code.NOT_FOUND
+
+
+async def test_impossible_request_fails_with_selections_reason(
+    daemon: tuple[Daemon, FakeProvider, GoServer],
+) -> None:
+    node, provider, _ = daemon
+    sixteen = {**EIGHT_H100, contract.DEFAULT_GPUS: "16"}
+    await hv(node, "CreateVM", pb.CreateVMRequest(id="huge", annotations=sixteen))
+    with pytest.raises(TtrpcError) as refused:
+        await hv(node, "StartVM", pb.StartVMRequest(id="huge"))
+    assert "exceed the largest type, 8" in refused.value.message
+    assert provider.specs == []
