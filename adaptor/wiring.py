@@ -96,7 +96,8 @@ def placement_for(provider: Provider, cdi: CdiConfig, catalog_dir: str = "") -> 
         raise CatalogError(f"cannot select instance types for {provider.name}: {exc}") from None
     config = getattr(provider, "config", None)
     allowed = tuple(getattr(config, "allowed_instance_types", ()) or ())
-    return Placement(catalog=catalog, allowed=allowed, naming=cdi.naming)
+    zones = tuple(str(z) for z in getattr(config, "zones", ()) or ())
+    return Placement(catalog=catalog, allowed=allowed, naming=cdi.naming, zones=zones)
 
 
 def user_data_builder(
