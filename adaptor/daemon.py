@@ -216,7 +216,7 @@ class Daemon:
             )
             self.status = StatusServer(app, settings.status_address)
             await self.status.start()
-            log.info("status API on %s", settings.status_address)
+            log.info("status API on %s", self.status.url)
         server = Server()
         HypervisorService(self.manager).register(server)
         await server.start_unix(str(settings.socket), mode=0o600)
