@@ -36,28 +36,11 @@ CDI_NAME_FLAGS = {
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add this subcommand's flags."""
+    from adaptor.cli.select import add_cloud_flags, add_output_flags
+
     parser.add_argument("manifest", metavar="POD.yaml", help="pod manifest ('-' for stdin)")
-    flags.add(
-        parser,
-        "--provider",
-        choices=["aws", "azure", "gcp"],
-        default="aws",
-        help="cloud whose catalog to plan on",
-    )
-    flags.add(
-        parser,
-        "--region",
-        default="",
-        help="region (default: us-east-1, eastus or us-central1 by provider)",
-    )
-    flags.add(
-        parser,
-        "--catalog-dir",
-        default="",
-        metavar="DIR",
-        help="folder of catalog snapshots (default: the bundled config/catalogs)",
-    )
-    flags.add(parser, "--output", choices=["table", "json"], default="table", help="output format")
+    add_cloud_flags(parser, "cloud whose catalog to plan on")
+    add_output_flags(parser)
     flags.add(parser, "--pod", default="", metavar="NAME",
               help="the pod to plan when the manifest holds several")  # fmt: skip
     flags.add(

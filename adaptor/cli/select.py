@@ -20,14 +20,14 @@ if TYPE_CHECKING:
     from providers.selection import Candidate, Selection
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Add this subcommand's flags."""
+def add_cloud_flags(parser: argparse.ArgumentParser, provider_help: str) -> None:
+    """--provider and --region: which catalog (`select` and `plan` read them alike)."""
     flags.add(
         parser,
         "--provider",
         choices=["aws", "azure", "gcp"],
         default="aws",
-        help="cloud whose catalog to select from",
+        help=provider_help,
     )
     flags.add(
         parser,
@@ -35,6 +35,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="",
         help="region (default: us-east-1, eastus or us-central1 by provider)",
     )
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """--catalog-dir and --output (`select` and `plan` read them alike)."""
+    flags.add(
+        parser,
+        "--catalog-dir",
+        default="",
+        metavar="DIR",
+        help="folder of catalog snapshots (default: the bundled config/catalogs)",
+    )
+    flags.add(parser, "--output", choices=["table", "json"], default="table", help="output format")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add this subcommand's flags."""
+    add_cloud_flags(parser, "cloud whose catalog to select from")
     flags.add(parser, "--gpus", type=int, default=0, metavar="N", help="whole GPUs")
     flags.add(
         parser,
@@ -101,14 +118,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="read the cloud's API instead of the bundled snapshot (needs credentials)",
     )
-    flags.add(
-        parser,
-        "--catalog-dir",
-        default="",
-        metavar="DIR",
-        help="folder of catalog snapshots (default: the bundled config/catalogs)",
-    )
-    flags.add(parser, "--output", choices=["table", "json"], default="table", help="output format")
+    add_output_flags(parser)
     flags.add(parser, "--limit", type=int, default=10, metavar="N",
               help="candidates shown in the table (JSON lists all)")  # fmt: skip
 
