@@ -16,7 +16,7 @@ from adaptor.ttrpc.gen import agent_pb2, ttrpc_pb2
 from providers.catalog import GpuSpec, InstanceType
 from providers.contract import ContainerPlan, DeviceUnit
 from tests.devices.requests import create_container, raw_field
-from tests.go.peers import echo_server, go_call
+from tests.go.peers import echo_server, go_call, proxy_connected
 
 pytestmark = pytest.mark.go
 AGENT = "grpc.AgentService"
@@ -48,12 +48,8 @@ async def proxy() -> AsyncIterator[AgentProxy]:
                 sandbox_id="sb",
                 create_container_hook=make_hook(stored),
             )
-            await p.start()
-            await p.connect(5)
-            try:
+            async with proxy_connected(p):
                 yield p
-            finally:
-                await p.stop()
 
 
 async def create(

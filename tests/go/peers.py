@@ -10,9 +10,12 @@ import signal
 import subprocess
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .build import go_binary
+
+if TYPE_CHECKING:
+    from adaptor.proxy import AgentProxy
 
 
 @dataclass
@@ -67,6 +70,17 @@ async def echo_server(listen: str = "tcp:127.0.0.1:0", *tls_args: str) -> AsyncI
         yield server
     finally:
         await server.kill()
+
+
+@contextlib.asynccontextmanager
+async def proxy_connected(proxy: AgentProxy) -> AsyncIterator[AgentProxy]:
+    """`proxy` started and dialed to its pod VM for a block, then stopped (socket removed)."""
+    await proxy.start()
+    try:
+        await proxy.connect(5)
+        yield proxy
+    finally:
+        await proxy.stop()
 
 
 async def go_call(

@@ -15,7 +15,7 @@ import pytest
 from adaptor.proxy import AgentProxy, client_tls_context, tcp_dialer
 from adaptor.ttrpc import Client, Code, TtrpcError
 from adaptor.ttrpc.gen import agent_pb2, ttrpc_pb2
-from tests.go.peers import GoServer, echo_server, go_call, start_echo_server
+from tests.go.peers import GoServer, echo_server, go_call, proxy_connected, start_echo_server
 
 pytestmark = pytest.mark.go
 
@@ -44,12 +44,8 @@ async def proxy(go: GoServer, sock_dir: Path) -> AsyncIterator[AgentProxy]:
         on_call=lambda s, m, c: calls.append((s, m, c)),
     )
     p.calls = calls  # type: ignore[attr-defined]
-    await p.start()
-    await p.connect(5)
-    try:
+    async with proxy_connected(p):
         yield p
-    finally:
-        await p.stop()
 
 
 def free_port() -> int:
@@ -188,30 +184,25 @@ async def test_create_container_hook(go: GoServer, sock_dir: Path) -> None:
         sandbox_id="sb",
         create_container_hook=hook,
     )
-    await proxy.start()
-    await proxy.connect(5)
-    try:
-        async with await Client.connect_unix(proxy.socket_path) as client:
-            original = agent_pb2.CreateContainerRequest(container_id="c1").SerializeToString()
-            body = await client.call(
-                AGENT, "CreateContainer", original, metadata=[("k", "v")], timeout_nano=9 * 10**9
-            )
-            echoed = ttrpc_pb2.Request.FromString(body)
-            got = agent_pb2.CreateContainerRequest.FromString(echoed.payload)
-            assert got.OCI.Annotations["cdi.k8s.io/peerpods"] == "nvidia.com/gpu=0"
-            assert [(kv.key, kv.value) for kv in echoed.metadata] == [("k", "v")]
-            assert 0 < echoed.timeout_nano <= 9 * 10**9
-            bad = agent_pb2.CreateContainerRequest(container_id="bad").SerializeToString()
-            with pytest.raises(TtrpcError) as info:
-                await client.call(AGENT, "CreateContainer", bad)
-            assert (info.value.code, info.value.message) == (
-                Code.INVALID_ARGUMENT,
-                "no devices for container bad",
-            )
-            await client.call(AGENT, "StartContainer", b"\x0a\x02c1")
-            assert seen == [original, bad]  # only CreateContainer reaches the hook
-    finally:
-        await proxy.stop()
+    async with proxy_connected(proxy), await Client.connect_unix(proxy.socket_path) as client:
+        original = agent_pb2.CreateContainerRequest(container_id="c1").SerializeToString()
+        body = await client.call(
+            AGENT, "CreateContainer", original, metadata=[("k", "v")], timeout_nano=9 * 10**9
+        )
+        echoed = ttrpc_pb2.Request.FromString(body)
+        got = agent_pb2.CreateContainerRequest.FromString(echoed.payload)
+        assert got.OCI.Annotations["cdi.k8s.io/peerpods"] == "nvidia.com/gpu=0"
+        assert [(kv.key, kv.value) for kv in echoed.metadata] == [("k", "v")]
+        assert 0 < echoed.timeout_nano <= 9 * 10**9
+        bad = agent_pb2.CreateContainerRequest(container_id="bad").SerializeToString()
+        with pytest.raises(TtrpcError) as info:
+            await client.call(AGENT, "CreateContainer", bad)
+        assert (info.value.code, info.value.message) == (
+            Code.INVALID_ARGUMENT,
+            "no devices for container bad",
+        )
+        await client.call(AGENT, "StartContainer", b"\x0a\x02c1")
+        assert seen == [original, bad]  # only CreateContainer reaches the hook
 
 
 async def test_mutual_tls_to_the_forwarder(sock_dir: Path) -> None:
