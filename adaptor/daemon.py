@@ -45,6 +45,7 @@ from adaptor.ttrpc.server import Server
 from adaptor.wiring import (
     CLOUDS,
     container_hooks,
+    count_capacity_fallback,
     count_proxy_call,
     placement_for,
     user_data_builder,
@@ -52,6 +53,7 @@ from adaptor.wiring import (
 from providers import registry
 from providers.base import Provider
 from providers.errors import PeerpodsError
+from providers.fallback import observe_capacity_fallbacks
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +138,7 @@ class Daemon:
         self._placement = placement
         self.devices = DeviceBook()
         self.status: StatusServer | None = None
+        self._unobserve: Callable[[], None] | None = None
         self._lock_fd: int | None = None
         self.store: StateStore | None = None
         self.manager: SandboxManager | None = None
@@ -169,6 +172,7 @@ class Daemon:
                 placement_for, provider, self._cdi, settings.catalog_dir
             )
         placement.use_quota(settings.gpu_quota, self.store)
+        self._unobserve = observe_capacity_fallbacks(count_capacity_fallback)
         tls, pki = await asyncio.to_thread(agent_tls_context, settings)
         proxy_factory = self._proxy_factory or agent_proxy_factory(
             tls, self._container_hooks or container_hooks(self._cdi, self.devices)
@@ -240,6 +244,9 @@ class Daemon:
         if self.status is not None:
             await self.status.stop()
             self.status = None
+        if self._unobserve is not None:
+            self._unobserve()
+            self._unobserve = None
         if self.manager is not None:
             await _graceful(self.manager.close, grace)
             self.manager = None

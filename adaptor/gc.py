@@ -15,7 +15,15 @@ import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 
-from providers.base import TAG_OWNER, TAG_SANDBOX, Instance, Provider
+from adaptor import metrics
+from providers.base import (
+    TAG_OWNER,
+    TAG_POD_NAME,
+    TAG_POD_NAMESPACE,
+    TAG_SANDBOX,
+    Instance,
+    Provider,
+)
 from providers.errors import ProviderError
 
 log = logging.getLogger(__name__)
@@ -78,8 +86,8 @@ class GarbageCollector:
                 "gc: deleting orphan %s (sandbox %s, pod %s/%s)",
                 vm.id,
                 vm.tags.get(TAG_SANDBOX, ""),
-                vm.tags.get("peerpods-pod-namespace", ""),
-                vm.tags.get("peerpods-pod-name", ""),
+                vm.tags.get(TAG_POD_NAMESPACE, ""),
+                vm.tags.get(TAG_POD_NAME, ""),
             )
             try:
                 await self.provider.delete(vm.id)
@@ -88,6 +96,7 @@ class GarbageCollector:
                 result.failed.append(vm.id)
             else:
                 result.deleted.append(vm.id)
+                metrics.GC_DELETIONS.labels(provider=self.provider.name).inc()
         self.sweeps += 1
         return result
 

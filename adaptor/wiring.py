@@ -64,6 +64,11 @@ def container_hooks(
     return hook_for
 
 
+def count_capacity_fallback(provider: str, reason: str) -> None:
+    """The providers' fallback observer: capacity fallbacks by provider and error code."""
+    metrics.CAPACITY_FALLBACKS.labels(provider=provider, reason=reason).inc()
+
+
 def count_proxy_call(service: str, method: str, code: int) -> None:
     """The proxy's per-call callback: calls by method and status code."""
     metrics.PROXY_CALLS.labels(method=f"{service}/{method}", code=str(code)).inc()

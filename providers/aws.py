@@ -266,7 +266,7 @@ class AwsProvider:
             instance_id = out["Instances"][0]["InstanceId"]
             return await self._finish(what, instance_id)
 
-        return await create_with_fallback(what, order, attempt, self.config.policy)
+        return await create_with_fallback(what, order, attempt, self.config.policy, self.name)
 
     async def _finish(self, what: str, instance_id: str) -> Instance:
         """Wait until the VM is running with an address; on any failure, delete it."""

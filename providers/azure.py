@@ -263,7 +263,7 @@ class AzureProvider:
             return await self._finish(what, vm)
 
         order = placements(candidates, self.config.zones, spec.zones)
-        return await create_with_fallback(what, order, attempt, self.config.policy)
+        return await create_with_fallback(what, order, attempt, self.config.policy, self.name)
 
     async def _get(self, name: str) -> Any:
         try:

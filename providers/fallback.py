@@ -99,11 +99,29 @@ class FallbackExhausted(CapacityError):
         self.tried = tried
 
 
+# (provider, reason) of a create that hit capacity or quota and moved on; the adaptor counts them.
+CapacityObserver = Callable[[str, str], None]
+_capacity_observers: list[CapacityObserver] = []
+
+
+def observe_capacity_fallbacks(observer: CapacityObserver) -> Callable[[], None]:
+    """Call `observer` on every capacity fallback; returns the function that stops it."""
+    _capacity_observers.append(observer)
+    return lambda: _capacity_observers.remove(observer)
+
+
+def _capacity_reason(exc: CapacityError) -> str:
+    """A bounded label for a capacity error: its leading error code, else "capacity"."""
+    code = str(exc).split(":", 1)[0].strip()
+    return code if code.isidentifier() and len(code) <= 48 else "capacity"
+
+
 async def create_with_fallback(
     what: str,
     order: Sequence[Placement],
     attempt: Callable[[Placement], Awaitable[Instance]],
     policy: RetryPolicy | None = None,
+    provider: str = "",
 ) -> Instance:
     """Run `attempt` over `order` until one placement succeeds.
 
@@ -125,6 +143,8 @@ async def create_with_fallback(
             except CapacityError as exc:
                 log.info("%s: %s has no capacity: %s", what, placement, exc)
                 tried.append((placement, str(exc)))
+                for observer in list(_capacity_observers):
+                    observer(provider, _capacity_reason(exc))
                 break
             except TransientError as exc:
                 if retry >= policy.transient_retries:

@@ -365,7 +365,7 @@ class GcpProvider:
             return await self._finish(what, zone, name)
 
         order = placements(candidates, self.config.zones, spec.zones)
-        return await create_with_fallback(what, order, attempt, self.config.policy)
+        return await create_with_fallback(what, order, attempt, self.config.policy, self.name)
 
     async def _get(self, zone: str, name: str) -> Any:
         try:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from adaptor import metrics
+from adaptor.logs import bind_sandbox, sandbox_context
 from adaptor.state import SandboxRecord, SandboxState, StateStore
 from providers.base import Instance, Provider, VMSpec
 from providers.contract import VMIntent, parse_vm_annotations
@@ -170,6 +171,8 @@ class SandboxManager:
         record = await self.store.get(check_sandbox_id(sandbox_id))
         if record is None:
             raise SandboxNotFound(f"no sandbox {sandbox_id}")
+        # Every later log line of this call (and of tasks it starts) names the sandbox and pod.
+        bind_sandbox(record.id, f"{record.pod_namespace}/{record.pod_name}")
         return record
 
     # --- the API ---------------------------------------------------------------------------------
@@ -180,6 +183,7 @@ class SandboxManager:
         """Validate and durably record a sandbox; the agent socket path it will be served on."""
         check_sandbox_id(sandbox_id)
         intent = parse_vm_annotations(annotations)
+        bind_sandbox(sandbox_id, f"{intent.pod_namespace}/{intent.pod_name}")
         path = str(self.socket_path(sandbox_id))
         if len(path.encode()) > MAX_SOCKET_PATH_BYTES:
             raise InvalidRequest(f"agent socket path {path} is too long for a unix socket")
@@ -364,7 +368,8 @@ class SandboxManager:
                     )
                 )
             elif record.state is SandboxState.RUNNING and record.instance is not None:
-                await self._reserve(record, record.instance)
+                with sandbox_context(record.id, f"{record.pod_namespace}/{record.pod_name}"):
+                    await self._reserve(record, record.instance)
 
     async def _reserve(self, record: SandboxRecord, instance: Instance) -> None:
         try:
