@@ -1,4 +1,5 @@
-"""`peerpods serve` as a real subprocess for tests, and the Go client calls the shim would make."""
+"""`peerpods serve` as a real subprocess for tests, and the calls the shim would make (through the
+Go client, or ours for an in-process daemon)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adaptor.settings import ServeSettings
+from adaptor.ttrpc import Client
 from adaptor.ttrpc.gen import hypervisor_pb2 as pb
 from tests.go.peers import go_call
 
@@ -31,6 +34,25 @@ ANNOTATIONS = {
     "io.katacontainers.config.hypervisor.default_gpus": "0",
     "io.katacontainers.config.hypervisor.default_gpu_model": "",
 }
+
+
+def daemon_settings(root: Path, **extra: Any) -> ServeSettings:
+    """Settings of an in-process daemon whose sockets and state live under `root`, agent TLS off."""
+    return ServeSettings.build(
+        socket=root / "hv.sock",
+        pods_dir=root / "pods",
+        state_dir=root / "state",
+        agent_tls={"enabled": False},
+        **extra,
+    )
+
+
+async def hypervisor_call(socket: str, method: str, message: Any) -> bytes:
+    """One Hypervisor call as the shim makes it, on our ttrpc client (30 s deadline)."""
+    async with await Client.connect_unix(socket) as client:
+        return await client.call(
+            HYPERVISOR, method, message.SerializeToString(), timeout_nano=30 * 10**9
+        )
 
 
 @dataclass

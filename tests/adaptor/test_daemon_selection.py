@@ -4,8 +4,7 @@ quota pool refuses a sandbox before any cloud call."""
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -13,14 +12,13 @@ import pytest
 from adaptor.daemon import Daemon
 from adaptor.devices import DevicePlan
 from adaptor.placement import Placement
-from adaptor.settings import ServeSettings
 from adaptor.ttrpc import Client, Code, TtrpcError
 from adaptor.ttrpc.gen import agent_pb2, ttrpc_pb2
 from adaptor.ttrpc.gen import hypervisor_pb2 as pb
 from providers import contract
 from providers.base import Instance
 from providers.catalogs import load_snapshot
-from tests.adaptor.daemon_proc import ANNOTATIONS, HYPERVISOR
+from tests.adaptor.daemon_proc import ANNOTATIONS, daemon_settings, hypervisor_call
 from tests.adaptor.fakes import FakeProvider
 from tests.go.peers import GoServer, echo_server
 
@@ -35,12 +33,6 @@ MIG_POD = {**ANNOTATIONS, contract.DEFAULT_GPU_MODEL: "v1:m=h100;mig=1g.10gb:2,3
 
 
 @pytest.fixture
-def root() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="pp", dir="/tmp") as directory:
-        yield Path(directory)
-
-
-@pytest.fixture
 async def daemon(root: Path) -> AsyncIterator[tuple[Daemon, FakeProvider, GoServer]]:
     async with echo_server() as pod_vm:
         provider = FakeProvider()
@@ -48,14 +40,8 @@ async def daemon(root: Path) -> AsyncIterator[tuple[Daemon, FakeProvider, GoServ
         def resolve(instance: Instance) -> tuple[str, int]:
             return pod_vm.host, pod_vm.port
 
-        settings = ServeSettings.build(
-            socket=root / "hv.sock",
-            pods_dir=root / "pods",
-            state_dir=root / "state",
-            agent_tls={"enabled": False},
-            proxy_timeout_seconds=5,
-            shutdown_grace_seconds=1,
-            gpu_quota="h100=8",
+        settings = daemon_settings(
+            root, proxy_timeout_seconds=5, shutdown_grace_seconds=1, gpu_quota="h100=8"
         )
         placement = Placement(catalog=load_snapshot("aws", "us-east-1"))
         daemon = Daemon(settings, provider=provider, resolve_endpoint=resolve, placement=placement)
@@ -67,13 +53,7 @@ async def daemon(root: Path) -> AsyncIterator[tuple[Daemon, FakeProvider, GoServ
 
 
 async def hv(daemon: Daemon, method: str, message: object) -> bytes:
-    async with await Client.connect_unix(str(daemon.settings.socket)) as client:
-        return await client.call(
-            HYPERVISOR,
-            method,
-            message.SerializeToString(),  # type: ignore[attr-defined]
-            timeout_nano=30 * 10**9,
-        )
+    return await hypervisor_call(str(daemon.settings.socket), method, message)
 
 
 async def test_selection_quota_and_device_plan(

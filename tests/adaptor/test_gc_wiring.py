@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,23 +10,12 @@ import pytest
 from adaptor.daemon import Daemon, StateLocked
 from adaptor.settings import ServeSettings
 from providers.base import TAG_OWNER, TAG_SANDBOX, Instance
+from tests.adaptor.daemon_proc import daemon_settings
 from tests.adaptor.fakes import FakeProvider, FakeProxies
 
 
-@pytest.fixture
-def root() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="pp", dir="/tmp") as directory:
-        yield Path(directory)
-
-
 def settings(root: Path, gc_interval: float) -> ServeSettings:
-    return ServeSettings.build(
-        socket=root / "hv.sock",
-        pods_dir=root / "pods",
-        state_dir=root / "state",
-        agent_tls={"enabled": False},
-        gc_interval_seconds=gc_interval,
-    )
+    return daemon_settings(root, gc_interval_seconds=gc_interval)
 
 
 def vm(vm_id: str, owner: str, sandbox: str) -> Instance:

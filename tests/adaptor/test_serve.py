@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,19 +21,6 @@ from tests.go.peers import GoServer, echo_server, go_call
 pytestmark = pytest.mark.go
 
 SID = "4f1e2d3c4b5a69788796a5b4c3d2e1f0"
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    # Short paths: a unix socket path must fit in 108 bytes.
-    with tempfile.TemporaryDirectory(prefix="pp", dir="/tmp") as directory:
-        yield Path(directory)
-
-
-@pytest.fixture
-async def pod_vm() -> AsyncIterator[GoServer]:
-    async with echo_server() as server:
-        yield server
 
 
 def serve_args(*endpoints: str, timeout: str = "20s") -> list[str]:
