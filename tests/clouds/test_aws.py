@@ -16,6 +16,7 @@ from providers.errors import CapacityError, InvalidRequest, ProviderError
 from providers.fallback import FallbackExhausted, Placement, RetryPolicy
 from tests.clouds.aws_faults import Faults
 from tests.clouds.conftest import FORWARDER, Sleeps, loopback
+from tests.clouds.scenarios import vm_spec
 
 ZONES = ("us-east-1a", "us-east-1b")
 OWNER = "owner-node-a"
@@ -39,15 +40,7 @@ def provider(ec2: Any, policy: RetryPolicy, owner: str = OWNER, **config: Any) -
 
 
 def spec(n: int = 1, **kw: Any) -> VMSpec:
-    fields: dict[str, Any] = {
-        "sandbox_id": f"{n:064x}",
-        "pod_namespace": "ml",
-        "pod_name": f"train-{n}",
-        "candidates": ("p5.48xlarge", "p4d.24xlarge"),
-        "user_data": "#cloud-config\nwrite_files: []\n",
-    }
-    fields.update(kw)
-    return VMSpec(**fields)
+    return vm_spec(n, **{"candidates": ("p5.48xlarge", "p4d.24xlarge"), **kw})
 
 
 def live(ec2: Any) -> list[dict[str, Any]]:

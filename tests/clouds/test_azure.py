@@ -15,6 +15,7 @@ from providers.errors import InvalidRequest, ProviderError
 from providers.fallback import FallbackExhausted, RetryPolicy
 from tests.clouds.conftest import FORWARDER, Sleeps, loopback
 from tests.clouds.fake_arm import RG, VMS, FakeArm, arm_error
+from tests.clouds.scenarios import create_delete_cycles, sweep_unknown, vm_spec
 from tests.providers.fakes.azure import SUBSCRIPTION
 
 OWNER = "owner-node-a"
@@ -49,15 +50,7 @@ def provider(arm: FakeArm, policy: RetryPolicy, owner: str = OWNER, **kw: Any) -
 
 
 def spec(n: int = 1, **kw: Any) -> VMSpec:
-    fields: dict[str, Any] = {
-        "sandbox_id": f"{n:064x}",
-        "pod_namespace": "ml",
-        "pod_name": f"train-{n}",
-        "candidates": (H100, A100),
-        "user_data": "#cloud-config\nwrite_files: []\n",
-    }
-    fields.update(kw)
-    return VMSpec(**fields)
+    return vm_spec(n, **{"candidates": (H100, A100), **kw})
 
 
 async def test_create_and_delete_with_checked_request_body(
@@ -193,24 +186,8 @@ async def test_random_fault_cycles_leave_nothing(arm: FakeArm, sleeps: Sleeps) -
         return None
 
     arm.faults.append(chaos)
-    created = 0
-    for n in range(120):
-        try:
-            vm = await azure.create(spec(100 + n))
-        except ProviderError:
-            continue
-        created += 1
-        for _ in range(5):
-            try:
-                await azure.delete(vm.id)
-                break
-            except ProviderError:
-                continue
+    created = await create_delete_cycles(azure, (spec(100 + n) for n in range(120)))
     assert created > 40
     arm.faults.clear()
-
-    async def known() -> set[str]:
-        return set()
-
-    await GarbageCollector(azure, OWNER, known).sweep()
+    await sweep_unknown(azure, OWNER)
     assert arm.vms == {}

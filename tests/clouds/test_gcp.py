@@ -14,6 +14,7 @@ from providers.fallback import FallbackExhausted, RetryPolicy
 from providers.gcp import GcpConfig, GcpProvider, n1_candidate, vm_name
 from tests.clouds.conftest import FORWARDER, Sleeps, loopback
 from tests.clouds.fake_gce import FakeGce, quota_exceeded, rate_limited, stockout
+from tests.clouds.scenarios import create_delete_cycles, sweep_unknown, vm_spec
 from tests.providers.fakes.gcp import COMPUTE, PROJECT
 
 ZONES = ("us-central1-a", "us-central1-b")
@@ -38,15 +39,8 @@ def provider(gce: FakeGce, policy: RetryPolicy, owner: str = OWNER, **config: An
 
 
 def spec(n: int = 1, **kw: Any) -> VMSpec:
-    fields: dict[str, Any] = {
-        "sandbox_id": f"{n:064x}",
-        "pod_namespace": "ml",
-        "pod_name": f"Train.{n}",
-        "candidates": ("a3-highgpu-1g", "a2-ultragpu-1g"),
-        "user_data": "#cloud-config\nwrite_files: []\n",
-    }
-    fields.update(kw)
-    return VMSpec(**fields)
+    candidates = ("a3-highgpu-1g", "a2-ultragpu-1g")
+    return vm_spec(n, **{"pod_name": f"Train.{n}", "candidates": candidates, **kw})
 
 
 async def test_create_and_delete_with_checked_request_body(
@@ -233,24 +227,8 @@ async def test_random_fault_cycles_leave_nothing(gce: FakeGce, sleeps: Sleeps) -
         return None
 
     gce.faults.append(chaos)
-    created = 0
-    for n in range(150):
-        try:
-            vm = await gcp.create(spec(100 + n))
-        except ProviderError:
-            continue
-        created += 1
-        for _ in range(5):
-            try:
-                await gcp.delete(vm.id)
-                break
-            except ProviderError:
-                continue
+    created = await create_delete_cycles(gcp, (spec(100 + n) for n in range(150)))
     assert created > 50
     gce.faults.clear()
-
-    async def known() -> set[str]:
-        return set()
-
-    await GarbageCollector(gcp, OWNER, known).sweep()
+    await sweep_unknown(gcp, OWNER)
     assert gce.instances == {}
