@@ -3,6 +3,7 @@ a rotated certificate is served without a restart."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import socket
 import ssl
@@ -15,7 +16,7 @@ import trustme
 
 from providers.catalog import Catalog
 from tests.webhook.conftest import Running, client_context, serve
-from webhook import Settings, TlsFiles
+from webhook import Admission, Settings, TlsFiles, WebhookServer
 
 
 @pytest.fixture
@@ -101,3 +102,14 @@ def test_tls_files_unchanged_content_is_not_reloaded(tls_dir: Path, tmp_path: Pa
     files = TlsFiles(tmp_path / "c", tmp_path / "k")
     (tmp_path / "c").write_bytes((tmp_path / "c").read_bytes())  # touched, same content
     assert files.refresh() is False and files.reloads == 0
+
+
+def test_listening_socket_disables_nagle(webhook: Running) -> None:
+    # Accepted connections inherit TCP_NODELAY: the response body is not held back until the
+    # client's delayed ACK of the response head.
+    config = dataclasses.replace(webhook.server.config, port=0)
+    sock = WebhookServer(Admission(Settings()), config).bind()
+    try:
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        sock.close()
