@@ -11,7 +11,14 @@ def test_exported_members() -> None:
         (adaptor.ttrpc, ["CallContext", "Client", "Code", "Handler", "Server", "TtrpcError"]),
         (
             adaptor.proxy,
-            ["AgentProxy", "CreateContainerHook", "Dial", "client_tls_context", "tcp_dialer"],
+            [
+                "AgentProxy",
+                "Completion",
+                "CreateContainerHook",
+                "Dial",
+                "client_tls_context",
+                "tcp_dialer",
+            ],
         ),
     ]:
         assert module.__all__ == sorted(module.__all__) == expected
