@@ -105,6 +105,7 @@ async def _bench(url: str, ca: trustme.CA, rate: float, seconds: float) -> None:
         for body in (gpu_body, dra_body):  # warm up: connections, CEL programs, lookup cache
             for _ in range(20):
                 await client.post(url + "/mutate", content=body)
+        await _run(client, url + "/healthz", None, rate, 1.0)  # warm up at rate: discarded
         print(f"rate {rate:.0f} req/s for {seconds:.0f} s per scenario, TLS on loopback")
         base, tput = await _run(client, url + "/healthz", None, rate, seconds)
         base_p99 = statistics.quantiles(base, n=100)[98]
