@@ -8,6 +8,13 @@ Prints p50/p99 in microseconds per case and the added p50 over pass-through.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# Run as a script, this folder is sys.path[0], where select.py would shadow the standard
+# library's `select`: the repository root takes its place.
+sys.path[0] = str(Path(__file__).resolve().parents[2])
+
 import argparse
 import json
 import statistics
@@ -16,8 +23,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from adaptor.cdi import Registry
 from adaptor.devices import make_hook, plan_devices

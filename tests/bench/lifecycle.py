@@ -8,14 +8,13 @@ same create+stop done one sandbox at a time; the ratio says what concurrency buy
     python tests/bench/lifecycle.py [--sandboxes 200] [--baseline 20]
 """
 
-# ruff: noqa: E402
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-# Run as a script, this folder is sys.path[0]; its sibling benches (select.py) would shadow the
-# standard library, so the repository root takes its place.
+# Run as a script, this folder is sys.path[0], where select.py would shadow the standard
+# library's `select`: the repository root takes its place.
 sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import argparse

@@ -11,6 +11,13 @@ growth of one process holding N idle connected proxies, divided by N).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# Run as a script, this folder is sys.path[0], where select.py would shadow the standard
+# library's `select`: the repository root takes its place.
+sys.path[0] = str(Path(__file__).resolve().parents[2])
+
 import argparse
 import json
 import subprocess
@@ -22,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.go.build import go_binary  # noqa: E402
+from tests.go.build import go_binary
 
 
 def _rss_kib(pid: int) -> int:

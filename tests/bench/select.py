@@ -14,23 +14,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# This file is named like the stdlib's `select`: keep its folder off the import path.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parents[1]))
+# Run as a script, this folder is sys.path[0], where this very file would shadow the standard
+# library's `select`: the repository root takes its place.
+sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import os  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+import argparse
+import contextlib
+import os
+import statistics
+import time
+from collections.abc import Callable
 
-from providers import catalogs  # noqa: E402
-from providers.catalog import Catalog  # noqa: E402
-from providers.errors import NoMatch  # noqa: E402
-from providers.request import InstanceRequest  # noqa: E402
-from providers.selection import Rejection, _index, _Matcher, _rank_key, select  # noqa: E402
+from providers import catalogs
+from providers.catalog import Catalog
+from providers.errors import NoMatch
+from providers.request import InstanceRequest
+from providers.selection import Rejection, _index, _Matcher, _rank_key, select
 
 GIB = 1024
 REQUESTS: dict[str, InstanceRequest] = {

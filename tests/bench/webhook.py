@@ -14,11 +14,11 @@ Target: p99 under 10 ms at 200 req/s.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-# The script directory holds other benchmarks, one named select.py: it must not shadow the
-# standard library, so the repository root replaces it before anything else is imported.
-if sys.path and sys.path[0].endswith("bench"):
-    sys.path[0] = sys.path[0].rsplit("/", 2)[0]
+# Run as a script, this folder is sys.path[0], where select.py would shadow the standard
+# library's `select`: the repository root takes its place.
+sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import argparse
 import asyncio
