@@ -64,3 +64,36 @@ def test_daemonset_serves_the_kata_socket_directory() -> None:
     assert volumes["run-peerpod"]["hostPath"]["path"] == "/run/peerpod"
     init = daemonset["spec"]["template"]["spec"]["initContainers"][0]
     assert "kata.peerpods.io~1vm" in " ".join(init["command"])
+
+
+def _flag_env_names(command: str) -> set[str]:
+    import argparse
+
+    from adaptor.cli.flags import env_name
+    from adaptor.cli.main import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {
+        env_name(option)
+        for action in sub.choices[command]._actions
+        for option in action.option_strings
+        if option.startswith("--")
+    }
+
+
+def test_every_peerpods_setting_in_the_manifests_is_a_real_flag() -> None:
+    known = {"serve": _flag_env_names("serve"), "webhook": _flag_env_names("webhook")}
+    for path, doc in DOCUMENTS:
+        command = "webhook" if "webhook" in path.parts else "serve"
+        names: list[str] = []
+        if doc["kind"] == "ConfigMap":
+            names += list(doc["data"])
+        for workload in (d for d in [doc] if d["kind"] in ("DaemonSet", "Deployment")):
+            for c in workload["spec"]["template"]["spec"]["containers"]:
+                names += [e["name"] for e in c.get("env", [])]
+        for name in names:
+            if name.startswith("PEERPODS_") and not (
+                doc["kind"] == "ConfigMap" and name in known["webhook"]
+            ):
+                assert name in known[command], f"{path.name}: {name} is not a {command} flag"
