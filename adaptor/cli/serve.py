@@ -53,7 +53,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--agent-tls",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="mutual TLS to the pod VM forwarder",
+        help="mutual TLS to the pod VM forwarder; without the three --agent-tls-* files the "
+        "adaptor's own CA under --state-dir is used (it also issues each pod VM's server "
+        "certificate, sent in the VM's user data)",
     )
     flags.add(
         parser,
