@@ -1,9 +1,18 @@
-"""200 concurrent sandboxes created and stopped through the aws provider against moto's server.
+"""200 concurrent sandboxes through the whole adaptor, the way Kata's shim drives it, on AWS (moto).
 
-moto runs as a separate process on 127.0.0.1, so the peak memory printed is the adaptor's own
-(this process: provider, boto3 client, threads). The baseline, measured in the same run, is the
-same create+stop done one sandbox at a time; the ratio says what concurrency buys. Leaked VMs
-(owned instances left after every stop) must be 0.
+The adaptor (`adaptor.daemon.Daemon` with the aws provider, selection over the bundled us-east-1
+catalog, agent TLS off) runs in this process on the daemon's event loop; moto's EC2 server and
+the pod VMs' forwarder (the Go ttrpc echo server) are separate processes on 127.0.0.1. moto gives
+the VMs 10.x addresses: the endpoint resolver maps every VM to that one loopback forwarder, and
+an audit hook refuses any connect to a non-loopback address. Each sandbox is CreateVM, StartVM,
+one grpc.Health/Check through its agent socket, then StopVM, all over ttrpc on the hypervisor
+socket (one connection per sandbox, like the shim); half of them are one-L4 GPU pods.
+
+Printed: wall time; create+start and stop latency p50/p99; a serial baseline from the same run
+(sandboxes one at a time, projected to the concurrent count); the adaptor process's peak memory
+(tracemalloc peak over the concurrent phase, max RSS); leaked VMs (instances carrying this
+adaptor's owner tag left in moto) and sandboxes left in the state store. tracemalloc runs over
+both phases, so its overhead cancels in the ratio. Exits 1 if anything failed or leaked.
 
     python tests/bench/lifecycle.py [--sandboxes 200] [--baseline 20]
 """
@@ -19,19 +28,66 @@ sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import argparse
 import asyncio
+import ipaddress
 import os
 import resource
+import shutil
 import socket
 import statistics
 import subprocess
+import tempfile
 import time
 import tracemalloc
 import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
 
+from adaptor.daemon import Daemon
+from adaptor.settings import ServeSettings
+from adaptor.ttrpc import Client
+from adaptor.ttrpc.gen import health_pb2
+from adaptor.ttrpc.gen import hypervisor_pb2 as pb
+from adaptor.ttrpc.loop import run as run_loop
+from providers import contract
 from providers.aws import AwsConfig, AwsProvider
-from providers.base import VMSpec
+from providers.base import TAG_OWNER, Instance
+from tests.adaptor.daemon_proc import ANNOTATIONS
+from tests.go.peers import GoServer, start_echo_server
 
 OWNER = "bench-owner"
+HYPERVISOR = "hypervisor.Hypervisor"
+CALL_TIMEOUT_NANO = 60 * 10**9
+RUN_TIMEOUT_SECONDS = 600.0
+GPU_POD = {
+    **ANNOTATIONS,
+    contract.DEFAULT_GPUS: "1",
+    contract.DEFAULT_GPU_MODEL: "v1:m=l4",
+}
+
+refused: list[str] = []
+
+
+def _loopback_only(event: str, args: tuple[Any, ...]) -> None:
+    """Audit hook: the bench never reaches a pod VM's 10.x address, or anything off this host."""
+    if event == "socket.connect":
+        address = args[1]
+        if not isinstance(address, tuple):
+            return  # unix sockets
+        host = str(address[0])
+    elif event == "socket.getaddrinfo":
+        host = str(args[0]) if args[0] is not None else ""
+    else:
+        return
+    if host in ("", "localhost"):
+        return
+    try:
+        if ipaddress.ip_address(host.split("%", 1)[0]).is_loopback:
+            return
+    except ValueError:
+        pass
+    refused.append(f"{event} {host}")
+    raise ConnectionRefusedError(f"bench guard: refusing non-loopback address {host!r}")
 
 
 def free_port() -> int:
@@ -54,24 +110,63 @@ def start_moto(port: int) -> subprocess.Popen[bytes]:
         except OSError:
             time.sleep(0.2)
     proc.kill()
+    proc.wait()
     raise SystemExit("moto server did not start")
 
 
-def spec(n: int) -> VMSpec:
-    return VMSpec(
-        sandbox_id=f"{n:064x}",
-        pod_namespace="bench",
-        pod_name=f"pod-{n}",
-        candidates=("g5.xlarge",),
-        user_data="#cloud-config\nwrite_files: []\n",
-    )
+@dataclass(frozen=True)
+class Timing:
+    """One sandbox's latencies as the shim sees them (seconds)."""
+
+    create_start: float
+    stop: float
 
 
-async def cycle(aws: AwsProvider, n: int) -> float:
-    start = time.perf_counter()
-    vm = await aws.create(spec(n))
-    await aws.delete(vm.id)
-    return time.perf_counter() - start
+def sandbox_id(n: int) -> str:
+    return f"{n:064x}"
+
+
+async def cycle(hv_socket: str, n: int) -> Timing:
+    """CreateVM, StartVM, Health.Check through the agent socket, StopVM: one sandbox."""
+    sid = sandbox_id(n)
+    annotations = dict(GPU_POD if n % 2 else ANNOTATIONS)
+    annotations["io.kubernetes.cri.sandbox-name"] = f"pod-{n}"
+    async with await Client.connect_unix(hv_socket) as hv:
+        began = time.perf_counter()
+        created = pb.CreateVMResponse.FromString(
+            await hv.call(
+                HYPERVISOR,
+                "CreateVM",
+                pb.CreateVMRequest(id=sid, annotations=annotations).SerializeToString(),
+                timeout_nano=CALL_TIMEOUT_NANO,
+            )
+        )
+        await hv.call(
+            HYPERVISOR,
+            "StartVM",
+            pb.StartVMRequest(id=sid).SerializeToString(),
+            timeout_nano=CALL_TIMEOUT_NANO,
+        )
+        started = time.perf_counter()
+        async with await Client.connect_unix(created.agentSocketPath) as agent:
+            health = health_pb2.HealthCheckResponse.FromString(
+                await agent.call(
+                    "grpc.Health",
+                    "Check",
+                    health_pb2.CheckRequest().SerializeToString(),
+                    timeout_nano=CALL_TIMEOUT_NANO,
+                )
+            )
+        if health.status != health_pb2.HealthCheckResponse.SERVING:
+            raise RuntimeError(f"sandbox {n}: agent health {health.status}")
+        stopping = time.perf_counter()
+        await hv.call(
+            HYPERVISOR,
+            "StopVM",
+            pb.StopVMRequest(id=sid).SerializeToString(),
+            timeout_nano=CALL_TIMEOUT_NANO,
+        )
+        return Timing(started - began, time.perf_counter() - stopping)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -79,49 +174,147 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def main(sandboxes: int, baseline: int) -> int:
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        os.environ.setdefault(key, "testing")
-    port = free_port()
-    moto = start_moto(port)
+def ms(values: list[float]) -> str:
+    return f"p50 {statistics.median(values) * 1000:.0f} ms, p99 {pct(values, 0.99) * 1000:.0f} ms"
+
+
+@dataclass
+class Result:
+    """What one run measured."""
+
+    baseline: list[Timing]
+    timings: list[Timing]
+    failures: list[str]
+    wall: float
+    peak_traced: int
+    rss_before_mib: float
+    leaked_vms: list[str]
+    leaked_sandboxes: list[str]
+    launched: Counter[str]
+
+
+async def measure(
+    root: Path, moto_port: int, forwarder: GoServer, sandboxes: int, baseline: int
+) -> Result:
+    config = AwsConfig(
+        region="us-east-1",
+        image_id="ami-0a1b2c3d4e5f60718",
+        zones=("us-east-1a", "us-east-1b", "us-east-1c"),
+        endpoint_url=f"http://127.0.0.1:{moto_port}",
+        poll_interval_seconds=0.05,
+    )
+    aws = AwsProvider(config, OWNER)
+
+    def resolve(instance: Instance) -> tuple[str, int]:
+        return forwarder.host, forwarder.port  # the VM's 10.x address, reached on loopback
+
+    # pods_dir kept short: <pods>/<64 hex>/agent.ttrpc and its temporary bind name must fit a
+    # unix socket path (107 bytes), as under the default /run/peerpod/pods.
+    settings = ServeSettings.build(
+        socket=root / "hv.sock",
+        pods_dir=root / "p",
+        state_dir=root / "state",
+        agent_tls={"enabled": False},
+        provider="aws",
+        owner_id=OWNER,
+        proxy_timeout_seconds=30,
+        shutdown_grace_seconds=5,
+    )
+    daemon = Daemon(settings, provider=aws, resolve_endpoint=resolve)
+    await daemon.start()
+    hv_socket = str(settings.socket)
     try:
-        config = AwsConfig(
-            region="us-east-1",
-            image_id="ami-0a1b2c3d4e5f60718",
-            zones=("us-east-1a",),
-            endpoint_url=f"http://127.0.0.1:{port}",
-            poll_interval_seconds=0.05,
-        )
-        aws = AwsProvider(config, OWNER)
-        base = [await cycle(aws, 10_000 + i) for i in range(baseline)]
+        for i in range(2):  # warm-up, one pod of each kind: clients, catalog, first calls
+            await cycle(hv_socket, 2_000_000 + i)
         tracemalloc.start()
-        start = time.perf_counter()
-        lat = await asyncio.gather(*(cycle(aws, i) for i in range(sandboxes)))
-        wall = time.perf_counter() - start
+        base = [await cycle(hv_socket, 1_000_000 + i) for i in range(baseline)]
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        tracemalloc.reset_peak()
+        began = time.perf_counter()
+        async with asyncio.timeout(RUN_TIMEOUT_SECONDS):
+            outcomes = await asyncio.gather(
+                *(cycle(hv_socket, i) for i in range(sandboxes)), return_exceptions=True
+            )
+        wall = time.perf_counter() - began
         _, peak_traced = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        leaked = await aws.list_owned()
+        assert daemon.store is not None
+        left = [r.id for r in await daemon.store.records()]
     finally:
+        await daemon.close()
+    owned = [i.id for i in await aws.list_owned()]
+    launched = await asyncio.to_thread(launched_types, aws)
+    timings = [o for o in outcomes if isinstance(o, Timing)]
+    failures = [f"{type(o).__name__}: {o}" for o in outcomes if isinstance(o, BaseException)]
+    return Result(base, timings, failures, wall, peak_traced, rss_before, owned, left, launched)
+
+
+def launched_types(aws: AwsProvider) -> Counter[str]:
+    """Instance types of every VM this adaptor launched (moto keeps terminated ones listed)."""
+    out = aws.client.describe_instances(Filters=[{"Name": f"tag:{TAG_OWNER}", "Values": [OWNER]}])
+    return Counter(i["InstanceType"] for r in out["Reservations"] for i in r["Instances"])
+
+
+async def main(sandboxes: int, baseline: int) -> int:
+    sys.addaudithook(_loopback_only)
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(key, "testing")
+    root = Path(tempfile.mkdtemp(prefix="pp-"))
+    port = free_port()
+    moto = start_moto(port)
+    forwarder: GoServer | None = None
+    try:
+        try:
+            forwarder = await start_echo_server()
+        except BaseException as exc:  # pytest's skip when Go is missing is a BaseException
+            raise SystemExit(f"cannot start the Go echo server: {exc}") from None
+        result = await measure(root, port, forwarder, sandboxes, baseline)
+    finally:
+        if forwarder is not None:
+            await forwarder.kill()
         moto.terminate()
         moto.wait(10)
+        shutil.rmtree(root, ignore_errors=True)
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    seq_total = sum(base) / len(base) * sandboxes
-    print(f"sandboxes            {sandboxes} concurrent create+stop (moto server on loopback)")
-    print(f"wall time            {wall:.2f} s")
+    report(result, sandboxes, rss_mib)
+    bad = result.failures or result.leaked_vms or result.leaked_sandboxes or refused
+    return 1 if bad else 0
+
+
+def report(r: Result, sandboxes: int, rss_mib: float) -> None:
+    create = [t.create_start for t in r.timings]
+    stop = [t.stop for t in r.timings]
+    serial = [t.create_start + t.stop for t in r.baseline]
+    projected = statistics.mean(serial) * sandboxes
     print(
-        f"per sandbox          median {statistics.median(lat) * 1000:.0f} ms, "
-        f"p99 {pct(list(lat), 0.99) * 1000:.0f} ms"
+        f"sandboxes            {sandboxes} concurrent (half 1xL4 GPU pods) through the adaptor's "
+        "hypervisor socket, aws provider on moto (loopback)"
     )
+    print(f"completed            {len(r.timings)} ok, {len(r.failures)} failed")
+    kinds = ", ".join(f"{name} {count}" for name, count in r.launched.most_common())
     print(
-        f"baseline (serial)    median {statistics.median(base) * 1000:.0f} ms per sandbox, "
-        f"{seq_total:.2f} s projected for {sandboxes}"
+        f"VMs launched         {sum(r.launched.values())} (warm-up and baseline included): {kinds}"
     )
-    print(f"speedup vs serial    {seq_total / wall:.1f}x")
+    for failure in r.failures[:5]:
+        print(f"  failure            {failure}")
+    print(f"wall time            {r.wall:.2f} s")
+    if r.timings:
+        print(f"create+start         {ms(create)}")
+        print(f"stop                 {ms(stop)}")
     print(
-        f"peak memory          {peak_traced / 2**20:.1f} MiB Python heap, {rss_mib:.0f} MiB max RSS"
+        f"baseline (serial)    {len(serial)} sandboxes one at a time: create+start "
+        f"{ms([t.create_start for t in r.baseline])}, stop {ms([t.stop for t in r.baseline])}"
     )
-    print(f"leaked VMs           {len(leaked)}")
-    return 0 if not leaked else 1
+    print(f"                     {projected:.2f} s projected for {sandboxes}")
+    print(f"speedup vs serial    {projected / r.wall:.1f}x")
+    print(
+        f"adaptor peak memory  {r.peak_traced / 2**20:.1f} MiB Python heap (concurrent phase), "
+        f"{rss_mib:.0f} MiB max RSS ({r.rss_before_mib:.0f} MiB after the serial phase)"
+    )
+    print(f"leaked VMs           {len(r.leaked_vms)} {' '.join(r.leaked_vms[:5])}".rstrip())
+    print(f"leaked sandboxes     {len(r.leaked_sandboxes)}")
+    if refused:
+        print(f"non-loopback dials   {len(refused)} refused: {refused[:3]}")
 
 
 if __name__ == "__main__":
@@ -129,4 +322,6 @@ if __name__ == "__main__":
     parser.add_argument("--sandboxes", type=int, default=200)
     parser.add_argument("--baseline", type=int, default=20)
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.sandboxes, args.baseline)))
+    if args.sandboxes < 1 or args.baseline < 1:
+        parser.error("--sandboxes and --baseline must be at least 1")
+    sys.exit(run_loop(main(args.sandboxes, args.baseline)))
