@@ -39,6 +39,7 @@ from providers.fallback import (
     identity,
     placements,
     retry_transient,
+    sdk_call,
 )
 
 log = logging.getLogger(__name__)
@@ -191,11 +192,7 @@ class AwsProvider:
         add_flags(parser)
 
     async def _call(self, what: str, method: str, **kwargs: Any) -> Any:
-        fn = getattr(self.client, method)
-        try:
-            return await asyncio.to_thread(fn, **kwargs)
-        except Exception as exc:
-            raise map_error(exc, what) from exc
+        return await sdk_call(what, map_error, getattr(self.client, method), **kwargs)
 
     async def _zones(self) -> list[tuple[str, str]]:
         """(zone, subnet) pairs to try: one per configured subnet, else the configured zones."""

@@ -10,7 +10,6 @@ and limited to 64 KiB encoded. An instance id is the VM name (one resource group
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import logging
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from providers.fallback import (
     placements,
     retry_transient,
     sandbox_hash,
+    sdk_call,
 )
 
 log = logging.getLogger(__name__)
@@ -142,10 +142,7 @@ class AzureProvider:
         self.resolve = resolve
 
     async def _call(self, what: str, fn: Any, *args: Any) -> Any:
-        try:
-            return await asyncio.to_thread(fn, *args)
-        except Exception as exc:
-            raise map_error(exc, what) from exc
+        return await sdk_call(what, map_error, fn, *args)
 
     def _tags(self, spec: VMSpec) -> dict[str, str]:
         tags = {str(k)[:512]: str(v)[:256] for k, v in spec.tags.items()}

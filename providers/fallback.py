@@ -17,6 +17,7 @@ import os
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from providers.base import Instance
 from providers.errors import CapacityError, InvalidRequest, ProviderError, TransientError
@@ -161,6 +162,22 @@ async def create_with_fallback(
                 summary = "; ".join(f"{p}: {r}" for p, r in tried)
                 raise ProviderError(f"{what}: {exc} [tried {summary}]") from exc
     raise FallbackExhausted(what, tried)
+
+
+async def sdk_call(
+    what: str,
+    translate: Callable[[BaseException, str], ProviderError],
+    fn: Callable[..., Any],
+    /,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """Run a blocking SDK call in a thread; its errors come back as this project's ProviderError
+    tree (`translate` is the provider's own mapping, the one place SDK errors are read)."""
+    try:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    except Exception as exc:
+        raise translate(exc, what) from exc
 
 
 async def retry_transient(

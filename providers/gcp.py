@@ -11,7 +11,6 @@ are also kept in metadata, which is what list_owned reports. GPU VMs get
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import re
 from collections.abc import Mapping
@@ -40,6 +39,7 @@ from providers.fallback import (
     placements,
     retry_transient,
     sandbox_hash,
+    sdk_call,
 )
 
 log = logging.getLogger(__name__)
@@ -204,10 +204,7 @@ class GcpProvider:
         self.resolve = resolve
 
     async def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
-        try:
-            return await asyncio.to_thread(fn, **kwargs)
-        except Exception as exc:
-            raise map_error(exc, what) from exc
+        return await sdk_call(what, map_error, fn, **kwargs)
 
     async def _run_operation(self, what: str, method: str, **kwargs: Any) -> None:
         timeout = self.config.operation_timeout_seconds
