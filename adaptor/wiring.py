@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from adaptor import metrics, userdata
 from adaptor.devices import CdiConfig, DevicePlan, make_hook
@@ -87,18 +88,25 @@ def provider_region(provider: Provider) -> str:
 
 
 def placement_for(provider: Provider, cdi: CdiConfig, catalog_dir: str = "") -> Placement:
-    """Selection over the provider's bundled catalog (none for static and local)."""
+    """Selection over the provider's catalog (none for static and local): the bundled snapshot
+    of its region, or, for a region without one, the cloud's own listing. Blocking IO."""
     if provider.name not in CLOUDS:
         return Placement(naming=cdi.naming)
-    from pathlib import Path
-
-    from providers.catalogs import load_snapshot
+    from providers.catalogs import load_catalog
 
     region = provider_region(provider)
+    directory = Path(catalog_dir) if catalog_dir else None
     try:
-        catalog = load_snapshot(provider.name, region, Path(catalog_dir) if catalog_dir else None)
-    except CatalogError as exc:
-        raise CatalogError(f"cannot select instance types for {provider.name}: {exc}") from None
+        catalog = load_catalog(provider.name, region, catalog_dir=directory)
+    except CatalogError as missing:
+        log.info("%s; reading the %s catalog of %s from its API", missing, provider.name, region)
+        try:
+            catalog = load_catalog(provider.name, region, live=True)
+        except CatalogError as exc:
+            raise CatalogError(
+                f"cannot select instance types for {provider.name} {region}: {missing}; "
+                f"and the live listing failed: {exc}"
+            ) from None
     config = getattr(provider, "config", None)
     allowed = tuple(getattr(config, "allowed_instance_types", ()) or ())
     zones = tuple(str(z) for z in getattr(config, "zones", ()) or ())
