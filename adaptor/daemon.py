@@ -19,7 +19,7 @@ import os
 import signal
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from adaptor.devices import CdiConfig, CdiNaming
@@ -155,13 +155,12 @@ class Daemon:
 
     async def _start(self) -> None:
         settings = self.settings
-        self._lock_fd = await asyncio.to_thread(_lock_state_dir, str(settings.state_dir))
-        self.store = await StateStore.open(settings.state_dir)
+        # Provider and catalog first: a bad provider setting fails before anything is written.
         provider = self._provider or registry.create(
             settings.provider,
             registry.ProviderOptions(
                 static_endpoints=settings.static_endpoints,
-                leases=self.store,
+                leases=_StoreLeases(self),
                 args=self._provider_args,
                 owner_id=settings.owner_id or f"peerpods-{socket.gethostname()}",
             ),
@@ -171,6 +170,8 @@ class Daemon:
             placement = await asyncio.to_thread(
                 placement_for, provider, self._cdi, settings.catalog_dir
             )
+        self._lock_fd = await asyncio.to_thread(_lock_state_dir, str(settings.state_dir))
+        self.store = await StateStore.open(settings.state_dir)
         placement.use_quota(settings.gpu_quota, self.store)
         self._unobserve = observe_capacity_fallbacks(count_capacity_fallback)
         tls, pki = await asyncio.to_thread(agent_tls_context, settings)
@@ -256,6 +257,29 @@ class Daemon:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+class _StoreLeases:
+    """The daemon's state store as a pool provider's lease book, once the store is open."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+
+    def _store(self) -> StateStore:
+        if self._daemon.store is None:
+            raise PeerpodsError("the state store is not open")
+        return self._daemon.store
+
+    async def acquire_lease(
+        self, pool: str, sandbox_id: str, endpoints: Sequence[str]
+    ) -> str | None:
+        return await self._store().acquire_lease(pool, sandbox_id, endpoints)
+
+    async def release_lease(self, pool: str, endpoint: str) -> None:
+        await self._store().release_lease(pool, endpoint)
+
+    async def leases(self, pool: str) -> dict[str, str]:
+        return await self._store().leases(pool)
 
 
 async def _graceful(close: Callable[[float], Awaitable[None]], grace: float) -> None:

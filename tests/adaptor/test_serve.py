@@ -297,3 +297,36 @@ async def test_mutual_tls_to_the_forwarder(root: Path) -> None:
             assert (await proc.stop_vm(SID))["code"] == 0
         finally:
             await proc.kill()
+
+
+def test_bad_provider_settings_change_nothing(root: Path) -> None:
+    import subprocess
+    import sys
+
+    state = root / "state"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "adaptor.cli.main",
+            "serve",
+            "--provider",
+            "gcp",
+            "--socket",
+            str(root / "hv.sock"),
+            "--state-dir",
+            str(state),
+            "--pods-dir",
+            str(root / "pods"),
+            "--no-agent-tls",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PEERPODS_")},
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "peerpods serve: gcp provider: --gcp-project and --gcp-zones are required"
+    ]
+    assert not state.exists() and not (root / "hv.sock").exists()
