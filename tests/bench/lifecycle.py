@@ -10,9 +10,11 @@ socket (one connection per sandbox, like the shim); half of them are one-L4 GPU 
 
 Printed: wall time; create+start and stop latency p50/p99; a serial baseline from the same run
 (sandboxes one at a time, projected to the concurrent count); the adaptor process's peak memory
-(tracemalloc peak over the concurrent phase, max RSS); leaked VMs (instances carrying this
-adaptor's owner tag left in moto) and sandboxes left in the state store. tracemalloc runs over
-both phases, so its overhead cancels in the ratio. Exits 1 if anything failed or leaked.
+(tracemalloc peak over the concurrent phase, max RSS); the CPU the adaptor and moto spent in
+the concurrent phase (moto's per-call cost grows with the instances it holds); leaked VMs
+(instances carrying this adaptor's owner tag left in moto) and sandboxes left in the state
+store. tracemalloc runs over both phases, so its overhead cancels in the ratio. Exits 1 if
+anything failed or leaked.
 
     python tests/bench/lifecycle.py [--sandboxes 200] [--baseline 20]
 """
@@ -186,6 +188,8 @@ class Result:
     timings: list[Timing]
     failures: list[str]
     wall: float
+    cpu: float
+    moto_cpu: float
     peak_traced: int
     rss_before_mib: float
     leaked_vms: list[str]
@@ -194,7 +198,7 @@ class Result:
 
 
 async def measure(
-    root: Path, moto_port: int, forwarder: GoServer, sandboxes: int, baseline: int
+    root: Path, moto_port: int, moto_pid: int, forwarder: GoServer, sandboxes: int, baseline: int
 ) -> Result:
     config = AwsConfig(
         region="us-east-1",
@@ -230,12 +234,15 @@ async def measure(
         base = [await cycle(hv_socket, 1_000_000 + i) for i in range(baseline)]
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         tracemalloc.reset_peak()
+        cpu_began, moto_began = time.process_time(), cpu_seconds(moto_pid)
         began = time.perf_counter()
         async with asyncio.timeout(RUN_TIMEOUT_SECONDS):
             outcomes = await asyncio.gather(
                 *(cycle(hv_socket, i) for i in range(sandboxes)), return_exceptions=True
             )
         wall = time.perf_counter() - began
+        cpu = time.process_time() - cpu_began
+        moto_cpu = cpu_seconds(moto_pid) - moto_began
         _, peak_traced = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         assert daemon.store is not None
@@ -246,13 +253,25 @@ async def measure(
     launched = await asyncio.to_thread(launched_types, aws)
     timings = [o for o in outcomes if isinstance(o, Timing)]
     failures = [f"{type(o).__name__}: {o}" for o in outcomes if isinstance(o, BaseException)]
-    return Result(base, timings, failures, wall, peak_traced, rss_before, owned, left, launched)
+    return Result(
+        base, timings, failures, wall, cpu, moto_cpu, peak_traced, rss_before, owned, left, launched
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User+system CPU time of another process (moto's server), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def launched_types(aws: AwsProvider) -> Counter[str]:
     """Instance types of every VM this adaptor launched (moto keeps terminated ones listed)."""
-    out = aws.client.describe_instances(Filters=[{"Name": f"tag:{TAG_OWNER}", "Values": [OWNER]}])
-    return Counter(i["InstanceType"] for r in out["Reservations"] for i in r["Instances"])
+    pages = aws.client.get_paginator("describe_instances").paginate(
+        Filters=[{"Name": f"tag:{TAG_OWNER}", "Values": [OWNER]}]
+    )
+    return Counter(
+        i["InstanceType"] for page in pages for r in page["Reservations"] for i in r["Instances"]
+    )
 
 
 async def main(sandboxes: int, baseline: int) -> int:
@@ -268,7 +287,7 @@ async def main(sandboxes: int, baseline: int) -> int:
             forwarder = await start_echo_server()
         except BaseException as exc:  # pytest's skip when Go is missing is a BaseException
             raise SystemExit(f"cannot start the Go echo server: {exc}") from None
-        result = await measure(root, port, forwarder, sandboxes, baseline)
+        result = await measure(root, port, moto.pid, forwarder, sandboxes, baseline)
     finally:
         if forwarder is not None:
             await forwarder.kill()
@@ -307,6 +326,10 @@ def report(r: Result, sandboxes: int, rss_mib: float) -> None:
     )
     print(f"                     {projected:.2f} s projected for {sandboxes}")
     print(f"speedup vs serial    {projected / r.wall:.1f}x")
+    print(
+        f"CPU, concurrent run  adaptor {r.cpu:.1f} s ({r.cpu / r.wall:.0%} of a core), "
+        f"moto {r.moto_cpu:.1f} s ({r.moto_cpu / r.wall:.0%} of a core); {os.cpu_count()} cores"
+    )
     print(
         f"adaptor peak memory  {r.peak_traced / 2**20:.1f} MiB Python heap (concurrent phase), "
         f"{rss_mib:.0f} MiB max RSS ({r.rss_before_mib:.0f} MiB after the serial phase)"
