@@ -304,7 +304,8 @@ def report(r: Result, sandboxes: int, rss_mib: float) -> None:
     create = [t.create_start for t in r.timings]
     stop = [t.stop for t in r.timings]
     serial = [t.create_start + t.stop for t in r.baseline]
-    projected = statistics.mean(serial) * sandboxes
+    done = len(r.timings)  # projected for what completed, so failures cannot flatter the ratio
+    projected = statistics.mean(serial) * done
     print(
         f"sandboxes            {sandboxes} concurrent (half 1xL4 GPU pods) through the adaptor's "
         "hypervisor socket, aws provider on moto (loopback)"
@@ -324,7 +325,7 @@ def report(r: Result, sandboxes: int, rss_mib: float) -> None:
         f"baseline (serial)    {len(serial)} sandboxes one at a time: create+start "
         f"{ms([t.create_start for t in r.baseline])}, stop {ms([t.stop for t in r.baseline])}"
     )
-    print(f"                     {projected:.2f} s projected for {sandboxes}")
+    print(f"                     {projected:.2f} s projected for {done}")
     print(f"speedup vs serial    {projected / r.wall:.1f}x")
     print(
         f"CPU, concurrent run  adaptor {r.cpu:.1f} s ({r.cpu / r.wall:.0%} of a core), "
