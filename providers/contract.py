@@ -16,6 +16,7 @@ Kata's own keys:
     mig=1g.10gb:2,3g.40gb:1 MIG profiles with device counts
     frac                    a fraction of a GPU may serve one GPU
     rdma                    RDMA (EFA / InfiniBand) required
+    rdma=4                  ... with at least that many RDMA devices (EFA interfaces)
 
 e.g. `v1:m=h100|h200;mig=1g.10gb:2`. A value without the `v1:` prefix is read as CAA does: a
 comma-separated list of model names. Unknown fields are an error, so a newer webhook cannot be
@@ -85,6 +86,7 @@ class GpuIntent(BaseModel):
     mig: dict[str, int] = Field(default_factory=dict)
     fractional: bool = False
     rdma: bool = False
+    rdma_devices: int = Field(0, ge=0, description="RDMA devices needed; 0 or 1: one")
 
     @property
     def empty(self) -> bool:
@@ -105,7 +107,7 @@ def encode_gpu_model(intent: GpuIntent) -> str:
     if intent.fractional:
         fields.append("frac")
     if intent.rdma:
-        fields.append("rdma")
+        fields.append(f"rdma={intent.rdma_devices}" if intent.rdma_devices > 1 else "rdma")
     return f"{GPU_MODEL_VERSION}:" + ";".join(fields) if fields else ""
 
 
@@ -139,6 +141,7 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
     memory_mib = 0
     mig: dict[str, int] = {}
     flags: set[str] = set()
+    rdma_devices = 0
     body = value[len(GPU_MODEL_VERSION) + 1 :]
     for part in filter(None, (p.strip() for p in body.split(";"))):
         name, _, arg = part.partition("=")
@@ -156,6 +159,9 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
                 mig[profile] = mig.get(profile, 0) + int(count)
         elif name in ("frac", "rdma") and not arg:
             flags.add(name)
+        elif name == "rdma" and arg.isdigit() and int(arg) >= 1:
+            flags.add(name)
+            rdma_devices = int(arg)
         else:
             raise AnnotationError(key, f"unknown or malformed field {part!r}")
     return GpuIntent(
@@ -165,6 +171,7 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
         mig=mig,
         fractional="frac" in flags,
         rdma="rdma" in flags,
+        rdma_devices=rdma_devices if rdma_devices > 1 else 0,
     )
 
 
@@ -192,6 +199,7 @@ class VMIntent(BaseModel):
             "mig": dict(self.gpu.mig),
             "fractional": self.gpu.fractional,
             "rdma": self.gpu.rdma,
+            "rdma_devices": self.gpu.rdma_devices,
             "instance_type": self.machine_type,
         }
         fields.update(overrides)
@@ -291,7 +299,8 @@ class ContainerPlan(BaseModel):
         for unit in self.units:
             if unit.kind == "mig":
                 mig[unit.profile] = mig.get(unit.profile, 0) + unit.count
-        return GpuIntent(gpus=gpus, mig=mig, rdma=any(u.kind == "rdma" for u in self.units))
+        rdma = sum(u.count for u in self.units if u.kind == "rdma")
+        return GpuIntent(gpus=gpus, mig=mig, rdma=rdma > 0, rdma_devices=rdma if rdma > 1 else 0)
 
 
 def cdi_annotation_key(container: str) -> str:

@@ -26,6 +26,7 @@ class InstanceRequest(BaseModel):
     fractional: bool = Field(False, description="a fraction of a GPU may serve one GPU")
     arch: Arch = "x86_64"
     rdma: bool = Field(False, description="RDMA (EFA / InfiniBand) required")
+    rdma_devices: int = Field(0, ge=0, description="RDMA devices needed (EFA interfaces); 0: one")
     allow: tuple[str, ...] = Field((), description="only these instance types (empty: any)")
     deny: tuple[str, ...] = Field((), description="never these instance types")
     instance_type: str = Field("", description="an explicit instance type")

@@ -341,6 +341,10 @@ class _Matcher:
             return Rejection(t.name, f"{t.arch}, the image is {request.arch}", ARCH)
         if request.rdma and not t.rdma:
             return Rejection(t.name, "no RDMA (EFA/InfiniBand)", RDMA)
+        if request.rdma_devices > 1 and rdma_devices(t) < request.rdma_devices:
+            have = rdma_devices(t)
+            reason = f"{have} RDMA device(s), need {request.rdma_devices}"
+            return Rejection(t.name, reason, RDMA, have=have)
         if t.vcpus < request.vcpus:
             return Rejection(t.name, f"{t.vcpus} vCPUs, need {request.vcpus}", VCPUS, have=t.vcpus)
         if t.memory_mib < request.memory_mib:
@@ -584,15 +588,21 @@ def select(catalog: Catalog, request: InstanceRequest) -> Selection:
 _NO_FIT = _Fit()
 
 
+def rdma_devices(t: InstanceType) -> int:
+    """RDMA devices a type gives a pod VM: its EFA interfaces, one InfiniBand HCA, or none."""
+    return max(t.efa_interfaces, 1) if t.rdma else 0
+
+
 def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
     """The fits in rank order. Cheap necessary conditions first; `check` decides the rest."""
     request = matcher.request
-    vcpus, memory, arch, rdma, zone = (
+    vcpus, memory, arch, rdma, zone, nics = (
         request.vcpus,
         request.memory_mib,
         request.arch,
         request.rdma,
         request.zone,
+        request.rdma_devices,
     )
     allow, deny = matcher.allow, matcher.deny
     fits: list[tuple[InstanceType, _Fit]] = []
@@ -606,6 +616,7 @@ def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
                 and model is None
                 and offered
                 and (rd or not rdma)
+                and (nics <= 1 or rdma_devices(t) >= nics)
                 and (not zone or not zones or zone in zones)
                 and (deny is None or not deny.match(t.name))
                 and (allow is None or allow.match(t.name))

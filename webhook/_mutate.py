@@ -83,6 +83,7 @@ class PodIntent:
             mig=dict(self.gpu.mig),
             fractional=self.gpu.fractional,
             rdma=self.gpu.rdma,
+            rdma_devices=self.gpu.rdma_devices,
             instance_type=self.machine_type,
         )
 
@@ -223,13 +224,15 @@ def _vm_gpu(
         )
     if models is not None and models >= all_models:
         models = None
+    rdma = total(lambda u: u.kind == "rdma")
     return GpuIntent(
         gpus=total(lambda u: u.kind == "gpu"),
         models=tuple(sorted(models)) if models else (),
         memory_mib=max((c.memory_mib for c in claims), default=0),
         mig={p: n for p, n in mig.items() if n},
         fractional=any(c.fractional for c in claims),
-        rdma=total(lambda u: u.kind == "rdma") > 0,
+        rdma=rdma > 0,
+        rdma_devices=rdma if rdma > 1 else 0,
     )
 
 

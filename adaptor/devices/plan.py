@@ -22,6 +22,7 @@ from providers.catalog import InstanceType
 from providers.contract import ContainerPlan, GpuIntent
 from providers.errors import InvalidRequest
 from providers.mig import pack
+from providers.selection import rdma_devices
 
 
 class MigDevice(BaseModel):
@@ -128,9 +129,7 @@ def _instance_gpus(instance: InstanceType | tuple[int, str], wanted: int) -> tup
 def _rdma_count(instance: InstanceType | tuple[int, str], wanted: bool) -> int:
     if isinstance(instance, tuple):
         return 1 if wanted else 0
-    if not instance.rdma:
-        return 0
-    return max(instance.efa_interfaces, 1)
+    return rdma_devices(instance)
 
 
 def plan_devices(

@@ -48,13 +48,32 @@ def test_encoding_is_compact_and_versioned() -> None:
     assert contract.encode_gpu_model(GpuIntent(gpus=2)) == ""
 
 
+def test_rdma_device_count() -> None:
+    intent = contract.decode_gpu_model("v1:m=h100;rdma=4", 8)
+    assert intent.rdma and intent.rdma_devices == 4
+    assert contract.encode_gpu_model(intent) == "v1:m=h100;rdma=4"
+    assert contract.decode_gpu_model("v1:rdma=1").rdma_devices == 0  # one is the default
+    request = contract.VMIntent(pod_name="p", pod_namespace="d", gpu=intent).to_request()
+    assert request.rdma and request.rdma_devices == 4
+
+
 def test_legacy_value_is_a_model_list() -> None:
     assert contract.decode_gpu_model("a100, h100", 2).models == ("a100", "h100")
 
 
 @pytest.mark.parametrize(
     "value",
-    ["v2:m=h100", "v1:m=", "v1:mig=1g.10gb", "v1:mig=9x:1", "v1:mem=lots", "v1:bogus", "a100 80"],
+    [
+        "v2:m=h100",
+        "v1:m=",
+        "v1:mig=1g.10gb",
+        "v1:mig=9x:1",
+        "v1:mem=lots",
+        "v1:bogus",
+        "a100 80",
+        "v1:rdma=0",
+        "v1:rdma=many",
+    ],
 )
 def test_bad_gpu_model_names_the_annotation(value: str) -> None:
     with pytest.raises(AnnotationError, match="default_gpu_model"):

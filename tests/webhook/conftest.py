@@ -28,14 +28,16 @@ from webhook._resolver import Resolver
 K8S_VERSION = "1.34"
 
 
-def _t(name: str, vcpus: int, gib: int, gpu: GpuSpec | None = None, rdma: str = "") -> InstanceType:
+def _t(
+    name: str, vcpus: int, gib: int, gpu: GpuSpec | None = None, rdma: str = "", efa: int = 0
+) -> InstanceType:
     return InstanceType(
         name=name,
         vcpus=vcpus,
         memory_mib=gib * 1024,
         gpu=gpu,
         rdma=rdma,  # type: ignore[arg-type]
-        efa_interfaces=4 if rdma else 0,
+        efa_interfaces=efa,
         price_per_hour=float(vcpus),
     )
 
@@ -53,9 +55,9 @@ def make_catalog() -> Catalog:
             _t("g6f.large", 2, 8, GpuSpec(model="l4", count=1, memory_mib=2861, fraction=0.125)),
             _t("g6f.2xlarge", 8, 32, GpuSpec(model="l4", count=1, memory_mib=11444, fraction=0.5)),
             _t("p4d.24xlarge", 96, 1152, GpuSpec(model="a100-40gb", count=8, memory_mib=40960),
-               rdma="efa"),
+               rdma="efa", efa=4),
             _t("p5.48xlarge", 192, 2048, GpuSpec(model="h100-80gb", count=8, memory_mib=81920),
-               rdma="efa"),
+               rdma="efa", efa=32),
         ),
     )  # fmt: skip
 

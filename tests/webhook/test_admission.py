@@ -101,7 +101,8 @@ def test_rdma_and_efa(admit: Admit) -> None:
     _, mutated = admit(p)
     a = _annotations(mutated)
     assert a[DEFAULT_GPUS] == "8"
-    assert decode_gpu_model(a[DEFAULT_GPU_MODEL]).rdma
+    gpu = decode_gpu_model(a[DEFAULT_GPU_MODEL])
+    assert gpu.rdma and gpu.rdma_devices == 5  # four EFA interfaces and one InfiniBand HCA
     plan = ContainerPlan.decode(a[DEVICES])
     assert plan.containers == {"trainer": ("trainer-gpu", "trainer-rdma"), "ib": ("ib-rdma",)}
     assert all(not _resources(mutated, 1).get(s) for s in ("limits", "requests"))
