@@ -29,7 +29,13 @@ from adaptor.ttrpc.codec import (
     encode_response,
     peek_call,
 )
-from adaptor.ttrpc.connection import READ_CHUNK, bind_unix, close_writer, unlink_socket
+from adaptor.ttrpc.connection import (
+    LISTEN_BACKLOG,
+    READ_CHUNK,
+    bind_unix,
+    close_writer,
+    unlink_socket,
+)
 from adaptor.ttrpc.gen import ttrpc_pb2
 from adaptor.ttrpc.status import Code, TtrpcError
 
@@ -86,7 +92,9 @@ class AgentProxy:
             raise RuntimeError("proxy already started")
         sock = bind_unix(self.socket_path, 0o600)
         self._inode = os.lstat(self.socket_path).st_ino
-        self._server = await asyncio.start_unix_server(self._accept, sock=sock, limit=READ_CHUNK)
+        self._server = await asyncio.start_unix_server(
+            self._accept, sock=sock, limit=READ_CHUNK, backlog=LISTEN_BACKLOG
+        )
 
     async def connect(self, timeout_seconds: float) -> None:
         """Dial the forwarder, retrying with backoff (capped at 5 s) until `timeout_seconds`."""

@@ -20,6 +20,11 @@ READ_CHUNK = 256 * 1024
 StreamPair = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
+# Pending connections a unix listener queues: bursts of shim connects (many pods starting at once)
+# must not meet EAGAIN while the loop is busy; the kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 1024
+
+
 def bind_unix(path: str, mode: int) -> socket.socket:
     """A listening unix socket at `path` with `mode`, never reachable with looser permissions.
 
@@ -31,7 +36,8 @@ def bind_unix(path: str, mode: int) -> socket.socket:
     with contextlib.suppress(FileNotFoundError):
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
             raise FileExistsError(17, "exists and is not a socket", path)
-    tmp = os.path.join(parent, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    # A short temporary name: never longer than a path that fits a unix socket address itself.
+    tmp = os.path.join(parent, f".{os.getpid():x}")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -39,7 +45,7 @@ def bind_unix(path: str, mode: int) -> socket.socket:
         sock.bind(tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-        sock.listen(128)
+        sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)
     except BaseException:
         sock.close()

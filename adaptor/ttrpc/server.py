@@ -20,7 +20,7 @@ from .codec import (
     encode_frame,
     encode_response,
 )
-from .connection import READ_CHUNK, bind_unix, close_writer, unlink_socket
+from .connection import LISTEN_BACKLOG, READ_CHUNK, bind_unix, close_writer, unlink_socket
 from .gen import ttrpc_pb2
 from .status import Code, TtrpcError
 
@@ -74,7 +74,9 @@ class Server:
         sock = bind_unix(path, mode)
         self._inode = os.lstat(path).st_ino
         self._path = path
-        self._server = await asyncio.start_unix_server(self._accept, sock=sock, limit=READ_CHUNK)
+        self._server = await asyncio.start_unix_server(
+            self._accept, sock=sock, limit=READ_CHUNK, backlog=LISTEN_BACKLOG
+        )
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _ServerConnection(self, reader, writer)

@@ -180,3 +180,32 @@ async def test_client_fails_pending_calls_when_server_goes(sock_dir: Path) -> No
     with pytest.raises(TtrpcError):
         await client.call("test.Echo", "Slow", b"0")
     await client.close()
+
+
+async def test_a_burst_of_connections_is_queued_not_refused(server_path: str) -> None:
+    # Shims connect once per call: a burst larger than asyncio's default backlog (100), all
+    # arriving before the loop accepts any, must still be served.
+    async def one(i: int) -> bytes:
+        async with await Client.connect_unix(server_path) as client:
+            return await client.call("test.Echo", "Echo", str(i).encode(), timeout_nano=10**10)
+
+    answers = await asyncio.gather(*(one(i) for i in range(300)))
+    assert [ttrpc_pb2.Request.FromString(a).payload for a in answers] == [
+        str(i).encode() for i in range(300)
+    ]
+
+
+async def test_a_socket_path_of_the_maximum_length_binds() -> None:
+    # sun_path holds 107 bytes and a NUL: the temporary name used while binding must fit too.
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="pp-") as root:
+        path = os.path.join(root, "d" * (107 - len(root) - 1 - len("/agent.ttrpc")), "agent.ttrpc")
+        assert len(path.encode()) == 107
+        server = make_server()
+        await server.start_unix(path)
+        try:
+            async with await Client.connect_unix(path) as client:
+                assert await client.call("grpc.Health", "Check", b"", timeout_nano=10**10) == b""
+        finally:
+            await server.close(grace_seconds=0)
