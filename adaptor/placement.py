@@ -14,6 +14,7 @@ the StartVM fails or the sandbox stops.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -63,10 +64,14 @@ class Placement:
             if not self.zones:
                 return selection.top(self.max_candidates)
             zones = set(self.zones)
-            found = [c for c in selection.candidates if not c.zones or set(c.zones) & zones]
-            if not found:
+            found = itertools.islice(
+                (c for c in selection.iter_candidates() if not c.zones or set(c.zones) & zones),
+                self.max_candidates,
+            )
+            kept = list(found)
+            if not kept:
                 raise NoMatch(f"no candidate's GPU is offered in the zones {', '.join(self.zones)}")
-            return found[: self.max_candidates]
+            return kept
         except NoMatch as exc:
             metrics.SELECTION_FAILURES.labels(
                 reason=metrics.selection_reason_category(str(exc))

@@ -6,6 +6,9 @@ config/catalogs/ are these records as JSON; selection reads nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from functools import cached_property
+from types import MappingProxyType
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -66,5 +69,10 @@ class Catalog(BaseModel):
     source: str = Field("", description="how it was made: 'snapshot <date>', 'live', 'moto'")
     types: tuple[InstanceType, ...] = ()
 
-    def by_name(self) -> dict[str, InstanceType]:
-        return {t.name: t for t in self.types}
+    @cached_property
+    def _by_name(self) -> Mapping[str, InstanceType]:
+        return MappingProxyType({t.name: t for t in self.types})
+
+    def by_name(self) -> Mapping[str, InstanceType]:
+        """Types by name (built once per catalog; a catalog is immutable)."""
+        return self._by_name

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
+import functools
 import hashlib
 import logging
 import os
 import random
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,10 +178,27 @@ async def sdk_call(
 ) -> Any:
     """Run a blocking SDK call in a thread; its errors come back as this project's ProviderError
     tree (`translate` is the provider's own mapping, the one place SDK errors are read)."""
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
     try:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        return await loop.run_in_executor(_sdk_executor(), call)
     except Exception as exc:
         raise translate(exc, what) from exc
+
+
+# Cloud SDK calls block on the network: a pool of their own, sized for many sandboxes starting at
+# once, so they neither queue behind nor starve the loop's default executor (files, SQLite).
+SDK_THREADS = 32
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _sdk_executor() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(SDK_THREADS, thread_name_prefix="peerpods-sdk")
+        return _executor
 
 
 async def retry_transient(

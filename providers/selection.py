@@ -14,7 +14,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Final, NamedTuple
@@ -110,7 +110,7 @@ class _Index:
     """What selection precomputes once per catalog (cached while the catalog lives)."""
 
     types: tuple[InstanceType, ...]
-    by_name: dict[str, InstanceType]
+    by_name: Mapping[str, InstanceType]
     gpu_types: tuple[InstanceType, ...]  # bundled or attachable GPUs
     has_zones: bool
     rows: tuple[_Row, ...]  # every type, sorted by its request-independent rank key
@@ -447,6 +447,11 @@ class Selection:
             return self.candidates[:n]
         total = len(self._fits)
         return [self._candidate(i, total) for i in range(min(n, total))]
+
+    def iter_candidates(self) -> Iterator[Candidate]:
+        """The candidates best first, each built only when reached."""
+        total = len(self._fits)
+        return (self._candidate(i, total) for i in range(total))
 
     @cached_property
     def candidates(self) -> list[Candidate]:
