@@ -1,12 +1,12 @@
 """Per-container device status: what each container of a sandbox was planned to get, and whether
 the agent accepted it.
 
-pending  planned, CreateContainer not seen yet
+pending  CreateContainer carried the devices; the agent has not answered yet
 ready    CreateContainer carried the devices and the agent answered OK
 failed   the rewrite refused the request or the agent answered an error (`reason` says which)
 
-Kept in memory (it describes live proxy traffic); a restarted daemon reports the plan as pending
-until the containers are created again.
+Kept in memory (it describes live proxy traffic); a restarted daemon reports a container again
+once its CreateContainer passes through.
 """
 
 from __future__ import annotations
@@ -41,13 +41,6 @@ class DeviceBook:
 
     _sandboxes: dict[str, dict[str, ContainerDevices]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def plan(self, sandbox_id: str, devices_by_container: dict[str, list[str]]) -> None:
-        """Record the plan of a sandbox: every container starts pending."""
-        with self._lock:
-            self._sandboxes[sandbox_id] = {
-                name: ContainerDevices(tuple(names)) for name, names in devices_by_container.items()
-            }
 
     def set_devices(self, sandbox_id: str, container: str, devices: tuple[str, ...]) -> None:
         """A container's CreateContainer carried these devices: pending until the agent answers."""

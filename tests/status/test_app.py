@@ -38,7 +38,8 @@ async def test_sandbox_views_follow_state_and_devices(tmp_path: Path) -> None:
         record = await store.get("sb1")
         assert record is not None
         await store.put(record.evolve(state=SandboxState.RUNNING, instance=instance))
-        devices.plan("sb1", {"cuda": ["nvidia.com/gpu=0"], "sidecar": []})
+        devices.set_devices("sb1", "cuda", ("nvidia.com/gpu=0",))
+        devices.set_devices("sb1", "sidecar", ())
         devices.mark("sb1", "cuda", DeviceState.FAILED, "agent: CDI device not found")
 
         one = (await client.get("/v1/sandboxes/sb1")).json()
