@@ -1,7 +1,7 @@
 """The instance-type catalog: one normalised record per cloud instance type.
 
 Loaders (providers/loaders/) turn each cloud's listing into these records; bundled snapshots under
-config/catalogs/ are these records as JSON; selection reads nothing else.
+providers/snapshots/ are these records as JSON; selection reads nothing else.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where catalogs come from: bundled snapshots (offline, the default) or the live cloud APIs.
 
-A snapshot is `config/catalogs/<cloud>-<region>.json`, a `providers.catalog.Catalog` as JSON.
+A snapshot is `providers/snapshots/<cloud>-<region>.json`, a `providers.catalog.Catalog` as JSON.
 Loaded catalogs are cached for a TTL (a snapshot also until its file changes), so the webhook and
 the adaptor parse a catalog once, and selection's per-catalog indexes live as long as it does.
 Live loading imports the cloud's loader module only when asked, so an AWS-only install never
@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import cast, get_args
 
@@ -45,11 +46,11 @@ Progress = Callable[[str, int], None]  # (stage, items in the page just read): l
 
 
 def default_catalog_dir() -> Path:
-    """`$PEERPODS_CATALOG_DIR`, else the `config/catalogs` beside this package."""
+    """`$PEERPODS_CATALOG_DIR`, else the bundled `providers/snapshots` (package data)."""
     env = os.environ.get("PEERPODS_CATALOG_DIR", "").strip()
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "config" / "catalogs"
+    return Path(str(resources.files("providers") / "snapshots"))
 
 
 def parse_cloud(name: str) -> Cloud:

@@ -1,6 +1,6 @@
 """Known on-demand list prices, merged into catalogs so selection can rank cheapest first.
 
-Prices live as CSV files `config/catalogs/prices/<cloud>-<region>.csv` with the columns
+Prices live as CSV files `providers/snapshots/prices/<cloud>-<region>.csv` with the columns
 `instance_type,usd_per_hour`. Only published figures go there; a type without a row has no known
 price (None) and selection falls back to ranking by size.
 """
@@ -19,7 +19,7 @@ from providers.errors import CatalogError
 
 __all__ = ["PRICES_DIR", "known_prices", "price_per_hour", "with_prices"]
 
-PRICES_DIR = Path(__file__).resolve().parent.parent / "config" / "catalogs" / "prices"
+PRICES_DIR = Path(__file__).resolve().parent / "snapshots" / "prices"
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""Write the bundled catalog snapshots under config/catalogs/ with the real loaders.
+"""Write the bundled catalog snapshots under providers/snapshots/ with the real loaders.
 
 AWS snapshots come from the AWS loader run against moto, whose bundled DescribeInstanceTypes and
 offerings data is real AWS data; Azure and GCP snapshots from their loaders fed, through the SDKs'
@@ -92,7 +92,7 @@ def dumps(catalog: Catalog) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="snapshots to write (default: all)")
-    parser.add_argument("--out", type=Path, default=ROOT / "config" / "catalogs")
+    parser.add_argument("--out", type=Path, default=ROOT / "providers" / "snapshots")
     args = parser.parse_args(argv)
     known = makers()
     unknown = [n for n in args.names if n not in known]

@@ -44,7 +44,7 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
         "--catalog-dir",
         default="",
         metavar="DIR",
-        help="folder of catalog snapshots (default: the bundled config/catalogs)",
+        help="folder of catalog snapshots (default: the bundled snapshots)",
     )
     flags.add(parser, "--output", choices=["table", "json"], default="table", help="output format")
 

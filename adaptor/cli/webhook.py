@@ -48,7 +48,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parser,
         "--catalog-dir",
         default="",
-        help="directory of catalog snapshots (default: the bundled config/catalogs)",
+        help="directory of catalog snapshots (default: the bundled snapshots)",
     )
     flags.add(
         parser,

@@ -13,7 +13,7 @@ from providers.catalog import Catalog, InstanceType
 from providers.errors import CatalogError
 
 ROOT = Path(__file__).resolve().parents[2]
-SNAPSHOTS = ROOT / "config" / "catalogs"
+SNAPSHOTS = ROOT / "providers" / "snapshots"
 
 
 def _script() -> ModuleType:

@@ -98,7 +98,7 @@ def test_bad_flag_choice_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
 def test_env_twins_and_catalog_dir(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    source = ROOT / "config" / "catalogs" / "gcp-us-central1.json"
+    source = ROOT / "providers" / "snapshots" / "gcp-us-central1.json"
     (tmp_path / "gcp-us-central1.json").write_bytes(source.read_bytes())
     monkeypatch.setenv("PEERPODS_PROVIDER", "gcp")
     monkeypatch.setenv("PEERPODS_GPU_MODEL", "l4")
