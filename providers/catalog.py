@@ -15,6 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Cloud = Literal["aws", "azure", "gcp"]
 Arch = Literal["x86_64", "arm64"]
+Provisioning = Literal["on-demand", "spot", "flex-start", "capacity-block"]
+"""How a cloud sells a type: on demand; as Spot (AWS Spot, Azure Spot, GCP Spot VMs: cheaper,
+reclaimable); GCP's Flex-start (Dynamic Workload Scheduler: queued, runs at most 7 days); AWS
+Capacity Blocks for ML (reserved in advance)."""
+DEFAULT_PROVISIONING: tuple[Provisioning, ...] = ("on-demand", "spot")
 
 
 class GpuSpec(BaseModel):
@@ -39,6 +44,12 @@ class AttachableGpu(BaseModel):
     zones: tuple[str, ...] = Field(
         (), description="zones where it can be attached; empty: every zone of the type"
     )
+    price_per_hour: float | None = Field(
+        None, ge=0, description="on-demand USD per hour for one attached GPU, when known"
+    )
+    spot_price_per_hour: float | None = Field(
+        None, ge=0, description="Spot USD per hour for one attached GPU, when published"
+    )
 
 
 class InstanceType(BaseModel):
@@ -55,8 +66,26 @@ class InstanceType(BaseModel):
     rdma: Literal["", "efa", "infiniband"] = ""
     efa_interfaces: int = 0
     zones: tuple[str, ...] = Field((), description="zones offering it; empty: region-wide/unknown")
-    price_per_hour: float | None = Field(None, description="on-demand USD per hour, when known")
+    price_per_hour: float | None = Field(
+        None, ge=0, description="on-demand USD per hour, when known (GCP N1: the machine alone)"
+    )
+    spot_price_per_hour: float | None = Field(
+        None,
+        ge=0,
+        description="Spot USD per hour where the cloud publishes one (AWS: a recent average; "
+        "Azure and GCP: the list price); None when unknown",
+    )
+    provisioning: tuple[Provisioning, ...] = Field(
+        DEFAULT_PROVISIONING,
+        description="how the cloud sells it; a type without 'on-demand' (GCP's 1-, 2- and 4-GPU "
+        "A3 High: Spot and Flex-start only) is never a candidate for an on-demand pod",
+    )
     family: str = ""
+
+    @property
+    def on_demand(self) -> bool:
+        """Whether an on-demand VM of this type can be created."""
+        return "on-demand" in self.provisioning
 
 
 class Catalog(BaseModel):

@@ -114,3 +114,41 @@ def test_malformed_price_files_are_catalog_errors(tmp_path: Path, content: str) 
     (tmp_path / "aws-xx-bad-1.csv").write_text(content)
     with pytest.raises(CatalogError, match=r"aws-xx-bad-1\.csv"):
         prices.known_prices("aws", "xx-bad-1", tmp_path)
+
+
+def test_spot_prices_and_attached_gpu_rows_merge(tmp_path: Path) -> None:
+    from providers.catalog import AttachableGpu
+
+    (tmp_path / "gcp-xx-test1.csv").write_text(
+        "instance_type,usd_per_hour,spot_usd_per_hour\n"
+        "a3-highgpu-1g,,3.5\n"  # sold as Spot only: no on-demand price
+        "gpu:t4,0.35,0.14\n"
+        "n1-standard-4,0.19,0.04\n"
+    )
+    t4 = AttachableGpu(model="t4", memory_mib=16384, counts=(1, 2, 4))
+    catalog = Catalog(
+        cloud="gcp",
+        region="xx-test1",
+        types=(
+            InstanceType(name="n1-standard-4", vcpus=4, memory_mib=15360, attachable_gpus=(t4,)),
+            InstanceType(name="a3-highgpu-1g", vcpus=26, memory_mib=239616),
+        ),
+    )
+    n1, a3 = prices.with_prices(catalog, tmp_path).types
+    assert (n1.price_per_hour, n1.spot_price_per_hour) == (0.19, 0.04)
+    assert (n1.attachable_gpus[0].price_per_hour, n1.attachable_gpus[0].spot_price_per_hour) == (
+        0.35,
+        0.14,
+    )
+    assert (a3.price_per_hour, a3.spot_price_per_hour) == (None, 3.5)
+    assert prices.known_prices("gcp", "xx-test1", tmp_path) == {"n1-standard-4": 0.19}
+    assert prices.write_prices(prices.with_prices(catalog, tmp_path), tmp_path / "out.csv") == 3
+    assert (tmp_path / "out.csv").read_text() == (tmp_path / "gcp-xx-test1.csv").read_text()
+
+
+def test_a_row_without_any_price_is_malformed(tmp_path: Path) -> None:
+    (tmp_path / "aws-xx-bad-2.csv").write_text(
+        "instance_type,usd_per_hour,spot_usd_per_hour\na.large,,\n"
+    )
+    with pytest.raises(CatalogError, match=r"aws-xx-bad-2\.csv:2"):
+        prices.known_prices("aws", "xx-bad-2", tmp_path)
