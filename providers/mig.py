@@ -2,10 +2,15 @@
 
 How many GPUs a set of MIG devices needs is decided by placing them with NVIDIA's placement rules
 (FACTS 8), never by dividing memory: on a 7-slice GPU 3g+4g fits one GPU, 2x3g+1g does not. A
-GPU has 8 memory slots (4 on an A30); each profile occupies `memory_slots` contiguous slots from
-one of its allowed starts, uses `compute_slices` of the GPU's compute, and at most one "+me"
-profile fits a GPU. The packer returns the layout (profile -> GPU index, start slot) so device
-plans can name the very slices selection counted.
+GPU has 8 memory slots (4 on an A30 or RTX PRO 6000); each profile occupies `memory_slots`
+contiguous slots from one of its allowed starts, uses `compute_slices` of the GPU's compute, and at
+most one "+me" profile fits a GPU (a GPU has one JPEG decoder and one OFA, and "+me" takes both).
+
+The tables are NVIDIA's MIG user guide ("Supported MIG Profiles"): seven-slice GPUs (A100, H100,
+H100 NVL, H100 on GH200, H200, B200, GB200, B300) share one geometry and differ only in names;
+four-slice GPUs (A30, RTX PRO 6000 Blackwell Server Edition) have their own rows. The packer
+returns the layout (profile -> GPU index, start slot) so device plans can name the very slices
+selection counted.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ __all__ = [
     "MigLayout",
     "MigPlacement",
     "MigProfileSpec",
+    "geometry",
     "min_gpus",
     "pack",
     "profiles_for",
@@ -45,10 +51,10 @@ class _Geometry:
 
 
 _SEVEN = _Geometry(memory_slots=8, compute_slices=7)
-_A30 = _Geometry(memory_slots=4, compute_slices=4)
+_FOUR = _Geometry(memory_slots=4, compute_slices=4)
 
 # Rows of FACTS 8: (memory slots, compute slices, max per GPU, +me, starts), then one name per
-# column: A100-40GB, A100-80GB / H100-80GB, H100 NVL 94GB, H200 141GB, B200 180GB.
+# column (the MIG guide's per-product tables; names follow each part's memory).
 _ROWS: tuple[tuple[int, int, int, bool, tuple[int, ...]], ...] = (
     (1, 1, 7, False, (0, 1, 2, 3, 4, 5, 6)),
     (1, 1, 1, True, (0, 1, 2, 3, 4, 5, 6)),
@@ -74,6 +80,37 @@ _COLUMNS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("b200",): (
         "1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb",
     ),
+    # H100 96GB as GH200 carries it
+    ("gh200",): (
+        "1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb",
+    ),
+    # GB200 186GB
+    ("gb200",): (
+        "1g.23gb", "1g.23gb+me", "1g.47gb", "2g.47gb", "3g.93gb", "4g.93gb", "7g.186gb",
+    ),
+    # B300 288GB (269 GB usable)
+    ("b300",): (
+        "1g.34gb", "1g.34gb+me", "1g.67gb", "2g.67gb", "3g.135gb", "4g.135gb", "7g.269gb",
+    ),
+}  # fmt: skip
+
+# Four-slice GPUs: (name, memory slots, compute slices, max per GPU, starts, +me).
+_FOUR_SLICE: dict[str, tuple[tuple[str, int, int, int, tuple[int, ...], bool], ...]] = {
+    "a30": (
+        ("1g.6gb", 1, 1, 4, (0, 1, 2, 3), False),
+        ("1g.6gb+me", 1, 1, 1, (0, 1, 2, 3), True),  # R470 and later
+        ("2g.12gb", 2, 2, 2, (0, 2), False),
+        ("2g.12gb+me", 2, 2, 1, (0, 2), True),  # R525 and later
+        ("4g.24gb", 4, 4, 1, (0,), False),
+    ),
+    # RTX PRO 6000 Blackwell Server Edition 96GB (compute profiles; the +gfx graphics
+    # variants are not offered to pods)
+    "rtx-pro-6000": (
+        ("1g.24gb", 1, 1, 4, (0, 1, 2, 3), False),
+        ("1g.24gb+me", 1, 1, 1, (0, 1, 2, 3), True),
+        ("2g.48gb", 2, 2, 2, (0, 2), False),
+        ("4g.96gb", 4, 4, 1, (0,), False),
+    ),
 }  # fmt: skip
 
 
@@ -86,16 +123,24 @@ def _build() -> dict[str, tuple[MigProfileSpec, ...]]:
         )
         for model in models:
             table[model] = specs
-    table["a30"] = (
-        MigProfileSpec("1g.6gb", 1, 1, 4, (0, 1, 2, 3)),
-        MigProfileSpec("2g.12gb", 2, 2, 2, (0, 2)),
-        MigProfileSpec("4g.24gb", 4, 4, 1, (0,)),
-    )
+    for model, rows in _FOUR_SLICE.items():
+        table[model] = tuple(
+            MigProfileSpec(name, slots, compute, most, starts, me)
+            for name, slots, compute, most, starts, me in rows
+        )
     return table
 
 
 MIG_PROFILES: Mapping[str, tuple[MigProfileSpec, ...]] = _build()
-_GEOMETRY: Mapping[str, _Geometry] = {m: (_A30 if m == "a30" else _SEVEN) for m in MIG_PROFILES}
+_GEOMETRY: Mapping[str, _Geometry] = {
+    m: (_FOUR if m in _FOUR_SLICE else _SEVEN) for m in MIG_PROFILES
+}
+
+
+def geometry(model_id: str) -> tuple[int, int] | None:
+    """(memory slots, compute slices) of one GPU of this model; None without a MIG table."""
+    found = _GEOMETRY.get(model_id)
+    return None if found is None else (found.memory_slots, found.compute_slices)
 
 
 _BY_NAME: Mapping[str, Mapping[str, MigProfileSpec]] = {

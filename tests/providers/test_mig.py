@@ -9,15 +9,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from providers.mig import MIG_PROFILES, MigPlacement, min_gpus, pack, place_one_gpu, profiles_for
+from providers.gpus import GPU_MODELS
+from providers.mig import (
+    MIG_PROFILES,
+    MigPlacement,
+    geometry,
+    min_gpus,
+    pack,
+    place_one_gpu,
+    profiles_for,
+)
 
 
 def _valid_layout(
     model: str, wanted: Mapping[str, int], layout_gpus: int, placements: Sequence[MigPlacement]
 ) -> None:
     specs = profiles_for(model)
-    slots = 4 if model == "a30" else 8
-    compute = 4 if model == "a30" else 7
+    found = geometry(model)
+    assert found is not None
+    slots, compute = found
     counts: dict[str, int] = {}
     for gpu in range(layout_gpus):
         mine = [p for p in placements if p.gpu == gpu]
@@ -106,6 +116,53 @@ def test_a30_geometry() -> None:
     assert min_gpus("a30", {"4g.24gb": 1, "1g.6gb": 1}) == 2
 
 
+# NVIDIA's MIG user guide, "Supported MIG Profiles": the profile names of each part, and the
+# four-slice parts' media-extension rows (A30: 1g.6gb+me from R470, 2g.12gb+me from R525).
+@pytest.mark.parametrize(
+    ("model", "names"),
+    [
+        ("a30", ["1g.6gb", "1g.6gb+me", "2g.12gb", "2g.12gb+me", "4g.24gb"]),
+        ("rtx-pro-6000", ["1g.24gb", "1g.24gb+me", "2g.48gb", "4g.96gb"]),
+        ("gh200", ["1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"]),
+        (
+            "gb200",
+            ["1g.23gb", "1g.23gb+me", "1g.47gb", "2g.47gb", "3g.93gb", "4g.93gb", "7g.186gb"],
+        ),
+        (
+            "b300",
+            ["1g.34gb", "1g.34gb+me", "1g.67gb", "2g.67gb", "3g.135gb", "4g.135gb", "7g.269gb"],
+        ),
+    ],
+)
+def test_new_tables_from_the_mig_guide(model: str, names: list[str]) -> None:
+    assert sorted(profiles_for(model)) == sorted(names)
+    assert GPU_MODELS[model].mig_profiles  # the model knows its table
+
+
+def test_four_slice_parts() -> None:
+    # "Max Number of Instances" 4 for A30 and RTX PRO 6000 Blackwell (MIG guide, Supported GPUs)
+    assert geometry("a30") == geometry("rtx-pro-6000") == (4, 4)
+    assert min_gpus("rtx-pro-6000", {"1g.24gb": 4}) == 1
+    assert min_gpus("rtx-pro-6000", {"1g.24gb": 5}) == 2
+    assert min_gpus("rtx-pro-6000", {"2g.48gb": 1, "1g.24gb": 2}) == 1
+    assert min_gpus("rtx-pro-6000", {"4g.96gb": 1, "1g.24gb": 1}) == 2
+    # one +me per GPU: the A30 has one JPEG decoder and one OFA
+    assert min_gpus("a30", {"1g.6gb+me": 1, "2g.12gb+me": 1}) == 2
+    assert min_gpus("a30", {"2g.12gb+me": 1, "2g.12gb": 1}) == 1
+    assert min_gpus("a30", {"1g.6gb+me": 1, "1g.6gb": 3}) == 1
+
+
+def test_seven_slice_parts_share_the_geometry() -> None:
+    # 3g+4g fits one GPU, 2x3g+1g does not (FACTS 8), whatever the names
+    for model, three, four, one in (
+        ("gb200", "3g.93gb", "4g.93gb", "1g.23gb"),
+        ("b300", "3g.135gb", "4g.135gb", "1g.34gb"),
+        ("gh200", "3g.48gb", "4g.48gb", "1g.12gb"),
+    ):
+        assert min_gpus(model, {three: 1, four: 1}) == 1
+        assert min_gpus(model, {three: 2, one: 1}) == 2
+
+
 def test_every_table_row_alone_hits_its_max() -> None:
     for model, specs in MIG_PROFILES.items():
         for spec in specs:
@@ -119,8 +176,9 @@ def test_every_table_row_alone_hits_its_max() -> None:
 def _fits_brute(model: str, items: list[str]) -> bool:
     """Every combination of starts, checked directly."""
     specs = profiles_for(model)
-    slots = 4 if model == "a30" else 8
-    compute = 4 if model == "a30" else 7
+    found = geometry(model)
+    assert found is not None
+    slots, compute = found
     if sum(specs[i].compute_slices for i in items) > compute:
         return False
     if sum(1 for i in items if specs[i].media_extensions) > 1:
@@ -149,7 +207,7 @@ def _min_gpus_brute(model: str, items: list[str], limit: int) -> int | None:
     return None
 
 
-_MODELS = ["a100-40gb", "a100-80gb", "h200", "a30"]
+_MODELS = ["a100-40gb", "a100-80gb", "h200", "a30", "rtx-pro-6000", "gb200", "b300", "gh200"]
 
 
 @st.composite
