@@ -246,8 +246,10 @@ class _Matcher:
         if model not in self.models:
             wanted = "|".join(request.gpu_models) or "NVIDIA (name the model to use others)"
             return Rejection("", f"GPU {model} is not one of {wanted}", GPU_MODEL, model)
-        nominal = GPU_MODELS[model].memory_mib if model in GPU_MODELS else memory_mib
-        effective = memory_mib if fraction < 1 else max(memory_mib, nominal)
+        # What the cloud reports for this type, in MiB, compared with the binary request
+        # (A10G: 22888 MiB, short of 23Gi); the model's nominal figure only when none is known.
+        nominal = GPU_MODELS[model].memory_mib if model in GPU_MODELS else 0
+        effective = memory_mib or nominal
         if request.gpu_memory_mib and effective < request.gpu_memory_mib:
             return Rejection(
                 "",

@@ -101,7 +101,11 @@ C = catalog(
         ({"gpus": 1, "gpu_models": ("l4",), "fractional": True}, "g6f.large"),
         ({"gpus": 1, "gpu_models": ("t4", "l4")}, "g4dn.xlarge"),
         ({"gpus": 1, "gpu_memory_mib": 20 * GIB}, "g6.xlarge"),
-        ({"gpus": 1, "gpu_memory_mib": 24 * GIB}, "g6.xlarge"),  # nominal 24 GiB, reports 22888
+        # L4 is sold as 24 GB; AWS reports 22888 MiB for it (DescribeInstanceTypes): short of
+        # 23Gi and 24Gi, so the next GPU with that much memory
+        ({"gpus": 1, "gpu_memory_mib": 22888}, "g6.xlarge"),
+        ({"gpus": 1, "gpu_memory_mib": 23 * GIB}, "p5.4xlarge"),
+        ({"gpus": 1, "gpu_memory_mib": 24 * GIB}, "p5.4xlarge"),
         ({"gpus": 1, "gpu_memory_mib": 40 * GIB}, "p5.4xlarge"),
         ({"gpus": 1, "rdma": True}, "p4d.24xlarge"),
         ({"mig": {"1g.10gb": 2}}, "p5.4xlarge"),
