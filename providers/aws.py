@@ -399,4 +399,11 @@ def config_from_args(args: argparse.Namespace) -> AwsConfig:
 
 def from_args(args: argparse.Namespace, owner_id: str, resolve: Resolver = identity) -> AwsProvider:
     """The provider `peerpods serve --provider aws` runs."""
-    return AwsProvider(config_from_args(args), owner_id, resolve=resolve)
+    config = config_from_args(args)
+    if not config.image_id:
+        # Refused at start: otherwise the daemon would run and fail every pod's StartVM.
+        raise InvalidRequest(
+            "aws provider: no pod VM image (set --aws-image-id or --pod-vm-image, "
+            "env PEERPODS_POD_VM_IMAGE)"
+        )
+    return AwsProvider(config, owner_id, resolve=resolve)

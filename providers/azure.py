@@ -372,4 +372,11 @@ def from_args(
     args: argparse.Namespace, owner_id: str, resolve: Resolver = identity
 ) -> AzureProvider:
     """The provider `peerpods serve --provider azure` runs."""
-    return AzureProvider(config_from_args(args), owner_id, resolve=resolve)
+    config = config_from_args(args)
+    if not config.image_id:
+        # Refused at start: otherwise the daemon would run and fail every pod's StartVM.
+        raise InvalidRequest(
+            "azure provider: no pod VM image (set --azure-image-id or --pod-vm-image, "
+            "env PEERPODS_POD_VM_IMAGE)"
+        )
+    return AzureProvider(config, owner_id, resolve=resolve)

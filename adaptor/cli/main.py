@@ -8,6 +8,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from adaptor import logs
 from providers.errors import PeerpodsError
@@ -22,10 +23,28 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _VersionAction(argparse.Action):
+    """`--version`: the installed package's version (its metadata), looked up only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("nargs", 0)
+        kwargs.setdefault("default", argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any, **__: Any) -> None:
+        from adaptor.hypervisor.version import package_version
+
+        print(f"{parser.prog} {package_version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="peerpods",
         description="Peer-pods cloud-API adaptor with GPU-aware instance selection.",
+    )
+    parser.add_argument(
+        "--version", action=_VersionAction, help="print the package version and exit"
     )
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]

@@ -101,7 +101,16 @@ def test_registry_builds_a_cloud_provider_from_serve_flags(monkeypatch: pytest.M
     from adaptor.cli.main import build_parser
 
     args = build_parser().parse_args(
-        ["serve", "--provider", "aws", "--aws-region", "us-east-1", "--no-agent-tls"]
+        [
+            "serve",
+            "--provider",
+            "aws",
+            "--aws-region",
+            "us-east-1",
+            "--pod-vm-image",
+            "ami-0a1b2c3d4e5f60718",
+            "--no-agent-tls",
+        ]
     )
     provider = registry.create(
         "aws", registry.ProviderOptions(args=args, owner_id="peerpods-node-1")
