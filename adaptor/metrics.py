@@ -48,7 +48,14 @@ GC_DELETIONS = Counter(
     registry=REGISTRY,
 )
 
-STATES = ("created", "starting", "running", "stopping", "failed")
+PREEMPTIONS = Counter(
+    "peerpods_sandboxes_preempted_total",
+    "Running sandboxes whose VM the cloud took away (Spot preemption, eviction or deletion).",
+    ["provider", "capacity_type"],
+    registry=REGISTRY,
+)
+
+STATES = ("created", "starting", "running", "stopping", "failed", "preempted")
 
 
 def set_sandbox_counts(counts: dict[str, int]) -> None:

@@ -5,12 +5,17 @@ sandbox, pod and owner. A create first looks for an instance already tagged with
 each RunInstances carries a ClientToken derived from the sandbox and placement, so a retried
 create finds the VM instead of launching a second. botocore's own retries are off: one bounded,
 jittered retry policy (providers.fallback) owns them and reports what it tried.
+
+Spot VMs (VMSpec.capacity_type) are one-time Spot requests whose interruption behaviour is
+terminate, so a preempted VM bills nothing more; `inspect` tells the adaptor a VM is gone and
+`purge` removes what a lost VM may leave (volumes tagged with its sandbox).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -19,6 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from providers.base import TAG_OWNER, TAG_POD_NAME, TAG_POD_NAMESPACE, TAG_SANDBOX, Instance, VMSpec
+from providers.capacity import (
+    ON_DEMAND,
+    SPOT,
+    TAG_CAPACITY_TYPE,
+    VMCondition,
+    create_in_markets,
+)
 from providers.errors import (
     CapacityError,
     InstanceNotFound,
@@ -56,6 +68,8 @@ CAPACITY_CODES = frozenset(
         "InstanceLimitExceeded",
         "VcpuLimitExceeded",
         "MaxSpotInstanceCountExceeded",
+        "SpotMaxPriceTooLow",
+        "UnfulfillableCapacity",
     }
 )
 TRANSIENT_CODES = frozenset(
@@ -71,8 +85,15 @@ TRANSIENT_CODES = frozenset(
         "IdempotentParameterMismatch",
     }
 )
-NOT_FOUND_CODES = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})
+NOT_FOUND_CODES = frozenset(
+    {"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed", "InvalidVolume.NotFound"}
+)
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
+# One-time Spot, terminated (never stopped or hibernated) when EC2 takes the capacity back.
+SPOT_MARKET_OPTIONS = {
+    "MarketType": "spot",
+    "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+}
 
 
 @dataclass(frozen=True)
@@ -143,13 +164,15 @@ def make_client(config: AwsConfig) -> Any:
     return boto3.session.Session().client("ec2", **kwargs)
 
 
-def client_token(sandbox_id: str, placement: Placement) -> str:
-    """Idempotency token: one per sandbox and placement (RunInstances allows 64 ASCII chars)."""
-    digest = hashlib.sha256(f"{sandbox_id}|{placement.instance_type}|{placement.zone}".encode())
+def client_token(sandbox_id: str, placement: Placement, spot: bool = False) -> str:
+    """Idempotency token: one per sandbox, placement and market (RunInstances allows 64 ASCII
+    chars); a Spot and an on-demand launch of one placement are different requests."""
+    key = f"{sandbox_id}|{placement.instance_type}|{placement.zone}" + ("|spot" if spot else "")
+    digest = hashlib.sha256(key.encode())
     return "pp-" + digest.hexdigest()[:60]
 
 
-def tags_for(spec: VMSpec, owner_id: str) -> dict[str, str]:
+def tags_for(spec: VMSpec, owner_id: str, spot: bool = False) -> dict[str, str]:
     """Every tag a pod VM carries; the ownership tags win over caller-supplied ones."""
     tags = {str(k)[:128]: str(v)[:256] for k, v in spec.tags.items()}
     tags.update(
@@ -159,6 +182,7 @@ def tags_for(spec: VMSpec, owner_id: str) -> dict[str, str]:
             TAG_SANDBOX: spec.sandbox_id,
             TAG_POD_NAMESPACE: spec.pod_namespace,
             TAG_POD_NAME: spec.pod_name,
+            TAG_CAPACITY_TYPE: SPOT if spot else ON_DEMAND,
         }
     )
     return tags
@@ -228,20 +252,23 @@ class AwsProvider:
         zones = await self._zones()
         subnet_of = dict(zones)
         order = placements(candidates, [z for z, _ in zones], spec.zones)
-        tag_list = [{"Key": k, "Value": v} for k, v in tags_for(spec, self.owner_id).items()]
 
-        async def attempt(placement: Placement) -> Instance:
+        async def attempt(placement: Placement, spot: bool) -> Instance:
+            tags = tags_for(spec, self.owner_id, spot)
+            tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
             request: dict[str, Any] = {
                 "ImageId": image,
                 "InstanceType": placement.instance_type,
                 "MinCount": 1,
                 "MaxCount": 1,
-                "ClientToken": client_token(spec.sandbox_id, placement),
+                "ClientToken": client_token(spec.sandbox_id, placement, spot),
                 "TagSpecifications": [
                     {"ResourceType": kind, "Tags": tag_list} for kind in ("instance", "volume")
                 ],
                 "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             }
+            if spot:
+                request["InstanceMarketOptions"] = SPOT_MARKET_OPTIONS
             if spec.user_data:
                 request["UserData"] = spec.user_data
             if self.config.key_name:
@@ -259,11 +286,20 @@ class AwsProvider:
                     request["Placement"] = {"AvailabilityZone": placement.zone}
                 if self.config.security_group_ids:
                     request["SecurityGroupIds"] = list(self.config.security_group_ids)
-            out = await self._call(f"{what}: launch {placement}", "run_instances", **request)
+            market = "Spot" if spot else "on-demand"
+            out = await self._call(
+                f"{what}: launch {market} {placement}", "run_instances", **request
+            )
             instance_id = out["Instances"][0]["InstanceId"]
             return await self._finish(what, instance_id)
 
-        return await create_with_fallback(what, order, attempt, self.config.policy, self.name)
+        async def in_market(spot: bool) -> Instance:
+            async def one(placement: Placement) -> Instance:
+                return await attempt(placement, spot)
+
+            return await create_with_fallback(what, order, one, self.config.policy, self.name)
+
+        return await create_in_markets(what, spec.capacity_type, in_market)
 
     async def _finish(self, what: str, instance_id: str) -> Instance:
         """Wait until the VM is running with an address; on any failure, delete it."""
@@ -320,6 +356,9 @@ class AwsProvider:
             zone=raw.get("Placement", {}).get("AvailabilityZone", ""),
             tags=tags,
             extra={"state": raw.get("State", {}).get("Name", "")},
+            capacity_type=SPOT
+            if raw.get("InstanceLifecycle") == "spot" or tags.get(TAG_CAPACITY_TYPE) == SPOT
+            else ON_DEMAND,
         )
 
     async def _describe_owned(self, extra_filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -360,6 +399,62 @@ class AwsProvider:
 
     async def list_owned(self) -> list[Instance]:
         return [self._instance(raw) for raw in await self._describe_owned([])]
+
+    # --- preemption ----------------------------------------------------------------------------
+
+    async def _state(self, instance_id: str) -> tuple[str, str]:
+        """(state, EC2's reason for it); ("gone", ...) when EC2 no longer knows the instance."""
+        gone = ("gone", f"EC2 instance {instance_id} no longer exists")
+        try:
+            out = await self._call(
+                f"inspect {instance_id}", "describe_instances", InstanceIds=[instance_id]
+            )
+        except InstanceNotFound:
+            return gone
+        found = [i for r in out["Reservations"] for i in r["Instances"]]
+        if not found:
+            return gone
+        state = str(found[0].get("State", {}).get("Name", ""))
+        reason = found[0].get("StateReason", {})
+        said = str(reason.get("Message") or reason.get("Code") or "no reason given")
+        return state, f"EC2 instance {instance_id} is {state}: {said}"
+
+    async def inspect(self, instance_id: str) -> VMCondition:
+        """Alive while pending or running; gone, terminated or stopped by EC2 otherwise."""
+        state, reason = await self._state(instance_id)
+        if state in ("pending", "running"):
+            return VMCondition(True)
+        return VMCondition(False, reason)
+
+    async def purge(self, instance: Instance) -> None:
+        """Terminate the instance and delete the volumes its sandbox's tag still marks."""
+        await self.delete(instance.id)
+        sandbox_id = instance.tags.get(TAG_SANDBOX, "")
+        if not sandbox_id:
+            return
+        # A volume detaches only once the instance is terminated: wait for that (bounded).
+        deadline = time.monotonic() + self.config.ready_timeout_seconds
+        while (await self._state(instance.id))[0] == "shutting-down":
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(self.config.poll_interval_seconds)
+        filters = [
+            {"Name": f"tag:{TAG_OWNER}", "Values": [self.owner_id]},
+            {"Name": f"tag:{TAG_SANDBOX}", "Values": [sandbox_id]},
+            {"Name": "status", "Values": ["available", "error"]},
+        ]
+        out = await self._call(
+            f"volumes of {instance.id}", "describe_volumes", Filters=filters, MaxResults=500
+        )
+        for volume in out.get("Volumes", []):
+            volume_id = volume["VolumeId"]
+
+            async def remove(volume_id: str = volume_id) -> None:
+                with contextlib.suppress(InstanceNotFound):
+                    await self._call(f"delete {volume_id}", "delete_volume", VolumeId=volume_id)
+
+            await retry_transient(f"delete volume {volume_id}", remove, self.config.policy)
+            log.info("deleted volume %s left by %s", volume_id, instance.id)
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:

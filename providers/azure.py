@@ -5,6 +5,11 @@ create finds (or completes) the same VM. The VM manages its own NIC and OS disk 
 `deleteOption: Delete`, so one DELETE removes everything it made. An allocation failure can leave
 a Failed VM behind: it is deleted before the next zone or size is tried. Custom data is base64
 and limited to 64 KiB encoded. An instance id is the VM name (one resource group per adaptor).
+
+A Spot VM (VMSpec.capacity_type) has priority Spot, eviction policy Delete and max price -1 (it
+is evicted for capacity only, never for price), so an eviction removes the VM and what it made;
+`inspect` tells the adaptor a VM is gone or deallocated, and `purge` deletes the VM, its NIC and
+its OS disk (named after the VM) whatever is left of them.
 """
 
 from __future__ import annotations
@@ -16,6 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from providers.base import TAG_OWNER, TAG_POD_NAME, TAG_POD_NAMESPACE, TAG_SANDBOX, Instance, VMSpec
+from providers.capacity import (
+    ON_DEMAND,
+    SPOT,
+    TAG_CAPACITY_TYPE,
+    VMCondition,
+    create_in_markets,
+)
 from providers.errors import (
     CapacityError,
     InstanceNotFound,
@@ -54,6 +66,14 @@ CAPACITY_CODES = frozenset(
         "OperationNotAllowed",
     }
 )
+STOPPED_POWER_STATES = frozenset(
+    {
+        "PowerState/deallocated",
+        "PowerState/deallocating",
+        "PowerState/stopped",
+        "PowerState/stopping",
+    }
+)
 TRANSIENT_CODES = frozenset(
     {"TooManyRequests", "RetryableError", "ServiceUnavailable", "InternalServerError", "Conflict"}
 )
@@ -78,6 +98,14 @@ class AzureConfig:
 
 def vm_name(sandbox_id: str) -> str:
     return f"podvm-{sandbox_hash(sandbox_id, 20)}"
+
+
+def nic_name(vm: str) -> str:
+    return f"{vm}-nic"
+
+
+def os_disk_name(vm: str) -> str:
+    return f"{vm}-osdisk"
 
 
 def map_error(exc: BaseException, what: str) -> ProviderError:
@@ -144,7 +172,7 @@ class AzureProvider:
     async def _call(self, what: str, fn: Any, *args: Any) -> Any:
         return await sdk_call(what, map_error, fn, *args)
 
-    def _tags(self, spec: VMSpec) -> dict[str, str]:
+    def _tags(self, spec: VMSpec, spot: bool = False) -> dict[str, str]:
         tags = {str(k)[:512]: str(v)[:256] for k, v in spec.tags.items()}
         tags.update(
             {
@@ -152,11 +180,12 @@ class AzureProvider:
                 TAG_SANDBOX: spec.sandbox_id,
                 TAG_POD_NAMESPACE: spec.pod_namespace,
                 TAG_POD_NAME: spec.pod_name[:256],
+                TAG_CAPACITY_TYPE: SPOT if spot else ON_DEMAND,
             }
         )
         return tags
 
-    def _body(self, spec: VMSpec, image: str, placement: Placement) -> Any:
+    def _body(self, spec: VMSpec, image: str, placement: Placement, spot: bool = False) -> Any:
         """The VM resource in ARM's JSON shape (the SDK model accepts the mapping as is)."""
         from azure.mgmt.compute import models as m
 
@@ -180,12 +209,13 @@ class AzureProvider:
             os_profile["customData"] = base64.b64encode(spec.user_data.encode()).decode()
         body: dict[str, Any] = {
             "location": self.config.location,
-            "tags": self._tags(spec),
+            "tags": self._tags(spec, spot),
             "properties": {
                 "hardwareProfile": {"vmSize": placement.instance_type},
                 "storageProfile": {
                     "imageReference": {"id": image},
                     "osDisk": {
+                        "name": os_disk_name(name),
                         "createOption": "FromImage",
                         "deleteOption": "Delete",
                         "managedDisk": {"storageAccountType": "StandardSSD_LRS"},
@@ -196,7 +226,7 @@ class AzureProvider:
                     "networkApiVersion": "2020-11-01",
                     "networkInterfaceConfigurations": [
                         {
-                            "name": f"{name}-nic",
+                            "name": nic_name(name),
                             "properties": {
                                 "primary": True,
                                 "deleteOption": "Delete",
@@ -214,6 +244,11 @@ class AzureProvider:
         }
         if placement.zone:
             body["zones"] = [placement.zone]
+        if spot:
+            # Evicted for capacity only (max price -1), and deleted with its disk and NIC.
+            body["properties"].update(
+                {"priority": "Spot", "evictionPolicy": "Delete", "billingProfile": {"maxPrice": -1}}
+            )
         return m.VirtualMachine(body)
 
     async def create(self, spec: VMSpec) -> Instance:
@@ -241,14 +276,15 @@ class AzureProvider:
         if existing is not None:  # a Failed leftover of an earlier try: start clean
             await self.delete(name)
 
-        async def attempt(placement: Placement) -> Instance:
-            body = self._body(spec, image, placement)
+        async def attempt(placement: Placement, spot: bool) -> Instance:
+            body = self._body(spec, image, placement, spot)
 
             def put() -> Any:
                 return self.compute.virtual_machines.begin_create_or_update(rg, name, body).result()
 
+            market = "Spot" if spot else "on-demand"
             try:
-                vm = await self._call(f"{what}: create {placement}", put)
+                vm = await self._call(f"{what}: create {market} {placement}", put)
             except CapacityError:
                 # an allocation failure can leave a Failed VM: never keep it, never reuse it
                 if await self._get(name) is not None:
@@ -260,7 +296,14 @@ class AzureProvider:
             return await self._finish(what, vm)
 
         order = placements(candidates, self.config.zones, spec.zones)
-        return await create_with_fallback(what, order, attempt, self.config.policy, self.name)
+
+        async def in_market(spot: bool) -> Instance:
+            async def one(placement: Placement) -> Instance:
+                return await attempt(placement, spot)
+
+            return await create_with_fallback(what, order, one, self.config.policy, self.name)
+
+        return await create_in_markets(what, spec.capacity_type, in_market)
 
     async def _get(self, name: str) -> Any:
         try:
@@ -295,6 +338,7 @@ class AzureProvider:
         return tuple(found)
 
     def _instance(self, vm: Any, addresses: tuple[str, ...] = ()) -> Instance:
+        spot = str(vm.priority or "") == "Spot" or (vm.tags or {}).get(TAG_CAPACITY_TYPE) == SPOT
         return Instance(
             id=vm.name,
             name=vm.name,
@@ -303,6 +347,7 @@ class AzureProvider:
             zone=(vm.zones or [""])[0],
             tags=dict(vm.tags or {}),
             extra={"provisioning_state": str(vm.provisioning_state or "")},
+            capacity_type=SPOT if spot else ON_DEMAND,
         )
 
     async def delete(self, instance_id: str) -> None:
@@ -318,6 +363,63 @@ class AzureProvider:
                 return
 
         await retry_transient(f"delete {instance_id}", once, self.config.policy)
+
+    # --- preemption ----------------------------------------------------------------------------
+
+    async def inspect(self, instance_id: str) -> VMCondition:
+        """Alive unless the VM is gone (evicted with policy Delete, or deleted), being deleted,
+        or deallocated or stopped (evicted with policy Deallocate, or stopped by someone)."""
+        rg = self.config.resource_group
+        try:
+
+            def get() -> Any:
+                return self.compute.virtual_machines.get(rg, instance_id, expand="instanceView")
+
+            vm = await self._call(f"inspect {instance_id}", get)
+        except InstanceNotFound:
+            return VMCondition(
+                False, f"Azure VM {instance_id} no longer exists (evicted or deleted)"
+            )
+        if vm.provisioning_state == "Deleting":
+            return VMCondition(False, f"Azure VM {instance_id} is being deleted")
+        view = vm.instance_view
+        for status in (view.statuses or []) if view is not None else []:
+            code = str(status.code or "")
+            if code in STOPPED_POWER_STATES:
+                said = status.display_status or code
+                return VMCondition(False, f"Azure VM {instance_id} is {said} ({code})")
+        return VMCondition(True)
+
+    async def purge(self, instance: Instance) -> None:
+        """Delete the VM, then its NIC and OS disk if an eviction or a failure left them."""
+        await self.delete(instance.id)
+        rg = self.config.resource_group
+        leftovers = (
+            (
+                f"NIC {nic_name(instance.id)}",
+                self.network.network_interfaces.begin_delete,
+                nic_name(instance.id),
+            ),
+            (
+                f"disk {os_disk_name(instance.id)}",
+                self.compute.disks.begin_delete,
+                os_disk_name(instance.id),
+            ),
+        )
+        for what, begin_delete, name in leftovers:
+
+            async def once(
+                what: str = what, begin_delete: Any = begin_delete, name: str = name
+            ) -> None:
+                def run() -> None:
+                    begin_delete(rg, name).result()
+
+                try:
+                    await self._call(f"delete {what}", run)
+                except InstanceNotFound:
+                    return
+
+            await retry_transient(f"delete {what}", once, self.config.policy)
 
     async def list_owned(self) -> list[Instance]:
         rg = self.config.resource_group

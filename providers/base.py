@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from providers.capacity import CapacityType
+
 # Tag/label keys every VM carries (clouds that forbid dots map these to their own spelling).
 TAG_OWNER = "peerpods-owner"
 TAG_SANDBOX = "peerpods-sandbox"
@@ -31,6 +33,8 @@ class Instance:
     port: int | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, str] = field(default_factory=dict)
+    # What the cloud gave: "spot" or "on-demand" (providers.capacity.SPOT / ON_DEMAND).
+    capacity_type: str = "on-demand"
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ class VMSpec:
     # candidate -> the only zones it may be created in (absent or empty: any configured zone),
     # e.g. a GCP N1 type whose attachable GPU exists in some zones only.
     zones: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Spot, on-demand, or Spot first with on-demand after Spot capacity errors everywhere.
+    capacity_type: CapacityType = CapacityType.ON_DEMAND
 
 
 @runtime_checkable

@@ -6,6 +6,11 @@ ownership in GCP's label alphabet (lowercase, 63 characters); the exact sandbox 
 are also kept in metadata, which is what list_owned reports. GPU VMs get
 `on_host_maintenance=TERMINATE`; N1 candidates carry their attached GPUs as
 `n1-standard-8+nvidia-tesla-t4:2`. An instance id is `<zone>/<name>`.
+
+A Spot VM (VMSpec.capacity_type) has provisioning model SPOT and termination action DELETE: a
+preempted VM is deleted with its boot disk (auto-delete), never left TERMINATED holding disks.
+`inspect` reports a VM that is gone, or stopped or suspended by the cloud, and `purge` deletes
+the VM record, whatever its status, and so its disks.
 """
 
 from __future__ import annotations
@@ -18,6 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from providers.base import TAG_OWNER, TAG_POD_NAME, TAG_POD_NAMESPACE, TAG_SANDBOX, Instance, VMSpec
+from providers.capacity import (
+    ON_DEMAND,
+    SPOT,
+    TAG_CAPACITY_TYPE,
+    VMCondition,
+    create_in_markets,
+)
 from providers.errors import (
     CapacityError,
     InstanceNotFound,
@@ -58,6 +70,8 @@ TRANSIENT_MARKERS = (
     "userRateLimitExceeded",
 )
 GPU_FAMILIES = ("a2-", "a3-", "a4-", "g2-", "g4-")
+# Statuses of an instance that no longer runs the pod: stopped, or suspended, by the cloud.
+STOPPED_STATUSES = frozenset({"STOPPING", "STOPPED", "TERMINATED", "SUSPENDING", "SUSPENDED"})
 # Confidential VMs that take GPUs: Intel TDX on a3-highgpu-1g (H100). SEV takes none.
 CONFIDENTIAL_GPU_TYPES = {
     "TDX": frozenset({"a3-highgpu-1g"}),
@@ -217,7 +231,7 @@ class GcpProvider:
 
     # --- building the request --------------------------------------------------------------
 
-    def _labels(self, spec: VMSpec) -> dict[str, str]:
+    def _labels(self, spec: VMSpec, spot: bool = False) -> dict[str, str]:
         labels = {label_value(str(k))[:63]: label_value(str(v)) for k, v in spec.tags.items() if k}
         labels.update(
             {
@@ -225,11 +239,12 @@ class GcpProvider:
                 TAG_SANDBOX: label_value(spec.sandbox_id),
                 TAG_POD_NAMESPACE: label_value(spec.pod_namespace),
                 TAG_POD_NAME: label_value(spec.pod_name),
+                TAG_CAPACITY_TYPE: SPOT if spot else ON_DEMAND,
             }
         )
         return labels
 
-    def _body(self, spec: VMSpec, image: str, candidate: str, zone: str) -> Any:
+    def _body(self, spec: VMSpec, image: str, candidate: str, zone: str, spot: bool = False) -> Any:
         from google.cloud import compute_v1
 
         machine_type, accelerator, count = parse_candidate(candidate)
@@ -251,7 +266,7 @@ class GcpProvider:
         instance = compute_v1.Instance(
             name=vm_name(spec.sandbox_id),
             machine_type=f"zones/{zone}/machineTypes/{machine_type}",
-            labels=self._labels(spec),
+            labels=self._labels(spec, spot),
             metadata=compute_v1.Metadata(
                 items=[compute_v1.Items(key=k, value=v) for k, v in metadata if v]
             ),
@@ -260,17 +275,26 @@ class GcpProvider:
                     boot=True,
                     auto_delete=True,
                     initialize_params=compute_v1.AttachedDiskInitializeParams(
+                        disk_name=vm_name(spec.sandbox_id),
                         source_image=image,
                         disk_size_gb=self.config.disk_size_gb,
                         disk_type=f"zones/{zone}/diskTypes/{self.config.disk_type}",
-                        labels=self._labels(spec),
+                        labels=self._labels(spec, spot),
                     ),
                 )
             ],
             network_interfaces=[interface],
         )
         confidential = self.config.confidential_type
-        if gpu or confidential:
+        if spot:
+            # Spot: deleted (with its auto-delete boot disk) when preempted, never restarted.
+            instance.scheduling = compute_v1.Scheduling(
+                provisioning_model="SPOT",
+                instance_termination_action="DELETE",
+                on_host_maintenance="TERMINATE",
+                automatic_restart=False,
+            )
+        elif gpu or confidential:
             instance.scheduling = compute_v1.Scheduling(
                 on_host_maintenance="TERMINATE", automatic_restart=True
             )
@@ -337,12 +361,13 @@ class GcpProvider:
                 log.info("%s: adopting existing instance %s/%s", what, zone, name)
                 return await self._finish(what, zone, name)
 
-        async def attempt(placement: Placement) -> Instance:
+        async def attempt(placement: Placement, spot: bool) -> Instance:
             zone = placement.zone
-            body = self._body(spec, image, placement.instance_type, zone)
+            body = self._body(spec, image, placement.instance_type, zone, spot)
+            market = "Spot" if spot else "on-demand"
             try:
                 await self._run_operation(
-                    f"{what}: insert {placement}",
+                    f"{what}: insert {market} {placement}",
                     "insert",
                     project=self.config.project,
                     zone=zone,
@@ -362,7 +387,14 @@ class GcpProvider:
             return await self._finish(what, zone, name)
 
         order = placements(candidates, self.config.zones, spec.zones)
-        return await create_with_fallback(what, order, attempt, self.config.policy, self.name)
+
+        async def in_market(spot: bool) -> Instance:
+            async def one(placement: Placement) -> Instance:
+                return await attempt(placement, spot)
+
+            return await create_with_fallback(what, order, one, self.config.policy, self.name)
+
+        return await create_in_markets(what, spec.capacity_type, in_market)
 
     async def _get(self, zone: str, name: str) -> Any:
         try:
@@ -412,6 +444,7 @@ class GcpProvider:
             zone=zone,
             tags=tags,
             extra={"status": raw.status},
+            capacity_type=SPOT if raw.scheduling.provisioning_model == "SPOT" else ON_DEMAND,
         )
 
     async def delete(self, instance_id: str) -> None:
@@ -432,6 +465,26 @@ class GcpProvider:
                 return
 
         await retry_transient(f"delete {instance_id}", once, self.config.policy)
+
+    # --- preemption ----------------------------------------------------------------------------
+
+    async def inspect(self, instance_id: str) -> VMCondition:
+        """Alive unless the instance is gone (preempted with action DELETE, or deleted) or
+        stopped or suspended (preempted with action STOP, a host event, or someone)."""
+        zone, _, name = instance_id.partition("/")
+        raw = await self._get(zone, name)
+        if raw is None:
+            return VMCondition(False, f"GCP instance {instance_id} no longer exists")
+        if raw.status in STOPPED_STATUSES:
+            spot = raw.scheduling.provisioning_model == "SPOT"
+            said = f": {raw.status_message}" if raw.status_message else ""
+            by = "stopped by the cloud (Spot preemption)" if spot else "stopped by the cloud"
+            return VMCondition(False, f"GCP instance {instance_id} is {raw.status}, {by}{said}")
+        return VMCondition(True)
+
+    async def purge(self, instance: Instance) -> None:
+        """Delete the instance record whatever its status; its boot disk auto-deletes with it."""
+        await self.delete(instance.id)
 
     async def list_owned(self) -> list[Instance]:
         from google.cloud import compute_v1

@@ -23,6 +23,8 @@ class SandboxState(enum.StrEnum):
     running   the VM exists and its agent socket is served
     stopping  StopVM is tearing it down
     failed    a step failed; `reason` says which, `instance` is set while a VM may still exist
+    preempted the cloud took the running VM away (Spot preemption, eviction, deletion);
+              `reason` says what the cloud reported; agent calls fail until StopVM
     """
 
     CREATED = "created"
@@ -30,6 +32,7 @@ class SandboxState(enum.StrEnum):
     RUNNING = "running"
     STOPPING = "stopping"
     FAILED = "failed"
+    PREEMPTED = "preempted"
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ def instance_to_json(instance: Instance | None) -> dict[str, Any] | None:
         "port": instance.port,
         "tags": dict(instance.tags),
         "extra": dict(instance.extra),
+        "capacity_type": instance.capacity_type,
     }
 
 
@@ -85,4 +89,5 @@ def instance_from_json(data: Mapping[str, Any] | None) -> Instance | None:
         port=int(port) if port is not None else None,
         tags={str(k): str(v) for k, v in dict(data.get("tags", {})).items()},
         extra={str(k): str(v) for k, v in dict(data.get("extra", {})).items()},
+        capacity_type=str(data.get("capacity_type", "on-demand")),
     )

@@ -1,6 +1,8 @@
 """HTTP status API (Starlette), served by the daemon on `--status-address` (loopback by default).
 
-    GET /v1/sandboxes        every sandbox: pod, instance type, VM id, zone, state, devices
+    GET /v1/sandboxes        every sandbox: pod, instance type, capacity type (spot or on-demand),
+                             VM id, zone, state and reason (e.g. preempted: what the cloud said),
+                             devices
     GET /v1/sandboxes/{id}   one sandbox; 404 {code, message} when unknown
     GET /healthz             200 "ok" while the daemon serves
     GET /metrics             Prometheus text format
@@ -42,6 +44,7 @@ def sandbox_json(record: SandboxRecord, devices: DeviceBook) -> dict[str, Any]:
         "state": record.state.value,
         "reason": record.reason,
         "instance_type": instance.instance_type if instance else "",
+        "capacity_type": instance.capacity_type if instance else "",
         "vm_id": instance.id if instance else "",
         "zone": instance.zone if instance else "",
         "addresses": list(instance.addresses) if instance else [],

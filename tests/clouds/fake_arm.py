@@ -1,8 +1,10 @@
-"""A stateful Azure Resource Manager (VMs and their NICs) behind the shared FakeCloud.
+"""A stateful Azure Resource Manager (VMs, their NICs and OS disks) behind the shared FakeCloud.
 
-PUT creates a VM and its NIC at once (real ARM response shapes); an allocation failure is
-reported as ARM does, through an Azure-AsyncOperation that ends Failed while the VM stays behind
-in provisioningState Failed. Faults are injected per call.
+PUT creates a VM, its NIC and its OS disk at once (real ARM response shapes); an allocation
+failure is reported as ARM does, through an Azure-AsyncOperation that ends Failed while the VM
+stays behind in provisioningState Failed. Deleting a VM deletes the NIC and disk whose
+deleteOption is Delete, as ARM does; `evict` takes a VM away as a Spot eviction would, optionally
+leaving its NIC and disk behind. Faults are injected per call.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ ARM = "https://management.azure.com"
 GROUP = rf"/subscriptions/{SUBSCRIPTION}/resourceGroups/(?P<rg>[^/]+)/providers"
 VMS = rf"{GROUP}/Microsoft\.Compute/virtualMachines"
 NICS = rf"{GROUP}/Microsoft\.Network/networkInterfaces"
+DISKS = rf"{GROUP}/Microsoft\.Compute/disks"
 OPS = (
     rf"/subscriptions/{SUBSCRIPTION}/providers/Microsoft\.Compute/locations/(?P<loc>[^/]+)"
     r"/operations/(?P<op>[^/]+)"
@@ -37,6 +40,9 @@ def arm_error(status: int, code: str, message: str = "injected") -> FakeResponse
 class FakeArm:
     cloud: FakeCloud = field(default_factory=FakeCloud)
     vms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # NIC and disk names that exist (created with their VM)
+    nics: set[str] = field(default_factory=set)
+    disks: set[str] = field(default_factory=set)
     faults: list[Fault] = field(default_factory=list)
     _ops: dict[str, dict[str, Any]] = field(default_factory=dict)
     _ids: Any = field(default_factory=lambda: itertools.count(4))
@@ -48,6 +54,8 @@ class FakeArm:
         self.cloud.route("DELETE", VMS + r"/(?P<name>[^/]+)", self._delete)
         self.cloud.route("GET", VMS, self._list)
         self.cloud.route("GET", NICS + r"/(?P<name>[^/]+)", self._nic)
+        self.cloud.route("DELETE", NICS + r"/(?P<name>[^/]+)", self._delete_nic)
+        self.cloud.route("DELETE", DISKS + r"/(?P<name>[^/]+)", self._delete_disk)
         self.cloud.route("GET", OPS, self._op)
 
     def clients(self) -> tuple[Any, Any]:
@@ -86,6 +94,8 @@ class FakeArm:
             vm["zones"] = body["zones"]
         with self._lock:
             self.vms[name] = vm
+            self.nics.add(f"{name}-nic")
+            self.disks.add(props["storageProfile"]["osDisk"].get("name") or f"{name}_OsDisk")
         public = {k: v for k, v in vm.items() if k != "_ip"}
         if fault:  # allocation failure: reported by the async operation, the VM stays Failed
             op = f"op-{n}"
@@ -113,7 +123,12 @@ class FakeArm:
         vm = self.vms.get(request.match["name"])
         if vm is None:
             return arm_error(404, "ResourceNotFound", f"VM {request.match['name']} not found")
-        return json_response({k: v for k, v in vm.items() if k != "_ip"})
+        public = {k: v for k, v in vm.items() if not k.startswith("_")}
+        if request.query.get("$expand") == "instanceView":
+            power = vm.get("_power", "PowerState/running")
+            view = {"statuses": [{"code": power, "displayStatus": power.split("/")[-1]}]}
+            public["properties"] = {**public["properties"], "instanceView": view}
+        return json_response(public)
 
     def _delete(self, request: RecordedRequest) -> FakeResponse:
         assert request.match is not None
@@ -122,11 +137,52 @@ class FakeArm:
             return fault
         with self._lock:
             gone = self.vms.pop(request.match["name"], None)
+            if gone is not None:
+                props = gone["properties"]
+                nic = props["networkProfile"]["networkInterfaceConfigurations"][0]
+                if nic["properties"].get("deleteOption") == "Delete":
+                    self.nics.discard(nic["name"])
+                disk = props["storageProfile"]["osDisk"]
+                if disk.get("deleteOption") == "Delete":
+                    self.disks.discard(disk.get("name") or f"{gone['name']}_OsDisk")
         return FakeResponse(200 if gone else 204, None)
+
+    def _delete_nic(self, request: RecordedRequest) -> FakeResponse:
+        assert request.match is not None
+        with self._lock:
+            name = request.match["name"]
+            if name in self.nics and name.removesuffix("-nic") in self.vms:
+                return arm_error(400, "NicInUse", f"NIC {name} is attached to a VM")
+            gone = name in self.nics
+            self.nics.discard(name)
+        return FakeResponse(200 if gone else 204, None)
+
+    def _delete_disk(self, request: RecordedRequest) -> FakeResponse:
+        assert request.match is not None
+        with self._lock:
+            gone = request.match["name"] in self.disks
+            self.disks.discard(request.match["name"])
+        return FakeResponse(200 if gone else 204, None)
+
+    def evict(self, name: str, *, leave_nic_and_disk: bool = False) -> None:
+        """Take a VM away as a Spot eviction does (its NIC and disk too, unless told to leave
+        them, as a failed clean-up would)."""
+        with self._lock:
+            vm = self.vms.pop(name)
+            if not leave_nic_and_disk:
+                self.nics.discard(f"{name}-nic")
+                self.disks.discard(vm["properties"]["storageProfile"]["osDisk"].get("name", ""))
+
+    def deallocate(self, name: str) -> None:
+        """Stop a VM as an eviction with policy Deallocate would (the VM record stays)."""
+        with self._lock:
+            self.vms[name]["_power"] = "PowerState/deallocated"
 
     def _list(self, request: RecordedRequest) -> FakeResponse:
         with self._lock:
-            value = [{k: v for k, v in vm.items() if k != "_ip"} for vm in self.vms.values()]
+            value = [
+                {k: v for k, v in vm.items() if not k.startswith("_")} for vm in self.vms.values()
+            ]
         return json_response({"value": value})
 
     def _nic(self, request: RecordedRequest) -> FakeResponse:
