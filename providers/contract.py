@@ -34,6 +34,20 @@ CreateContainer as an OCI annotation):
 
 A unit listed under two containers is shared by them (two containers referencing one DRA claim);
 otherwise no device is shared.
+
+Containers do not all run at once (Kubernetes): init containers run one after another before the
+app containers start, and restartable init containers (sidecars) keep running from their turn on.
+So the plan may also carry, only when some init container uses devices,
+
+     "init": ["fetch", "mesh", "warm"],   init containers that use devices, in spec order
+     "sidecars": ["mesh"],                 the restartable ones among them
+
+and units held for the pod's whole life (DRA claims: allocated to the pod, not to a container)
+say `"lifetime": "pod"`. Each container then runs over an interval of steps (init container i at
+step i, a sidecar from its step to the end, app containers at the last step); a unit lives over
+the steps of the containers using it (every step for a pod-lifetime or unused unit), and two units
+whose intervals do not meet may get the same devices: a model-download init container's GPU is
+the app container's GPU afterwards. Without `init` every container counts as running at once.
 """
 
 from __future__ import annotations
@@ -249,6 +263,9 @@ class DeviceUnit(BaseModel):
     profile: str = ""
     # GPU model constraint for this unit, when a DRA claim narrowed it (canonical id).
     models: tuple[str, ...] = ()
+    # "pod": held for the pod's whole life (a DRA claim), its devices never reused by another
+    # unit; "container": only while a container using it runs.
+    lifetime: Literal["container", "pod"] = "container"
 
     @model_validator(mode="after")
     def _profile_only_for_mig(self) -> DeviceUnit:
@@ -267,6 +284,10 @@ class ContainerPlan(BaseModel):
     v: Literal[1] = 1
     units: tuple[DeviceUnit, ...] = ()
     containers: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    # Init containers using devices, in spec order, and the restartable ones (sidecars) among
+    # them; empty: every container counts as running at once.
+    init: tuple[str, ...] = ()
+    sidecars: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _references_resolve(self) -> ContainerPlan:
@@ -278,10 +299,54 @@ class ContainerPlan(BaseModel):
             for ref in refs:
                 if ref not in known:
                     raise ValueError(f"container {container} refers to unknown unit {ref}")
+        if len(self.init) != len(set(self.init)):
+            raise ValueError("an init container is listed twice")
+        stray = [s for s in self.sidecars if s not in self.init]
+        if stray:
+            raise ValueError(f"sidecar {stray[0]} is not among the init containers")
         return self
 
     def encode(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), separators=(",", ":"), sort_keys=True)
+        data = self.model_dump(mode="json")
+        # new fields only when set, so plans without init devices read as before
+        for key in ("init", "sidecars"):
+            if not data[key]:
+                del data[key]
+        for unit in data["units"]:
+            if unit["lifetime"] == "container":
+                del unit["lifetime"]
+        return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+    def intervals(self) -> dict[str, tuple[int, int]]:
+        """Each unit's first and last step on the pod's timeline (see the module doc)."""
+        end = len(self.init)
+        steps = {name: (i, end if name in self.sidecars else i) for i, name in enumerate(self.init)}
+        spans: dict[str, tuple[int, int]] = {}
+        for container, refs in self.containers.items():
+            first, last = steps.get(container, (end, end))
+            for ref in refs:
+                low, high = spans.get(ref, (first, last))
+                spans[ref] = (min(low, first), max(high, last))
+        return {
+            u.id: (0, end) if u.lifetime == "pod" or u.id not in spans else spans[u.id]
+            for u in self.units
+        }
+
+    def peaks(self) -> tuple[int, dict[str, int], int]:
+        """Whole GPUs, MIG devices per profile and RDMA devices in use at the busiest step."""
+        spans = self.intervals()
+        end = len(self.init)
+        gpus = 0
+        rdma = 0
+        mig: dict[str, int] = {}
+        for step in range(end + 1):
+            live = [u for u in self.units if spans[u.id][0] <= step <= spans[u.id][1]]
+            gpus = max(gpus, sum(u.count for u in live if u.kind == "gpu"))
+            rdma = max(rdma, sum(u.count for u in live if u.kind == "rdma"))
+            for profile in {u.profile for u in live if u.kind == "mig"}:
+                n = sum(u.count for u in live if u.kind == "mig" and u.profile == profile)
+                mig[profile] = max(mig.get(profile, 0), n)
+        return gpus, mig, rdma
 
     @classmethod
     def decode(cls, value: str) -> ContainerPlan:
@@ -293,13 +358,8 @@ class ContainerPlan(BaseModel):
             raise AnnotationError(DEVICES, f"{where}: {first['msg']}".strip(": ")) from None
 
     def gpu_intent(self) -> GpuIntent:
-        """The VM-level GPU needs this plan implies (whole GPUs and MIG devices summed)."""
-        gpus = sum(u.count for u in self.units if u.kind == "gpu")
-        mig: dict[str, int] = {}
-        for unit in self.units:
-            if unit.kind == "mig":
-                mig[unit.profile] = mig.get(unit.profile, 0) + unit.count
-        rdma = sum(u.count for u in self.units if u.kind == "rdma")
+        """The VM-level GPU needs this plan implies (at the busiest step of the pod's life)."""
+        gpus, mig, rdma = self.peaks()
         return GpuIntent(gpus=gpus, mig=mig, rdma=rdma > 0, rdma_devices=rdma if rdma > 1 else 0)
 
 

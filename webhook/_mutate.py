@@ -44,7 +44,7 @@ from webhook._dra import ClaimUnit, translate
 from webhook._extended import container_units, is_device_resource
 from webhook._patch import Op, diff
 from webhook._resolver import MemoryResolver, Resolver
-from webhook._resources import container_lists, effective, pod_resources
+from webhook._resources import container_lists, effective, is_sidecar, pod_resources
 
 __all__ = ["MutationResult", "PodIntent", "Settings", "mutate_pod"]
 
@@ -272,15 +272,23 @@ def _translate(
     for claim in claims:
         constrained = claim.models is not None and claim.models != all_models
         models = tuple(sorted(claim.models)) if constrained and claim.models else ()
-        units.append(claim.unit.model_copy(update={"models": models}))
+        units.append(claim.unit.model_copy(update={"models": models, "lifetime": "pod"}))
     containers: dict[str, tuple[str, ...]] = {}
     for container, where in named:
         ids = [u.id for u in per_container[id(container)]]
         ids += [i for i in _claim_refs(container, where, by_claim) if i not in ids]
         if ids:
             containers[str(container.get("name", ""))] = tuple(ids)
+    # Init containers run before the app containers (sidecars alongside): their devices may be
+    # reused, which the plan can only know from the order (providers.contract).
+    phased = [c for c in init if str(c.get("name", "")) in containers]
     try:
-        plan = ContainerPlan(units=tuple(units), containers=containers)
+        plan = ContainerPlan(
+            units=tuple(units),
+            containers=containers,
+            init=tuple(str(c.get("name", "")) for c in phased),
+            sidecars=tuple(str(c.get("name", "")) for c in phased if is_sidecar(c)),
+        )
     except ValueError as exc:
         raise InvalidRequest(f"device plan: {exc}") from None
     intent = PodIntent(resources.vcpus, resources.memory_mib, gpu, machine_type)

@@ -7,8 +7,10 @@ pod VM creates exactly those devices; a MIG device's index on its GPU is its ran
 
 Assignment to containers comes from the per-container plan the webhook writes
 (`providers.contract.ContainerPlan`), which reaches CreateContainer in the container's OCI
-annotations: units are filled in order from the inventory, each unit gets its own devices, and a
-unit listed under two containers is shared by them. Without a per-container plan (a CAA-style
+annotations: units are filled in order of their first step on the pod's timeline, each from the
+devices no unit alive at the same time holds (so an init container's GPU is reused by a later
+container, while sidecars and DRA claims keep theirs), and a unit listed under two containers is
+shared by them. Without a per-container plan (a CAA-style
 webhook writing only `default_gpus`) every application container gets the pod's whole inventory;
 the sandbox (pause) container never gets devices.
 """
@@ -93,20 +95,28 @@ def _take(pool: list[str], count: int, what: str, unit: str) -> list[str]:
 
 
 def _assign(inventory: DevicePlan, plan: ContainerPlan) -> dict[str, tuple[str, ...]]:
-    gpus = list(inventory.gpus)
-    rdma = list(inventory.rdma)
-    mig: dict[str, list[str]] = {}
+    # Interval colouring: units in order of their first step, devices freed once every unit
+    # holding them has ended. Devices of one pool are interchangeable, so this never needs more
+    # than the busiest step does (ContainerPlan.peaks, what the VM was sized for).
+    order = {name: i for i, name in enumerate(inventory.default)}
+    pools: dict[str, list[str]] = {"gpu": list(inventory.gpus), "rdma": list(inventory.rdma)}
     for device in inventory.mig:
-        mig.setdefault(device.profile, []).append(device.name)
+        pools.setdefault("mig:" + device.profile, []).append(device.name)
+    spans = plan.intervals()
+    live: list[tuple[int, str, list[str]]] = []  # (last step, pool, devices)
     by_unit: dict[str, list[str]] = {}
-    for unit in plan.units:
-        if unit.kind == "gpu":
-            by_unit[unit.id] = _take(gpus, unit.count, "whole GPUs", unit.id)
-        elif unit.kind == "mig":
-            pool = mig.setdefault(unit.profile, [])
-            by_unit[unit.id] = _take(pool, unit.count, f"MIG {unit.profile} devices", unit.id)
-        else:
-            by_unit[unit.id] = _take(rdma, unit.count, "RDMA devices", unit.id)
+    for unit in sorted(plan.units, key=lambda u: spans[u.id][0]):  # stable: ties in plan order
+        start = spans[unit.id][0]
+        for ended in [entry for entry in live if entry[0] < start]:
+            live.remove(ended)
+            pool = pools[ended[1]]
+            pool.extend(ended[2])
+            pool.sort(key=order.__getitem__)
+        key = "mig:" + unit.profile if unit.kind == "mig" else unit.kind
+        what = {"gpu": "whole GPUs", "rdma": "RDMA devices"}.get(key, f"MIG {unit.profile} devices")
+        taken = _take(pools.setdefault(key, []), unit.count, what, unit.id)
+        by_unit[unit.id] = taken
+        live.append((spans[unit.id][1], key, taken))
     out: dict[str, tuple[str, ...]] = {}
     for container, refs in plan.containers.items():
         names: list[str] = []
