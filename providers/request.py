@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Arch = Literal["x86_64", "arm64"]
+Provisioning = Literal["on-demand", "spot", "flex-start", "capacity-block"]
 
 
 class InstanceRequest(BaseModel):
@@ -31,6 +32,10 @@ class InstanceRequest(BaseModel):
     deny: tuple[str, ...] = Field((), description="never these instance types")
     instance_type: str = Field("", description="an explicit instance type")
     zone: str = Field("", description="restrict to instance types offered in this zone")
+    provisioning: Provisioning = Field(
+        "on-demand",
+        description="how the VM is bought: only types the cloud sells that way are candidates",
+    )
 
     @field_validator("mig")
     @classmethod

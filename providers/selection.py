@@ -5,8 +5,12 @@ fits, FACTS 7). Checks run in a fixed order of stages, GPU first, policy last, a
 fails is the type's rejection; when nothing fits, the rejections that got furthest say why in one
 line ("no type offers MIG profile 9g.99gb", "16 h100-80gb GPUs exceed the largest type, 8").
 
-Ranking: known price ascending, unknown price after known; then smallest fit (GPUs, GPU memory,
-vCPUs, memory); then name. MIG devices are counted in GPUs by packing them (providers.mig).
+Ranking: price ascending, where a type no price source covers is priced by an estimate from its
+GPUs, vCPUs and memory (providers.estimates) and a real price wins a tie; GCP N1 types cost the
+machine plus the GPUs attached. Then smallest fit (GPUs, GPU memory, vCPUs, memory); then name.
+A type the cloud does not sell the way the pod is provisioned (GCP's 1-, 2- and 4-GPU A3 High are
+Spot or Flex-start only) is no candidate for it. MIG devices are counted in GPUs by packing
+them (providers.mig).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Final, NamedTuple
 
 from providers.catalog import Catalog, InstanceType
 from providers.errors import NoMatch
+from providers.estimates import estimate_price
 from providers.gpus import GPU_MODELS, models_matching
 from providers.mig import MigLayout, pack, profiles_for
 from providers.request import InstanceRequest
@@ -78,7 +83,7 @@ class Candidate:
     """A type that serves the request, with why it ranks where it does."""
 
     instance_type: InstanceType
-    price_per_hour: float | None
+    price_per_hour: float | None  # what it ranks by: the list price, else the estimate
     reasons: tuple[str, ...]
     gpu_model: str | None = None
     gpus: int = 0
@@ -90,6 +95,7 @@ class Candidate:
     # The only zones it can be created in (GCP N1 with a GPU some zones lack); empty: any zone
     # offering the type.
     zones: tuple[str, ...] = ()
+    price_estimated: bool = False  # no price source covers it (or its attached GPUs)
 
     @property
     def name(self) -> str:
@@ -126,7 +132,7 @@ _INDEXES: dict[int, tuple[weakref.ref[Catalog], _Index]] = {}
 _MAX_ASKS = 512  # distinct GPU asks remembered per catalog before starting over
 
 
-def _static_key(t: InstanceType) -> tuple[int, float, int, int, int, int, str]:
+def _static_key(t: InstanceType) -> tuple[float, int, int, int, int, int, str]:
     """The rank key of a type serving a request with its bundled GPUs (or none attached)."""
     gpus = t.gpu.count if t.gpu is not None else 0
     memory = t.gpu.memory_mib if t.gpu is not None else 0
@@ -352,6 +358,10 @@ class _Matcher:
         if t.memory_mib < request.memory_mib:
             reason = f"{_mib(t.memory_mib)} memory, need {_mib(request.memory_mib)}"
             return Rejection(t.name, reason, MEMORY, have=t.memory_mib)
+        if request.provisioning not in t.provisioning:
+            sold = " or ".join(t.provisioning) or "nothing"
+            reason = f"sold only as {sold}, not {request.provisioning}"
+            return Rejection(t.name, reason, OFFERED)
         if request.zone and t.zones and request.zone not in t.zones:
             return Rejection(t.name, f"not offered in zone {request.zone}", OFFERED)
         if self.has_zones and not t.zones:
@@ -379,11 +389,32 @@ def _mig(profiles: dict[str, int]) -> str:
 # --- ranking ----------------------------------------------------------------------------------
 
 
-def _rank_key(t: InstanceType, fit: _Fit) -> tuple[int, float, int, int, int, int, str]:
+def _price(t: InstanceType, fit: _Fit) -> tuple[float, bool]:
+    """USD per hour of the VM this fit creates, and whether any of it is an estimate."""
     price = t.price_per_hour
+    if not fit.attach:
+        if price is not None:
+            return price, False
+        return estimate_price(t), True
+    gpu_price = next(
+        (a.price_per_hour for a in t.attachable_gpus if a.model == fit.gpu_model), None
+    )
+    if price is not None and gpu_price is not None:
+        return round(price + fit.attach * gpu_price, 6), False
+    machine = price if price is not None else estimate_price(t)
+    gpus = (
+        fit.attach * gpu_price
+        if gpu_price is not None
+        else estimate_price(t, fit.attach, fit.gpu_model) - estimate_price(t)
+    )
+    return round(machine + gpus, 6), True
+
+
+def _rank_key(t: InstanceType, fit: _Fit) -> tuple[float, int, int, int, int, int, str]:
+    price, estimated = _price(t, fit)
     return (
-        0 if price is not None else 1,
-        price if price is not None else 0.0,
+        price,
+        1 if estimated else 0,
         fit.gpus,
         fit.gpus * fit.gpu_memory_mib,
         t.vcpus,
@@ -408,17 +439,19 @@ def _describe(t: InstanceType, fit: _Fit) -> str:
     return "fits: " + ", ".join(parts)
 
 
-def _why_here(position: int, best: InstanceType, t: InstanceType, total: int) -> str:
-    price = t.price_per_hour
+def _dollars(price: float, estimated: bool) -> str:
+    return f"~${price:.4g}/h (estimate: no list price known)" if estimated else f"${price:.4g}/h"
+
+
+def _why_here(
+    position: int, best: tuple[float, bool], name: str, price: tuple[float, bool], total: int
+) -> str:
     if position == 0:
-        if price is not None:
-            return f"cheapest of {total} at ${price:.4g}/h"
-        return f"smallest fit of {total} (no price known)"
-    if price is not None and best.price_per_hour is not None:
-        return f"${price:.4g}/h, ${price - best.price_per_hour:.4g}/h more than {best.name}"
-    if price is None and best.price_per_hour is not None:
-        return "price unknown: ranked after every priced type"
-    return f"no price known: larger than {best.name} (GPUs, GPU memory, vCPUs, memory)"
+        return f"cheapest of {total} at {_dollars(*price)}"
+    more = price[0] - best[0]
+    if more <= 0:
+        return f"{_dollars(*price)}, as cheap as {name}; larger or listed after it"
+    return f"{_dollars(*price)}, ${more:.4g}/h more than {name}"
 
 
 # --- the result -------------------------------------------------------------------------------
@@ -462,11 +495,14 @@ class Selection:
 
     def _candidate(self, position: int, total: int) -> Candidate:
         t, fit = self._fits[position]
-        best = self._fits[0][0]
+        best, best_fit = self._fits[0]
+        price = _price(t, fit)
+        why = _why_here(position, _price(best, best_fit), best.name, price, total)
         return Candidate(
             instance_type=t,
-            price_per_hour=t.price_per_hour,
-            reasons=(_describe(t, fit), _why_here(position, best, t, total)),
+            price_per_hour=price[0],
+            price_estimated=price[1],
+            reasons=(_describe(t, fit), why),
             gpu_model=fit.gpu_model,
             gpus=fit.gpus,
             gpus_used=fit.gpus_used,
@@ -570,6 +606,12 @@ def _summarise(
             f"{_mib(request.memory_mib)} memory exceeds the largest matching type, {_mib(largest)}"
         )
     if furthest == OFFERED:
+        sold = [r for r in near if r.reason.startswith("sold only as")]
+        if sold:
+            listed = ", ".join(r.name for r in sold[:3]) + (", ..." if len(sold) > 3 else "")
+            return f"the matching types are not sold {request.provisioning} ({listed}: " + (
+                sold[0].reason + ")"
+            )
         where = f"zone {request.zone}" if request.zone else "this region"
         return f"no matching type is offered in {where} ({names})"
     return f"the matching types ({names}) are excluded by the allow/deny lists"
@@ -603,13 +645,14 @@ def rdma_devices(t: InstanceType) -> int:
 def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
     """The fits in rank order. Cheap necessary conditions first; `check` decides the rest."""
     request = matcher.request
-    vcpus, memory, arch, rdma, zone, nics = (
+    vcpus, memory, arch, rdma, zone, nics, sold_as = (
         request.vcpus,
         request.memory_mib,
         request.arch,
         request.rdma,
         request.zone,
         request.rdma_devices,
+        request.provisioning,
     )
     allow, deny = matcher.allow, matcher.deny
     fits: list[tuple[InstanceType, _Fit]] = []
@@ -624,6 +667,7 @@ def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
                 and offered
                 and (rd or not rdma)
                 and (nics <= 1 or rdma_devices(t) >= nics)
+                and sold_as in t.provisioning
                 and (not zone or not zones or zone in zones)
                 and (deny is None or not deny.match(t.name))
                 and (allow is None or allow.match(t.name))

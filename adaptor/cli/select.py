@@ -213,8 +213,11 @@ def _catalog(args: argparse.Namespace) -> Catalog:
             bar.close()
 
 
-def _price(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
+def _price(value: float | None, estimated: bool = False) -> str:
+    """A price cell; `~` marks an estimate (no price source covers the type)."""
+    if value is None:
+        return "-"
+    return f"~{value:.4f}" if estimated else f"{value:.4f}"
 
 
 def _gpus(c: Candidate) -> str:
@@ -236,6 +239,8 @@ def candidate_json(c: Candidate) -> dict[str, Any]:
     return {
         "name": c.name,
         "price_per_hour": c.price_per_hour,
+        "price_estimated": c.price_estimated,
+        "spot_price_per_hour": t.spot_price_per_hour,
         "vcpus": t.vcpus,
         "memory_mib": t.memory_mib,
         "arch": t.arch,
@@ -273,11 +278,15 @@ def print_table(catalog: Catalog, selection: Selection, limit: int, out: TextIO)
         t = c.instance_type
         memory = f"{t.memory_mib / 1024:g}Gi"
         why = "; ".join(c.reasons)
-        rows.append((str(i), c.name, _price(c.price_per_hour), _gpus(c), str(t.vcpus), memory, why))
+        price = _price(c.price_per_hour, c.price_estimated)
+        rows.append((str(i), c.name, price, _gpus(c), str(t.vcpus), memory, why))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
         print("  ".join([*cells, row[-1]]).rstrip(), file=out)
+    if any(c.price_estimated for c in candidates[: max(limit, 1)]):
+        note = "~: an estimate from the type's GPUs, vCPUs and memory (no list price known)"
+        print(note, file=out)
     hidden = len(candidates) - max(limit, 1)
     if hidden > 0:
         print(f"... {hidden} more candidates (--limit, or --output json)", file=out)

@@ -46,7 +46,8 @@ def test_mig_json_has_the_layout(capsys: pytest.CaptureFixture[str]) -> None:
         ("3g.40gb", 0, 4),
         ("4g.40gb", 0, 0),
     ]
-    assert data["candidates"][0]["price_per_hour"] is None
+    # No bundled price for it: ranked by an estimate, and the output says so.
+    assert data["candidates"][0]["price_estimated"] is True
 
 
 def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -57,8 +58,10 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[0].startswith("selected: Standard_NV6ads_A10_v5  (azure eastus")
     assert lines[1].split()[:3] == ["#", "TYPE", "USD/H"]
     assert "1/6 of one a10" in lines[2]
-    assert lines[4].startswith("... 3 more candidates")
-    assert "rejected:" in lines[5]
+    assert lines[2].split()[2].startswith("~")  # no Azure price bundled for it: an estimate
+    assert lines[4].startswith("~: an estimate")
+    assert lines[5].startswith("... 3 more candidates")
+    assert "rejected:" in lines[6]
 
 
 @pytest.mark.parametrize(

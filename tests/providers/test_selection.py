@@ -50,7 +50,9 @@ def test_caa_counter_example_full_scan() -> None:
     assert all("vCPUs" in r.reason for r in selection.rejections)
 
 
-def test_price_ascending_unknown_after_known_ties_by_name() -> None:
+def test_price_ascending_estimates_for_unpriced_types_ties_by_name() -> None:
+    # An unpriced type ranks by an estimate from its vCPUs and memory (providers.estimates:
+    # 2 vCPUs and 4 GiB ~ $0.08/h), not after every priced type; names break ties.
     c = catalog(
         it("b.big", 16, 64, price_per_hour=0.5),
         it("a.small", 4, 16, price_per_hour=0.9),
@@ -58,21 +60,26 @@ def test_price_ascending_unknown_after_known_ties_by_name() -> None:
         it("y.tiny", 2, 4),
         it("c.same", 16, 64, price_per_hour=0.5),
     )
-    assert names(c, req()) == ["b.big", "c.same", "a.small", "y.tiny", "z.tiny"]
-    reasons = select(c, req()).candidates
-    assert "cheapest" in reasons[0].reasons[1]
-    assert "ranked after every priced type" in reasons[3].reasons[1]
+    assert names(c, req()) == ["y.tiny", "z.tiny", "b.big", "c.same", "a.small"]
+    candidates = select(c, req()).candidates
+    assert candidates[0].price_estimated and "estimate" in candidates[0].reasons[1]
+    assert "cheapest" in candidates[0].reasons[1]
+    assert not candidates[2].price_estimated
 
 
-def test_smallest_fit_without_prices() -> None:
+def test_unpriced_types_rank_by_what_their_gpus_cost() -> None:
+    # Public list prices: one H100 costs far more than one T4 (AWS p5.4xlarge $6.88/h vs
+    # g4dn.xlarge $0.526/h), so unpriced T4 types beat a priced 8x H100 one; among them a
+    # 32-vCPU host costs more than a second T4 (32 x $0.0315 + 128 GiB x $0.0042 > $0.33).
     c = catalog(
         it("g.2x", 8, 32, gpu=("t4", 2, 16384)),
         it("g.1x-big", 32, 128, gpu=("t4", 1, 16384)),
         it("g.1x", 4, 16, gpu=("t4", 1, 16384)),
+        it("h.8x", 192, 2048, gpu=("h100-80gb", 8, 81920), price_per_hour=55.04),
     )
-    assert names(c, req(gpus=1)) == ["g.1x", "g.1x-big", "g.2x"]
+    assert names(c, req(gpus=1)) == ["g.1x", "g.2x", "g.1x-big", "h.8x"]
     first = select(c, req(gpus=1)).selected
-    assert first.reasons[1].startswith("smallest fit of 3")
+    assert first.reasons[1].startswith("cheapest of 4 at ~$")
 
 
 H100 = ("h100-80gb", 8, 81920)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from providers.catalog import Catalog, GpuSpec, InstanceType
 from providers.errors import NoMatch
+from providers.estimates import estimate_price
 from providers.gpus import GPU_MODELS
 from providers.mig import min_gpus
 from providers.request import InstanceRequest
@@ -138,14 +139,20 @@ def test_selection_matches_the_meaning_of_the_request(catalog: Catalog, r: Insta
         return
     chosen = selection.selected
     assert satisfies(chosen.instance_type, r, has_zones)
-    known = [t.price_per_hour for t in satisfying if t.price_per_hour is not None]
-    if known:
-        assert chosen.price_per_hour == min(known), "a cheaper satisfying type exists"
-    else:
-        assert chosen.price_per_hour is None
+
+    # Every candidate is ranked by a price: the list price, else an estimate from what it carries
+    # (providers.estimates), never "unknown, so last"; a real price wins a tie with an estimate.
+    def effective(t: InstanceType) -> tuple[float, bool]:
+        if t.price_per_hour is not None:
+            return t.price_per_hour, False
+        return estimate_price(t), True
+
+    cheapest = min(effective(t) for t in satisfying)
+    assert (chosen.price_per_hour, chosen.price_estimated) == cheapest
     prices = [c.price_per_hour for c in selection.candidates]
-    priced = [p for p in prices if p is not None]
-    assert priced == sorted(priced)
-    assert prices[: len(priced)] == priced, "unknown prices rank after known ones"
+    assert all(p is not None for p in prices)
+    assert prices == sorted(prices)
+    for c in selection.candidates:
+        assert c.price_estimated == (c.instance_type.price_per_hour is None)
     for candidate in selection.candidates:
         assert len(candidate.reasons) == 2 and all(candidate.reasons)
