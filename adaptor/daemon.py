@@ -24,6 +24,7 @@ from typing import Any
 
 from adaptor.devices import CdiConfig, CdiNaming
 from adaptor.gc import GarbageCollector
+from adaptor.hypervisor.preemption import PreemptionWatcher
 from adaptor.hypervisor.sandboxes import (
     AgentProxyHandle,
     CandidateChooser,
@@ -52,6 +53,7 @@ from adaptor.wiring import (
 )
 from providers import registry
 from providers.base import Provider
+from providers.capacity import Inspectable
 from providers.errors import PeerpodsError
 from providers.fallback import observe_capacity_fallbacks
 
@@ -92,9 +94,12 @@ ContainerHookFactory = Callable[[SandboxRecord], CreateContainerHook | None]
 
 
 def agent_proxy_factory(
-    tls: ssl.SSLContext | None, container_hooks: ContainerHookFactory | None = None
+    tls: ssl.SSLContext | None,
+    container_hooks: ContainerHookFactory | None = None,
+    on_upstream_lost: Callable[[str], None] | None = None,
 ) -> ProxyFactory:
-    """Builds each sandbox's AgentProxy dialing its forwarder (over mTLS when `tls` is set)."""
+    """Builds each sandbox's AgentProxy dialing its forwarder (over mTLS when `tls` is set);
+    `on_upstream_lost(sandbox id)` hears of each dropped forwarder connection."""
 
     def make(record: SandboxRecord, socket_path: str, host: str, port: int) -> AgentProxyHandle:
         from adaptor.proxy import AgentProxy, tcp_dialer
@@ -105,6 +110,9 @@ def agent_proxy_factory(
             sandbox_id=record.id,
             create_container_hook=container_hooks(record) if container_hooks else None,
             on_call=count_proxy_call,
+            on_upstream_lost=(
+                (lambda: on_upstream_lost(record.id)) if on_upstream_lost is not None else None
+            ),
         )
         return proxy
 
@@ -144,6 +152,7 @@ class Daemon:
         self.manager: SandboxManager | None = None
         self.server: Server | None = None
         self.gc: GarbageCollector | None = None
+        self.watcher: PreemptionWatcher | None = None
 
     async def start(self) -> None:
         """Bring everything up; on failure, whatever started is closed again."""
@@ -176,7 +185,9 @@ class Daemon:
         self._unobserve = observe_capacity_fallbacks(count_capacity_fallback)
         tls, pki = await asyncio.to_thread(agent_tls_context, settings)
         proxy_factory = self._proxy_factory or agent_proxy_factory(
-            tls, self._container_hooks or container_hooks(self._cdi, self.devices)
+            tls,
+            self._container_hooks or container_hooks(self._cdi, self.devices),
+            on_upstream_lost=self._upstream_lost,
         )
         self.manager = SandboxManager(
             ManagerConfig(
@@ -201,6 +212,11 @@ class Daemon:
             ),
         )
         await self.manager.recover()
+        if isinstance(provider, Inspectable):
+            self.watcher = PreemptionWatcher(
+                self.manager, provider, settings.preemption_check_interval_seconds
+            )
+            self.watcher.start()
         owner_id = getattr(provider, "owner_id", None)
         if settings.gc_interval_seconds > 0 and isinstance(owner_id, str) and owner_id:
             # Only a provider whose owner tag is this node's own may be swept: another node's
@@ -242,6 +258,9 @@ class Daemon:
         if self.gc is not None:
             await self.gc.stop()
             self.gc = None
+        if self.watcher is not None:
+            await self.watcher.stop()
+            self.watcher = None
         if self.status is not None:
             await self.status.stop()
             self.status = None
@@ -257,6 +276,11 @@ class Daemon:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    def _upstream_lost(self, sandbox_id: str) -> None:
+        """A sandbox's forwarder connection dropped: ask the cloud whether its VM lives."""
+        if self.watcher is not None:
+            self.watcher.nudge(sandbox_id)
 
 
 class _StoreLeases:

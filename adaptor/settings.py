@@ -63,6 +63,9 @@ class ServeSettings(BaseModel):
     proxy_timeout_seconds: float = Field(300.0, gt=0, description="StartVM's forwarder wait")
     shutdown_grace_seconds: float = Field(10.0, ge=0, description="in-flight calls at exit")
     gc_interval_seconds: float = Field(300.0, ge=0, description="orphan VM sweeps; 0: off")
+    preemption_check_interval_seconds: float = Field(
+        30.0, ge=0, description="lost-VM sweeps of running sandboxes; 0: on connection loss only"
+    )
     static_endpoints: tuple[Endpoint, ...] = ()
     status_address: str = Field("", description="status API HOST:PORT ('': off; CLI default on)")
     catalog_dir: str = Field("", description="catalog snapshots (default: the bundled ones)")

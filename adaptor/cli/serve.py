@@ -90,6 +90,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         parser,
+        "--preemption-check-interval",
+        type=flags.duration,
+        default="30s",
+        help="how often the cloud is asked whether running sandboxes' VMs still exist (a Spot "
+        "preemption or eviction ends the sandbox as preempted); an agent connection that drops "
+        "is checked at once (0s: only then)",
+    )
+    flags.add(
+        parser,
         "--static-endpoints",
         default="",
         help="the static provider's pod VMs, HOST:PORT[,...]; one sandbox each at a time",
@@ -139,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         proxy_timeout_seconds=args.proxy_timeout,
         shutdown_grace_seconds=args.shutdown_grace,
         gc_interval_seconds=args.gc_interval,
+        preemption_check_interval_seconds=args.preemption_check_interval,
         static_endpoints=args.static_endpoints,
         status_address=args.status_address,
         catalog_dir=args.catalog_dir,

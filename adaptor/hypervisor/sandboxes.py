@@ -352,6 +352,26 @@ class SandboxManager:
         """Whether this process serves the sandbox's agent socket now."""
         return sandbox_id in self._proxies
 
+    def proxy_of(self, sandbox_id: str) -> AgentProxyHandle | None:
+        """The agent proxy serving a sandbox now, if any."""
+        return self._proxies.get(sandbox_id)
+
+    async def mark_preempted(self, sandbox_id: str, instance_id: str, reason: str) -> bool:
+        """Record that the cloud took a running sandbox's VM away (adaptor.hypervisor.preemption).
+
+        True when the sandbox runs (or was already marked preempted) on `instance_id`; False when
+        it moved on meanwhile (stopped, stopping, another VM), and then nothing is written. The
+        VM stays in the record, so the StopVM that follows deletes it again (idempotently).
+        """
+        async with self._locked(sandbox_id):
+            record = await self.store.get(sandbox_id)
+            if record is None or record.instance is None or record.instance.id != instance_id:
+                return False
+            if record.state not in (SandboxState.RUNNING, SandboxState.PREEMPTED):
+                return False
+            await self.store.put(record.evolve(state=SandboxState.PREEMPTED, reason=reason))
+            return True
+
     # --- restart and shutdown --------------------------------------------------------------------
 
     async def recover(self) -> None:

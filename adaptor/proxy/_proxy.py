@@ -6,6 +6,10 @@ payload. Response frames come back unchanged with the shim's stream id restored.
 added: long calls (WaitProcess, GetOOMEvent) simply stay in flight beside the others.
 
 Only `grpc.AgentService/CreateContainer` is ever decoded, and only when a hook is installed.
+
+When the pod VM is known to be gone for good (preempted), `fail` answers every call, in flight
+or new, with one status that says so, so the shim fails the pod instead of waiting on a VM that
+will never answer.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ Completion = Callable[[int, str], None]
 # CreateContainerRequest payload -> new payload, optionally with a completion for its answer.
 CreateContainerHook = Callable[[bytes], bytes | tuple[bytes, Completion]]
 OnCall = Callable[[str, str, int], None]
+# Told that the upstream connection dropped (the adaptor then asks the cloud whether the VM lives).
+OnUpstreamLost = Callable[[], None]
 
 CREATE_CONTAINER = ("grpc.AgentService", "CreateContainer")
 MAX_IN_FLIGHT = 1024  # per shim connection; reading pauses beyond it
@@ -69,12 +75,18 @@ class AgentProxy:
         sandbox_id: str,
         create_container_hook: CreateContainerHook | None = None,
         on_call: OnCall | None = None,
+        on_upstream_lost: OnUpstreamLost | None = None,
     ) -> None:
         self.socket_path = socket_path
         self.sandbox_id = sandbox_id
         self._dial = dial
         self._hook = create_container_hook
         self._on_call = on_call
+        self._on_upstream_lost = on_upstream_lost
+        # (code, message) every call is answered with once the pod VM is gone for good
+        self._failed: tuple[Code, str] | None = None
+        # calls waiting for a dial: their task -> (shim, shim stream id, service, method)
+        self._waiting: dict[asyncio.Task[None], tuple[_ShimConnection, int, str, str]] = {}
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
         self._shims: dict[_ShimConnection, asyncio.Task[None]] = {}
@@ -116,6 +128,35 @@ class AgentProxy:
                 await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, BACKOFF_MAX_SECONDS)
 
+    async def fail(self, code: Code, message: str) -> None:
+        """Answer every call from now on, and every call in flight, with `code` and `message`.
+
+        For a pod VM that is gone for good: the upstream is closed and never dialed again; the
+        agent socket stays served (so the shim gets an answer, not a refused connect) until
+        `stop`.
+        """
+        if self._failed is not None:
+            return
+        self._failed = (code, message)
+        log.warning(
+            "sandbox %s: answering every agent call with %s: %s",
+            self.sandbox_id,
+            code.name,
+            message,
+        )
+        for task, (shim, shim_id, service, method) in list(self._waiting.items()):
+            shim.answer(shim_id, service, method, code, message)
+            task.cancel()
+        self._waiting.clear()
+        if self._dialing is not None and not self._dialing.done():
+            self._dialing.cancel()
+        upstream, self._upstream = self._upstream, None
+        if upstream is not None:
+            for shim, shim_id, service, method in upstream.pending.values():
+                shim.answer(shim_id, service, method, code, message)
+            upstream.pending.clear()
+            await upstream.close()
+
     @property
     def connected(self) -> bool:
         """Whether an upstream connection is up now."""
@@ -150,6 +191,8 @@ class AgentProxy:
             return upstream
         if self._stopped:
             raise TtrpcError(Code.UNAVAILABLE, "proxy stopped")
+        if self._failed is not None:
+            raise TtrpcError(*self._failed)
         if self._dialing is None:
             self._dialing = asyncio.get_running_loop().create_future()
             dialing = self._dialing
@@ -192,8 +235,13 @@ class AgentProxy:
         if self._upstream is upstream:
             self._upstream = None
         self.last_error = why
-        if not self._stopped:
+        if not self._stopped and self._failed is None:
             log.warning("sandbox %s: pod VM connection lost: %s", self.sandbox_id, why)
+            if self._on_upstream_lost is not None:
+                try:
+                    self._on_upstream_lost()
+                except Exception:
+                    log.exception("agent proxy on_upstream_lost callback failed")
         for shim, shim_id, service, method in upstream.pending.values():
             message = f"pod VM connection lost: {why}"
             shim.answer(shim_id, service, method, Code.UNAVAILABLE, message)
@@ -217,6 +265,9 @@ class AgentProxy:
         except MalformedMessage as exc:
             shim.answer(shim_id, "", "", Code.INVALID_ARGUMENT, f"unmarshal request error: {exc}")
             return
+        if self._failed is not None:
+            shim.answer(shim_id, service, method, *self._failed)
+            return
         if self._hook is not None and (service, method) == CREATE_CONTAINER:
             try:
                 data, completion = self._rewrite(data)
@@ -233,7 +284,9 @@ class AgentProxy:
             self._forward_after_dial(shim, shim_id, service, method, data)
         )
         self._tasks.add(task)
+        self._waiting[task] = (shim, shim_id, service, method)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda t: self._waiting.pop(t, None))
 
     async def _forward_after_dial(
         self, shim: _ShimConnection, shim_id: int, service: str, method: str, data: bytes
@@ -241,10 +294,21 @@ class AgentProxy:
         try:
             upstream = await self._ensure_upstream()
         except TtrpcError as exc:
+            self._no_longer_waiting()
+            if self._failed is not None:
+                shim.answer(shim_id, service, method, *self._failed)
+                return
             message = f"pod VM unreachable: {exc.message}"
             shim.answer(shim_id, service, method, Code.UNAVAILABLE, message)
             return
+        self._no_longer_waiting()
         upstream.send(shim, shim_id, service, method, data)
+
+    def _no_longer_waiting(self) -> None:
+        """The current call got its dial outcome: `fail` must not answer it a second time."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._waiting.pop(task, None)
 
     def _rewrite(self, data: bytes) -> tuple[bytes, Completion | None]:
         assert self._hook is not None
