@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, DecimalException
 
 from providers.errors import InvalidRequest
 
@@ -30,6 +30,9 @@ _SUFFIX = {
     "Ei": Decimal(2) ** 60,
 }
 MIB = Decimal(2) ** 20
+# Kubernetes caps a quantity's magnitude at 2^63-1; so do we, before any huge number is built
+# (1e999999 would otherwise cost seconds of CPU as an integer).
+MAX_QUANTITY = Decimal(2**63 - 1)
 
 
 def parse_quantity(value: str | int | float) -> Decimal:
@@ -39,21 +42,31 @@ def parse_quantity(value: str | int | float) -> Decimal:
     if isinstance(value, int | float):
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidRequest(f"invalid quantity {value!r}")
-        return Decimal(str(value))
+        if value < 0:
+            raise InvalidRequest(f"negative quantity {value!r}")
+        exact = Decimal(str(value)) if isinstance(value, float) else Decimal(value)
+        return min(exact, MAX_QUANTITY)
     text = str(value).strip()
     match = _QUANTITY.match(text)
     if not match:
-        raise InvalidRequest(f"invalid quantity {text!r}")
+        raise InvalidRequest(f"invalid quantity {_short(text)}")
     number, suffix = match.groups()
     if number.lstrip("+-").startswith(".") is False and number.count(".") > 1:
-        raise InvalidRequest(f"invalid quantity {text!r}")
+        raise InvalidRequest(f"invalid quantity {_short(text)}")
     try:
-        result = Decimal(number) * _SUFFIX[suffix]
-    except InvalidOperation:
-        raise InvalidRequest(f"invalid quantity {text!r}") from None
-    if result < 0:
-        raise InvalidRequest(f"negative quantity {text!r}")
-    return result
+        mantissa = Decimal(number)
+        if mantissa < 0:
+            raise InvalidRequest(f"negative quantity {_short(text)}")
+        if mantissa and mantissa.adjusted() > 40:
+            return MAX_QUANTITY
+        result = mantissa * _SUFFIX[suffix]
+    except DecimalException:
+        raise InvalidRequest(f"invalid quantity {_short(text)}") from None
+    return min(result, MAX_QUANTITY)
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:40] + "...")
 
 
 def to_mib(value: str | int | float) -> int:

@@ -3,6 +3,11 @@
 Two error channels (as admission webhooks must keep them apart): a body that is not an
 AdmissionReview raises InvalidRequest, which the server answers with HTTP 400; a pod that cannot
 be admitted is a normal review response with `allowed: false`, a code and a message.
+
+`review` is `parse` then `decide`; the server calls them apart so that a pod whose admission
+evaluates DRA selectors (`needs_selectors`) waits in its own queue, never in front of plain pods.
+Selectors of one admission are bounded together by `cel_timeout_seconds` and evaluated by
+`cel_runner` (the server's worker processes; None: in this thread).
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ from typing import Any
 
 from providers.catalog import Catalog
 from providers.errors import InvalidRequest, NoMatch, PeerpodsError
+from webhook._devices import SelectorRunner, selector_limits
 from webhook._mutate import Settings, mutate_pod
 from webhook._resolver import LookupFailed, MemoryResolver, Resolver
-from webhook._reviews import parse_review, response
+from webhook._reviews import AdmissionReview, parse_review, response
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +36,36 @@ class Admission:
         settings: Settings,
         catalog: CatalogSource | None = None,
         resolver: Resolver | None = None,
+        cel_timeout_seconds: float = 2.0,
+        cel_runner: SelectorRunner | None = None,
     ) -> None:
         self.settings = settings
         self.catalog: CatalogSource = catalog or (lambda: None)
         self.resolver: Resolver = resolver or MemoryResolver()
+        self.cel_timeout_seconds = cel_timeout_seconds
+        self.cel_runner = cel_runner
 
     def review(self, body: bytes) -> dict[str, Any]:
         """The response review for a request body; InvalidRequest when it is not a review."""
-        review = parse_review(body)
+        return self.decide(parse_review(body))
+
+    @staticmethod
+    def parse(body: bytes) -> AdmissionReview:
+        """The review in a request body; InvalidRequest when it is not one."""
+        return parse_review(body)
+
+    def needs_selectors(self, review: AdmissionReview) -> bool:
+        """Whether deciding this review may evaluate DRA selectors (a peer pod with claims)."""
+        pod = review.request.object
+        if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
+            return False
+        spec = pod["spec"]
+        return spec.get("runtimeClassName") in self.settings.runtime_classes and bool(
+            spec.get("resourceClaims")
+        )
+
+    def decide(self, review: AdmissionReview) -> dict[str, Any]:
+        """The response review for a parsed request."""
         request = review.request
         uid = request.uid
         if request.kind.kind not in ("", "Pod") or request.object is None:
@@ -49,13 +77,14 @@ class Admission:
             "generateName", ""
         )
         try:
-            result = mutate_pod(
-                pod,
-                resolver=self.resolver,
-                catalog=self.catalog(),
-                settings=self.settings,
-                namespace=request.namespace,
-            )
+            with selector_limits(self.cel_runner, self.cel_timeout_seconds):
+                result = mutate_pod(
+                    pod,
+                    resolver=self.resolver,
+                    catalog=self.catalog(),
+                    settings=self.settings,
+                    namespace=request.namespace,
+                )
         except NoMatch as exc:
             log.info("denied pod %s/%s: %s", request.namespace, name, exc)
             return response(uid, allowed=False, code=403, message=str(exc))

@@ -6,28 +6,117 @@ Kubernetes adds to CEL a `quantity` type (`quantity('40Gi')`, `isQuantity`, `com
 `minor`, `patch`, `compareTo`, `isGreaterThan`, `isLessThan`). cel-python knows neither, so they
 are defined here as plain functions (CEL's `a.f(b)` calls `f(a, b)`). Programs are compiled once
 per expression and cached.
+
+Every evaluation is metered, as Kubernetes meters DRA selectors: each evaluated node of the
+expression costs 1 and the extension functions cost by the size of what they touch; one selector
+evaluated against one device may spend at most `COST_LIMIT` (Kubernetes'
+`CELSelectorExpressionMaxCost`, 1,000,000). A `Meter` may also carry a monotonic deadline,
+checked every few hundred steps. Either limit ends the evaluation with `CelBudgetExceeded`. A
+single slow builtin call cannot be interrupted in-process; the webhook server therefore
+evaluates in worker processes it can kill (`_celworker.py`).
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import threading
+import time
 from decimal import Decimal
 from typing import Any
 
 import celpy
 from celpy import celtypes
 from celpy.celparser import CELParseError
-from celpy.evaluation import CELEvalError
+from celpy.evaluation import CELEvalError, Evaluator
 
 from providers.errors import InvalidRequest
 from providers.quantity import parse_quantity
 
-__all__ = ["CelError", "Quantity", "Semver", "compile_selector", "evaluate"]
+__all__ = [
+    "COST_LIMIT",
+    "CelBudgetExceeded",
+    "CelError",
+    "Meter",
+    "Quantity",
+    "Semver",
+    "compile_selector",
+    "evaluate",
+]
+
+COST_LIMIT = 1_000_000  # Kubernetes' CELSelectorExpressionMaxCost, per selector and device
+_MAX_QUANTITY = Decimal(2**63 - 1)  # Kubernetes caps a quantity's magnitude here
 
 
 class CelError(InvalidRequest):
     """A selector that does not compile, or that cannot be evaluated."""
+
+
+class CelBudgetExceeded(CelError):
+    """An evaluation that spent its cost budget or ran past its deadline."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class _Exhausted(Exception):
+    """Raised inside an evaluation to leave it at once (celpy turns no such class into a value)."""
+
+    def __init__(self, timed_out: bool) -> None:
+        super().__init__("time" if timed_out else "cost")
+        self.timed_out = timed_out
+
+
+class Meter:
+    """The cost spent by one evaluation and the deadline it must finish by."""
+
+    __slots__ = ("_tick", "deadline", "limit", "used")
+
+    def __init__(self, limit: int = COST_LIMIT, deadline: float | None = None) -> None:
+        self.limit = limit
+        self.deadline = deadline  # time.monotonic() value, or None
+        self.used = 0
+        self._tick = 0
+
+    def charge(self, units: int) -> None:
+        self.used += units
+        if self.used > self.limit:
+            raise _Exhausted(timed_out=False)
+        self._tick += units
+        if self._tick >= 256 and self.deadline is not None:
+            self._tick = 0
+            if time.monotonic() > self.deadline:
+                raise _Exhausted(timed_out=True)
+
+
+_local = threading.local()
+
+
+def _charge(units: int) -> None:
+    meter: Meter | None = getattr(_local, "meter", None)
+    if meter is not None:
+        meter.charge(units)
+
+
+def _size_cost(*values: Any) -> int:
+    """What a function call costs: 1, plus a tenth of the length of any string it reads."""
+    return 1 + sum(len(v) // 10 for v in values if isinstance(v, str))
+
+
+class _Metered(Evaluator):
+    """celpy's tree-walking evaluator, charging its meter one unit per node visited."""
+
+    def __init__(self, ast: Any, activation: Any, meter: Meter) -> None:
+        super().__init__(ast, activation)
+        self.meter = meter
+
+    def sub_evaluator(self, ast: Any) -> Evaluator:
+        return _Metered(ast, self.activation, self.meter)
+
+    def _visit_tree(self, tree: Any) -> Any:
+        self.meter.charge(1)
+        return super()._visit_tree(tree)
 
 
 class Quantity:
@@ -70,13 +159,17 @@ class Semver:
 
 
 def _quantity(text: Any) -> Quantity:
+    _charge(_size_cost(text))
     try:
-        return Quantity(parse_quantity(str(text)))
+        value = parse_quantity(str(text))
     except InvalidRequest as exc:
         raise ValueError(str(exc)) from None
+    # as Kubernetes does: a magnitude beyond 2^63-1 is capped, never carried as a huge number
+    return Quantity(min(value, _MAX_QUANTITY))
 
 
 def _is_quantity(text: Any) -> celtypes.BoolType:
+    _charge(_size_cost(text))
     try:
         parse_quantity(str(text))
     except InvalidRequest:
@@ -85,6 +178,7 @@ def _is_quantity(text: Any) -> celtypes.BoolType:
 
 
 def _semver(text: Any) -> Semver:
+    _charge(_size_cost(text))
     match = _SEMVER.match(str(text))
     if not match:
         raise ValueError(f"invalid semver {text!r}")
@@ -92,6 +186,7 @@ def _semver(text: Any) -> Semver:
 
 
 def _is_semver(text: Any) -> celtypes.BoolType:
+    _charge(_size_cost(text))
     return celtypes.BoolType(bool(_SEMVER.match(str(text))))
 
 
@@ -135,6 +230,8 @@ def _sub(a: Quantity, b: Any) -> Quantity:
 
 
 def _as_integer(a: Quantity) -> celtypes.IntType:
+    if abs(a.value) > _MAX_QUANTITY:
+        raise ValueError(f"quantity {a.value} does not fit a 64-bit integer")
     if a.value != a.value.to_integral_value():
         raise ValueError(f"quantity {a.value} is not an integer")
     return celtypes.IntType(int(a.value))
@@ -182,6 +279,22 @@ _ENV = celpy.Environment()
 _MAX_EXPRESSION = 10_240  # Kubernetes' limit on a selector expression, bytes
 
 
+def _metered(function: Any) -> Any:
+    @functools.wraps(function)
+    def call(*args: Any) -> Any:
+        _charge(_size_cost(*args))
+        return function(*args)
+
+    return call
+
+
+# Functions the selectors may call, each charging at least one unit per call.
+_METERED = {
+    name: (f if name in ("quantity", "isQuantity", "semver", "isSemver") else _metered(f))
+    for name, f in FUNCTIONS.items()
+}
+
+
 @functools.lru_cache(maxsize=512)
 def compile_selector(expression: str) -> celpy.Runner:
     """The compiled program of one selector (cached); CelError when it does not compile."""
@@ -189,20 +302,41 @@ def compile_selector(expression: str) -> celpy.Runner:
         raise CelError(f"CEL expression longer than {_MAX_EXPRESSION} bytes")
     try:
         ast = _ENV.compile(expression)
-        return _ENV.program(ast, functions=FUNCTIONS)
+        return _ENV.program(ast, functions=_METERED)
     except CELParseError as exc:
         first = str(exc).splitlines()[0] if str(exc) else "syntax error"
         raise CelError(f"invalid CEL expression {expression!r}: {first}") from None
+    except RecursionError:
+        raise CelError(f"CEL expression nested too deeply: {_short(expression)}") from None
 
 
-def evaluate(program: celpy.Runner, activation: dict[str, Any]) -> bool:
-    """True or False; CelError for a runtime error or a non-boolean result."""
+def _short(expression: str, limit: int = 80) -> str:
+    return repr(expression if len(expression) <= limit else expression[:limit] + "...")
+
+
+def evaluate(program: celpy.Runner, activation: dict[str, Any], meter: Meter | None = None) -> bool:
+    """True or False; CelError for a runtime error or a non-boolean result, CelBudgetExceeded
+    when the evaluation spends more than its meter allows (COST_LIMIT by default)."""
+    meter = meter or Meter()
+    _local.meter = meter
     try:
-        result = program.evaluate(activation)
+        evaluator = _Metered(program.ast, program.new_activation(), meter)
+        result = evaluator.evaluate(activation)
+    except _Exhausted as exc:
+        if exc.timed_out:
+            raise CelBudgetExceeded("ran past its time limit", timed_out=True) from None
+        raise CelBudgetExceeded(
+            f"exceeds the CEL cost limit of {meter.limit} per device "
+            "(as Kubernetes limits DRA selectors)"
+        ) from None
+    except RecursionError:
+        raise CelError("expression nested too deeply to evaluate") from None
     except CELEvalError as exc:
         raise CelError(_eval_message(exc)) from None
     except (ValueError, TypeError, ArithmeticError, KeyError) as exc:
         raise CelError(str(exc)) from None
+    finally:
+        _local.meter = None
     if not isinstance(result, celtypes.BoolType):
         raise CelError(f"selector returned {type(result).__name__}, not a bool")
     return bool(result)

@@ -10,12 +10,23 @@ GPUs of that model), of a MIG device the size in its profile name.
 Attributes that exist only after boot (`uuid`, `driverVersion`, `parentUUID`, PCI addresses) are
 absent. Policy: a selector that reads one of them is denied with a message naming it (the pod
 could never be matched reliably), while a presence test (`'uuid' in ...`) sees it as absent.
+
+Selectors are written by tenants, so they are bounded: each evaluation is metered
+(`_cel.COST_LIMIT` per device), all evaluations of one admission share a wall-clock deadline
+(`selector_limits`), and the webhook server runs them in worker processes it can kill
+(`_celworker.py`). Results are cached per expression, least recently used dropped first.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
 import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
@@ -23,10 +34,18 @@ from typing import Any, Literal
 from celpy import celtypes
 
 from providers.catalog import Catalog
-from providers.errors import InvalidRequest
 from providers.gpus import GPU_MODELS
 from providers.mig import profiles_for
-from webhook._cel import CelError, Quantity, Semver, compile_selector, evaluate
+from webhook._cel import (
+    CelBudgetExceeded,
+    CelError,
+    Meter,
+    Quantity,
+    Semver,
+    compile_selector,
+    evaluate,
+)
+from webhook._resolver import LookupFailed
 
 DRIVER = "gpu.nvidia.com"
 POST_BOOT_ATTRIBUTES = (
@@ -51,6 +70,55 @@ _COMPUTE: dict[str, tuple[int, int, int]] = {
     "p40": (6, 1, 0), "p4": (6, 1, 0), "m60": (5, 2, 0), "k80": (3, 7, 0),
 }  # fmt: skip
 _PROFILE_MEMORY = re.compile(r"\.([0-9]+)gb")
+SELECTOR_CACHE_SIZE = 1024  # selector results kept per device space (least recently used go)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One selector against every device of a space: the accepted device ids and the first
+    evaluation error, or a denial (a selector that cannot be used at all) or a time-out."""
+
+    accepted: frozenset[str] = frozenset()
+    error: str = ""
+    denial: str = ""
+    over_budget: bool = False
+    timed_out: bool = False
+    busy: bool = False  # no worker was free before the deadline (load, not the selector)
+
+
+class SelectorsBusy(LookupFailed):
+    """Every selector worker stayed busy until this admission's deadline (a transient denial)."""
+
+
+# Where selectors are evaluated: (space, expression, deadline) -> Outcome; None means here.
+SelectorRunner = Callable[["DeviceSpace", str, "float | None"], Outcome]
+
+
+@dataclass(frozen=True)
+class Limits:
+    runner: SelectorRunner | None = None
+    seconds: float = 0.0  # the wall-clock limit, as configured (for messages)
+    deadline: float | None = None  # time.monotonic() by which every selector must be done
+
+
+_NO_LIMITS = Limits()
+_LIMITS: contextvars.ContextVar[Limits | None] = contextvars.ContextVar("cel_limits", default=None)
+
+
+@contextlib.contextmanager
+def selector_limits(runner: SelectorRunner | None, seconds: float) -> Iterator[None]:
+    """Within the block (one admission), selectors are evaluated by `runner` (None: in this
+    process), and all of them must be done within `seconds` (0: no limit) or the pod is denied."""
+    deadline = time.monotonic() + seconds if seconds > 0 else None
+    token = _LIMITS.set(Limits(runner, seconds, deadline))
+    try:
+        yield
+    finally:
+        _LIMITS.reset(token)
+
+
+def _short(expression: str, limit: int = 120) -> str:
+    return repr(expression if len(expression) <= limit else expression[:limit] + "...")
 
 
 @dataclass(frozen=True)
@@ -162,32 +230,71 @@ class DeviceSpace:
                 )
         self.devices = tuple(devices)
         self.models = frozenset(memory)
-        self._cache: dict[str, tuple[frozenset[str], str]] = {}
+        self.token = uuid.uuid4().hex  # names this space to worker processes
+        self._cache: OrderedDict[str, Outcome] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _one(self, expression: str) -> tuple[frozenset[str], str]:
-        cached = self._cache.get(expression)
-        if cached is not None:
-            return cached
-        program = compile_selector(expression)
+    def evaluate(self, expression: str, deadline: float | None = None) -> Outcome:
+        """Every device against one selector, here and now, within COST_LIMIT per device and
+        the deadline (a time.monotonic() value) overall."""
+        try:
+            program = compile_selector(expression)
+        except CelError as exc:
+            return Outcome(denial=str(exc))
+        named = f"selector {_short(expression)}"
         accepted: set[str] = set()
         first_error = ""
         for device in self.devices:
             try:
-                if evaluate(program, device.activation):
+                if evaluate(program, device.activation, Meter(deadline=deadline)):
                     accepted.add(device.id)
+            except CelBudgetExceeded as exc:
+                if exc.timed_out:
+                    return Outcome(timed_out=True)
+                return Outcome(denial=f"{named} {exc}", over_budget=True)
             except CelError as exc:
                 post_boot = next((a for a in POST_BOOT_ATTRIBUTES if f"'{a}'" in str(exc)), "")
                 if post_boot:
-                    raise InvalidRequest(
-                        f"selector {expression!r} reads {DRIVER}/{post_boot}, which exists only "
-                        "after the pod VM boots; peer pods cannot be matched on it"
-                    ) from None
+                    return Outcome(
+                        denial=f"{named} reads {DRIVER}/{post_boot}, which exists only after the "
+                        "pod VM boots; peer pods cannot be matched on it"
+                    )
                 first_error = first_error or str(exc)
-        result = (frozenset(accepted), first_error)
+        return Outcome(frozenset(accepted), first_error)
+
+    def _one(self, expression: str) -> tuple[frozenset[str], str]:
         with self._lock:
-            self._cache[expression] = result
-        return result
+            outcome = self._cache.get(expression)
+            if outcome is not None:
+                self._cache.move_to_end(expression)
+        limits = _LIMITS.get() or _NO_LIMITS
+        if outcome is None:
+            runner = limits.runner
+            if runner is not None:
+                outcome = runner(self, expression, limits.deadline)
+            else:
+                outcome = self.evaluate(expression, limits.deadline)
+            if not outcome.timed_out:  # a time-out depends on load; anything else is final
+                with self._lock:
+                    self._cache[expression] = outcome
+                    while len(self._cache) > SELECTOR_CACHE_SIZE:
+                        self._cache.popitem(last=False)
+        if outcome.busy:
+            raise SelectorsBusy(
+                f"no CEL worker became free within the {limits.seconds:g}s limit of this "
+                "admission (other pods' selectors are running); retry"
+            )
+        if outcome.timed_out:
+            raise CelBudgetExceeded(
+                f"selector {_short(expression)} did not finish within the CEL time limit "
+                f"of {limits.seconds:g}s per admission",
+                timed_out=True,
+            )
+        if outcome.over_budget:
+            raise CelBudgetExceeded(outcome.denial)
+        if outcome.denial:
+            raise CelError(outcome.denial)
+        return outcome.accepted, outcome.error
 
     def match(self, expressions: list[str]) -> tuple[Match, str]:
         """Devices accepted by every expression, and the first evaluation error seen (if any)."""

@@ -50,8 +50,9 @@ def parse_review(body: bytes) -> AdmissionReview:
     """Decode a review; InvalidRequest with a one-line reason when it is not one."""
     try:
         data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"body is not JSON: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # ValueError also covers integers longer than Python's 4300-digit conversion limit
+        raise InvalidRequest(f"body is not JSON: {str(exc)[:200]}") from None
     if not isinstance(data, dict):
         raise InvalidRequest("body is not a JSON object")
     try:

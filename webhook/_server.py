@@ -3,8 +3,15 @@
 cert-manager rewrites a mounted Secret in place and mounted Secrets give no file events, so a
 task hashes the certificate and key every `reload_seconds` and loads a changed pair into the
 live SSLContext (new connections get the new certificate; a half-written pair that fails to load
-is retried on the next tick, the old one stays in use). Request bodies are bounded; admission runs
-in a worker thread because DRA lookups block.
+is retried on the next tick, the old one stays in use).
+
+Bounded against clients that misbehave (`Limits`): a connection over `max_connections` is
+closed at once; request headers must arrive within `header_timeout_seconds` of the connection
+(or of the previous response), the body within `body_timeout_seconds` (else 408), and the body
+is at most `max_request_bytes` (else 413). Admission runs in worker threads because DRA lookups
+block: plain pods in one pool, pods that evaluate DRA selectors in another, so a slow selector
+never queues an ordinary pod; the selectors themselves run in killable worker processes
+(`_celworker.py`), so the event loop and `/healthz` never wait on CEL.
 """
 
 from __future__ import annotations
@@ -17,18 +24,22 @@ import logging
 import socket
 import ssl
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import h11
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from providers.errors import InvalidRequest
 from webhook._admission import Admission
+from webhook._celworker import CelWorkers
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +52,8 @@ class _TooLarge(Exception):
 
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    digits = declared is not None and declared.isascii() and declared.isdigit()
+    if declared is not None and digits and (len(declared) > 18 or int(declared) > limit):
         raise _TooLarge
     chunks: list[bytes] = []
     size = 0
@@ -53,20 +65,58 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one client may take of the server. Every field is a flag of `peerpods webhook`."""
+
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_connections: int = 256  # open connections; ~0.3 MiB each with TLS
+    header_timeout_seconds: float = 5.0  # connection (or last response) to complete headers
+    body_timeout_seconds: float = 10.0  # headers to complete body (the API server waits <= 30s)
+    admission_threads: int = 8  # pods that evaluate no selector
+    selector_threads: int = 4  # pods that do (they wait on the CEL workers)
+
+
+class _Pools:
+    """The two admission thread pools, shut down with the server."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.plain = ThreadPoolExecutor(limits.admission_threads, thread_name_prefix="admit")
+        self.selectors = ThreadPoolExecutor(limits.selector_threads, thread_name_prefix="admit-cel")
+
+    def shutdown(self) -> None:
+        self.plain.shutdown(wait=False, cancel_futures=True)
+        self.selectors.shutdown(wait=False, cancel_futures=True)
+
+
 def build_app(
-    admission: Admission, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    admission: Admission,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    limits: Limits | None = None,
 ) -> Starlette:
-    """The ASGI app: POST /mutate, GET /healthz."""
+    """The ASGI app: POST /mutate, GET /healthz. `app.state.pools` holds its thread pools."""
+    limits = limits or Limits(max_request_bytes=max_request_bytes)
+    max_request_bytes = limits.max_request_bytes
+    pools = _Pools(limits)
 
     async def mutate(request: Request) -> Response:
         try:
-            body = await _read_body(request, max_request_bytes)
+            async with asyncio.timeout(limits.body_timeout_seconds):
+                body = await _read_body(request, max_request_bytes)
         except _TooLarge:
             return PlainTextResponse(
                 f"request body exceeds {max_request_bytes} bytes\n", status_code=413
             )
+        except TimeoutError:
+            return PlainTextResponse(
+                f"request body not received within {limits.body_timeout_seconds:g}s\n",
+                status_code=408,
+            )
+        loop = asyncio.get_running_loop()
         try:
-            answer: dict[str, Any] = await asyncio.to_thread(admission.review, body)
+            review = await loop.run_in_executor(pools.plain, admission.parse, body)
+            pool = pools.selectors if admission.needs_selectors(review) else pools.plain
+            answer: dict[str, Any] = await loop.run_in_executor(pool, admission.decide, review)
         except InvalidRequest as exc:
             return PlainTextResponse(f"{exc}\n", status_code=400)
         except Exception:
@@ -77,12 +127,62 @@ def build_app(
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/mutate", mutate, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
         ]
     )
+    app.state.pools = pools
+    return app
+
+
+def _bounded_protocol(limits: Limits) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol with a connection cap and a deadline for request headers."""
+
+    class Bounded(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                log.warning("connection refused: %d open", len(self.connections) - 1)
+                self.connections.discard(self)
+                transport.abort()
+                return
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(
+                limits.header_timeout_seconds, self._headers_late
+            )
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.abort()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return Bounded
 
 
 def _digest(*paths: Path) -> str:
@@ -137,6 +237,20 @@ class ServerConfig:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     reload_seconds: float = 10.0
     shutdown_seconds: float = 10.0
+    max_connections: int = 256
+    header_timeout_seconds: float = 5.0
+    body_timeout_seconds: float = 10.0
+    cel_workers: int = 2  # selector worker processes; 0: selectors run in the admission thread
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(
+            max_request_bytes=self.max_request_bytes,
+            max_connections=self.max_connections,
+            header_timeout_seconds=self.header_timeout_seconds,
+            body_timeout_seconds=self.body_timeout_seconds,
+            selector_threads=max(4, 2 * self.cel_workers),
+        )
 
 
 class WebhookServer:
@@ -145,7 +259,9 @@ class WebhookServer:
     def __init__(self, admission: Admission, config: ServerConfig) -> None:
         self.config = config
         self.tls = TlsFiles(config.cert_file, config.key_file)
-        self.app = build_app(admission, config.max_request_bytes)
+        self.admission = admission
+        self.app = build_app(admission, limits=config.limits)
+        self.cel_workers: CelWorkers | None = None
         self.port = 0
         self.started = asyncio.Event()
         self._server: uvicorn.Server | None = None
@@ -164,13 +280,20 @@ class WebhookServer:
 
     async def serve(self) -> None:
         """Run until stopped (`stop()` or a signal); the watcher task ends with it."""
+        limits = self.config.limits
         uv_config = uvicorn.Config(
             self.app,
+            http=_bounded_protocol(limits),
             log_level="warning",
             access_log=False,
+            limit_concurrency=limits.max_connections,
             timeout_graceful_shutdown=int(self.config.shutdown_seconds),
             lifespan="off",
         )
+        if self.config.cel_workers > 0 and self.admission.cel_runner is None:
+            self.cel_workers = CelWorkers(self.config.cel_workers)
+            await asyncio.to_thread(self.cel_workers.start)
+            self.admission.cel_runner = self.cel_workers
         uv_config.load()
         uv_config.ssl = self.tls.context
         server = uvicorn.Server(uv_config)
@@ -192,6 +315,11 @@ class WebhookServer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             sock.close()
+            self.app.state.pools.shutdown()
+            if self.cel_workers is not None:
+                self.admission.cel_runner = None
+                await asyncio.to_thread(self.cel_workers.close)
+                self.cel_workers = None
 
     def stop(self) -> None:
         if self._server is not None:

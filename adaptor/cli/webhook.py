@@ -88,6 +88,43 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         parser,
+        "--max-connections",
+        type=_positive,
+        default=256,
+        help="open connections at most; one more is closed at once",
+    )
+    flags.add(
+        parser,
+        "--header-timeout",
+        type=flags.duration,
+        default=5.0,
+        help="a connection must send complete request headers within this (duration)",
+    )
+    flags.add(
+        parser,
+        "--body-timeout",
+        type=flags.duration,
+        default=10.0,
+        help="a request body must arrive within this once the headers have (duration; else 408)",
+    )
+    flags.add(
+        parser,
+        "--cel-timeout",
+        type=flags.duration,
+        default=2.0,
+        help="wall-clock limit for all DRA selectors of one admission (duration); a pod whose "
+        "selectors run longer is denied",
+    )
+    flags.add(
+        parser,
+        "--cel-workers",
+        type=int,
+        default=2,
+        help="worker processes that evaluate DRA selectors (killed and replaced when one "
+        "runs past --cel-timeout)",
+    )
+    flags.add(
+        parser,
         "--cache-ttl",
         type=flags.duration,
         default=30.0,
@@ -115,7 +152,12 @@ def run(args: argparse.Namespace) -> int:
         return load_catalog(args.provider, args.region or None, catalog_dir=catalog_dir)
 
     catalog()  # fail at start, with one line, when the snapshot is missing
-    admission = Admission(settings, catalog, KubeResolver(ttl_seconds=args.cache_ttl))
+    admission = Admission(
+        settings,
+        catalog,
+        KubeResolver(ttl_seconds=args.cache_ttl),
+        cel_timeout_seconds=args.cel_timeout,
+    )
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -123,6 +165,10 @@ def run(args: argparse.Namespace) -> int:
         key_file=Path(args.tls_key_file),
         max_request_bytes=args.max_request_bytes,
         reload_seconds=args.tls_reload_seconds,
+        max_connections=args.max_connections,
+        header_timeout_seconds=args.header_timeout,
+        body_timeout_seconds=args.body_timeout,
+        cel_workers=max(0, args.cel_workers),
     )
 
     async def main() -> None:
