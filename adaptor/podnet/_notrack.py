@@ -1,0 +1,242 @@
+"""CAA's NOTRACK rules for the VXLAN underlay, in the worker's netns, through nf_tables.
+
+CAA adds (with iptables, `raw` table) a chain `peerpod-OUTPUT` jumped to from `OUTPUT` and a chain
+`peerpod-PREROUTING` jumped to from `PREROUTING`, each holding one rule per pod:
+`-d|-s <pod VM IP> -p udp --dport <vxlan port> -m comment --comment "peerpod [vni:N]" -j NOTRACK`.
+This writes the same rules with pyroute2's nf_tables support into table `ip raw` (the table
+iptables-nft uses for `-t raw`, base chains at priority raw = -300): the same netlink library as
+the rest of the tunnel, no binary to exec and no C library to load, and `nft list table ip raw`
+(or iptables-nft) shows them with their comments.
+
+Removing: a rule is found by its comment and address, deleted by handle; a `peerpod-*` chain
+left empty goes with its jump. A base chain or the table is deleted only when this module created
+it (it carries the comment `peerpod`) and it is empty, so a node whose raw table belongs to
+someone else keeps it exactly as it was.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from pyroute2.netlink.exceptions import NetlinkError
+
+from adaptor.podnet import _netns
+from adaptor.podnet._errors import TunnelError
+
+TABLE = "raw"
+OWNER_COMMENT = "peerpod"
+NF_IP_PRI_RAW = -300
+NFT_JUMP = -3
+NFT_META_L4PROTO = 16
+NFT_PAYLOAD_NETWORK_HEADER = 1
+NFT_PAYLOAD_TRANSPORT_HEADER = 2
+# (base chain, its hook, our chain, which address the rule matches)
+CHAINS = (
+    ("OUTPUT", "output", "peerpod-OUTPUT", "dst"),
+    ("PREROUTING", "prerouting", "peerpod-PREROUTING", "src"),
+)
+
+# One process-wide lock, as CAA has: nf_tables commands are atomic one by one, but "create the
+# chain if missing, then add the rule" and "delete the chain if empty" are not.
+_LOCK = threading.Lock()
+
+
+def comment(vni: int) -> str:
+    """CAA's rule comment for a pod."""
+    return f"peerpod [vni:{vni}]"
+
+
+def _expr(name: str, **attrs: Any) -> dict[str, Any]:
+    expr: list[tuple[str, Any]] = [("NFTA_EXPR_NAME", name)]
+    if attrs:
+        data = [(f"NFTA_{name.upper()}_{key.upper()}", value) for key, value in attrs.items()]
+        expr.append(("NFTA_EXPR_DATA", {"attrs": data}))
+    return {"attrs": expr}
+
+
+def _value(data: bytes) -> dict[str, Any]:
+    return {"attrs": [("NFTA_DATA_VALUE", data)]}
+
+
+def _match(address: str, port: int, which: str) -> list[dict[str, Any]]:
+    """`ip saddr|daddr ADDRESS udp dport PORT notrack`."""
+    return [
+        _expr(
+            "payload",
+            dreg=1,
+            base=NFT_PAYLOAD_NETWORK_HEADER,
+            offset=12 if which == "src" else 16,
+            len=4,
+        ),
+        _expr("cmp", sreg=1, op=0, data=_value(socket.inet_aton(address))),
+        _expr("meta", key=NFT_META_L4PROTO, dreg=1),
+        _expr("cmp", sreg=1, op=0, data=_value(bytes([socket.IPPROTO_UDP]))),
+        _expr("payload", dreg=1, base=NFT_PAYLOAD_TRANSPORT_HEADER, offset=2, len=2),
+        _expr("cmp", sreg=1, op=0, data=_value(struct.pack(">H", port))),
+        {"attrs": [("NFTA_EXPR_NAME", "notrack")]},
+    ]
+
+
+def _jump(chain: str) -> list[dict[str, Any]]:
+    verdict = {"attrs": [("NFTA_VERDICT_CODE", NFT_JUMP), ("NFTA_VERDICT_CHAIN", chain)]}
+    return [_expr("immediate", dreg=0, data={"attrs": [("NFTA_DATA_VERDICT", verdict)]})]
+
+
+def _rules(nft: Any, chain: str) -> Iterator[Any]:
+    for rule in nft.get_rules():
+        if rule.get_attr("NFTA_RULE_TABLE") == TABLE and rule.get_attr("NFTA_RULE_CHAIN") == chain:
+            yield rule
+
+
+def _jumps_to(rule: Any, chain: str) -> bool:
+    for expr in rule.get_attr("NFTA_RULE_EXPRESSIONS") or ():
+        if expr.get_attr("NFTA_EXPR_NAME") != "immediate":
+            continue
+        data = expr.get_attr("NFTA_EXPR_DATA")
+        value = data.get_attr("NFTA_IMMEDIATE_DATA") if data is not None else None
+        verdict = value.get_attr("NFTA_DATA_VERDICT") if value is not None else None
+        if verdict is not None and verdict.get_attr("NFTA_VERDICT_CHAIN") == chain:
+            return True
+    return False
+
+
+def _matches_address(rule: Any, address: str) -> bool:
+    packed = socket.inet_aton(address)
+    for expr in rule.get_attr("NFTA_RULE_EXPRESSIONS") or ():
+        if expr.get_attr("NFTA_EXPR_NAME") != "cmp":
+            continue
+        data = expr.get_attr("NFTA_EXPR_DATA")
+        value = data.get_attr("NFTA_CMP_DATA") if data is not None else None
+        raw = value.get_attr("NFTA_DATA_VALUE") if value is not None else None
+        if _as_bytes(raw) == packed:
+            return True
+    return False
+
+
+def _as_bytes(raw: Any) -> bytes:
+    if isinstance(raw, bytes):
+        return raw
+    if isinstance(raw, str):
+        # pyroute2 decodes binary values as "aa:bb:cc" hex strings.
+        try:
+            return bytes(int(part, 16) for part in raw.split(":"))
+        except ValueError:
+            return raw.encode()
+    return b""
+
+
+def _chains(nft: Any) -> dict[str, Any]:
+    return {
+        c.get_attr("NFTA_CHAIN_NAME"): c
+        for c in nft.get_chains()
+        if c.get_attr("NFTA_CHAIN_TABLE") == TABLE
+    }
+
+
+def _ours(msg: Any, attr: str) -> bool:
+    return bool(msg.get_attr(attr) == OWNER_COMMENT)
+
+
+def add(host_netns: str | None, vni: int, remote: str, port: int) -> None:
+    """Both NOTRACK rules for a pod (each once), with chains and jumps created as needed."""
+    with _LOCK:
+        try:
+            with _netns.nftables(host_netns) as nft:
+                tables = [t.get_attr("NFTA_TABLE_NAME") for t in nft.get_tables()]
+                if TABLE not in tables:
+                    nft.table("add", name=TABLE, userdata=OWNER_COMMENT)
+                chains = _chains(nft)
+                for base, hook, ours, which in CHAINS:
+                    if base not in chains:
+                        nft.chain(
+                            "add",
+                            table=TABLE,
+                            name=base,
+                            hook=hook,
+                            type="filter",
+                            priority=NF_IP_PRI_RAW,
+                            userdata=OWNER_COMMENT,
+                        )
+                    if ours not in chains:
+                        nft.chain("add", table=TABLE, name=ours)
+                    if not any(_jumps_to(r, ours) for r in _rules(nft, base)):
+                        nft.rule("add", table=TABLE, chain=base, expressions=[_jump(ours)])
+                    present = any(
+                        r.get_attr("NFTA_RULE_USERDATA") == comment(vni)
+                        and _matches_address(r, remote)
+                        for r in _rules(nft, ours)
+                    )
+                    if not present:
+                        nft.rule(
+                            "add",
+                            table=TABLE,
+                            chain=ours,
+                            expressions=[_match(remote, port, which)],
+                            userdata=comment(vni),
+                        )
+        except NetlinkError as exc:
+            raise TunnelError(f"NOTRACK rules for VNI {vni}: {exc}") from None
+
+
+def present(host_netns: str | None, vni: int, remote: str) -> bool:
+    """Whether both of a pod's rules are in place."""
+    with _netns.nftables(host_netns) as nft:
+        chains = _chains(nft)
+        for _base, _hook, ours, _which in CHAINS:
+            if ours not in chains:
+                return False
+            if not any(
+                r.get_attr("NFTA_RULE_USERDATA") == comment(vni) and _matches_address(r, remote)
+                for r in _rules(nft, ours)
+            ):
+                return False
+    return True
+
+
+def remove(host_netns: str | None, vni: int, remote: str) -> None:
+    """A pod's rules; then each emptied peerpod chain with its jump; then what we created."""
+    with _LOCK:
+        try:
+            with _netns.nftables(host_netns) as nft:
+                chains = _chains(nft)
+                for base, _hook, ours, _which in CHAINS:
+                    if ours not in chains:
+                        continue
+                    for rule in list(_rules(nft, ours)):
+                        if rule.get_attr("NFTA_RULE_USERDATA") == comment(vni) and (
+                            not remote or _matches_address(rule, remote)
+                        ):
+                            nft.rule(
+                                "del",
+                                table=TABLE,
+                                chain=ours,
+                                handle=rule.get_attr("NFTA_RULE_HANDLE"),
+                            )
+                    if any(True for _ in _rules(nft, ours)):
+                        continue
+                    for rule in list(_rules(nft, base)):
+                        if _jumps_to(rule, ours):
+                            nft.rule(
+                                "del",
+                                table=TABLE,
+                                chain=base,
+                                handle=rule.get_attr("NFTA_RULE_HANDLE"),
+                            )
+                    nft.chain("del", table=TABLE, name=ours)
+                    base_chain = chains.get(base)
+                    if (
+                        base_chain is not None
+                        and _ours(base_chain, "NFTA_CHAIN_USERDATA")
+                        and not any(True for _ in _rules(nft, base))
+                    ):
+                        nft.chain("del", table=TABLE, name=base)
+                tables = {t.get_attr("NFTA_TABLE_NAME"): t for t in nft.get_tables()}
+                table = tables.get(TABLE)
+                if table is not None and _ours(table, "NFTA_TABLE_USERDATA") and not _chains(nft):
+                    nft.table("del", name=TABLE)
+        except NetlinkError as exc:
+            raise TunnelError(f"removing NOTRACK rules of VNI {vni}: {exc}") from None

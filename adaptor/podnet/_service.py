@@ -1,0 +1,200 @@
+"""The pod network as the sandbox manager sees it: four async calls over blocking netlink.
+
+    inspect   CreateVM: the pod netns -> a Tunnel (CAA config + a VNI leased to the sandbox)
+    setup     StartVM, once the VM has an address: the worker end of the tunnel
+    teardown  StopVM: remove exactly what setup made
+    repair    restart: re-create what is missing; NetnsGone when the pod is gone
+
+VNIs are leases in the state store (pool `vxlan`), taken in the same SQLite transaction that
+checks them free, so a VNI is never handed out twice while a sandbox holds it, across restarts
+(CAA's in-memory counter restarts at --vxlan-min-id and collides with live pods: its #3280).
+A lease goes with the sandbox's record. New leases continue after the last one handed out
+(after the highest held at start), so a VNI just freed is not the next one reused.
+
+All netlink work runs on this object's own threads, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from adaptor.podnet import _inspect, _tunnel
+from adaptor.podnet._errors import PodNetError, VniExhausted
+from adaptor.podnet._model import MAX_VNI, Tunnel, TunnelState
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+VNI_POOL = "vxlan"
+
+
+@dataclass(frozen=True)
+class PodNetSettings:
+    """CAA's networking flags (same names, same defaults, same meaning)."""
+
+    vxlan_min_id: int = 555000
+    vxlan_port: int = 4789
+    pod_subnet_cidrs: tuple[str, ...] = ()
+    host_interface: str = ""
+    ext_network_via_podvm: bool = False
+
+
+class VniLeases(Protocol):
+    """Durable leases (the state store): one holder per VNI."""
+
+    async def acquire_lease(
+        self, pool: str, sandbox_id: str, endpoints: Sequence[str]
+    ) -> str | None: ...
+
+    async def release_lease(self, pool: str, endpoint: str) -> None: ...
+
+    async def leases(self, pool: str) -> dict[str, str]: ...
+
+
+class PodNet:
+    """The worker side of every sandbox's pod network on this node."""
+
+    def __init__(
+        self,
+        settings: PodNetSettings,
+        leases: VniLeases,
+        *,
+        host_netns: str | None = None,
+        threads: int = 8,
+    ) -> None:
+        if not 0 < settings.vxlan_min_id <= MAX_VNI:
+            raise PodNetError(f"--vxlan-min-id {settings.vxlan_min_id} is outside 1..{MAX_VNI}")
+        self.settings = settings
+        self._leases = leases
+        # None: the daemon's own netns (hostNetwork); tests name the worker netns they built.
+        self._host_netns = host_netns
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="podnet")
+        self._allocating = asyncio.Lock()
+        self._cursor: int | None = None
+
+    async def close(self) -> None:
+        """Stop the worker threads (after the calls in flight)."""
+        await asyncio.to_thread(self._executor.shutdown, True)
+
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    # --- VNIs ------------------------------------------------------------------------------------
+
+    async def allocate_vni(self, sandbox_id: str) -> int:
+        """The VNI `sandbox_id` holds, leasing the next free one if it holds none."""
+        low, size = self.settings.vxlan_min_id, MAX_VNI - self.settings.vxlan_min_id + 1
+        async with self._allocating:
+            held = await self._leases.leases(VNI_POOL)
+            mine = next((int(v) for v, s in held.items() if s == sandbox_id), None)
+            if mine is not None:
+                return mine
+            if self._cursor is None:
+                numbers = [int(v) for v in held if v.isdigit() and int(v) >= low]
+                self._cursor = max(numbers) + 1 if numbers else low
+            start = self._cursor - low
+            window = [str(low + (start + k) % size) for k in range(min(size, len(held) + 1))]
+            chosen = await self._leases.acquire_lease(VNI_POOL, sandbox_id, window)
+            if chosen is None:
+                raise VniExhausted(
+                    f"every VNI from {low} to {MAX_VNI} is held; raise no limit, stop pods"
+                )
+            self._cursor = int(chosen) + 1
+            return int(chosen)
+
+    async def release_vni(self, vni: int) -> None:
+        await self._leases.release_lease(VNI_POOL, str(vni))
+
+    # --- the lifecycle ---------------------------------------------------------------------------
+
+    async def inspect(self, sandbox_id: str, netns: str) -> Tunnel | None:
+        """CreateVM: read the pod netns and lease a VNI; None when the pod has no netns ("").
+
+        A bad netns raises BadNetns (an InvalidRequest) with nothing held afterwards.
+        """
+        if not netns:
+            log.info(
+                "sandbox %s has no network namespace: its pod VM gets no pod network", sandbox_id
+            )
+            return None
+        settings = self.settings
+        vni = await self.allocate_vni(sandbox_id)
+        try:
+            host = await self._run(
+                _inspect.host_interface, settings.host_interface, self._host_netns
+            )
+            network = await self._run(
+                functools.partial(
+                    _inspect.inspect_pod,
+                    netns,
+                    host,
+                    vni=vni,
+                    index=vni - settings.vxlan_min_id,
+                    vxlan_port=settings.vxlan_port,
+                    pod_subnet_cidrs=settings.pod_subnet_cidrs,
+                    external_net_via_pod_vm=settings.ext_network_via_podvm,
+                )
+            )
+        except BaseException:
+            await asyncio.shield(self.release_vni(vni))
+            raise
+        log.info(
+            "sandbox %s: pod %s on %s, VNI %d, worker %s",
+            sandbox_id,
+            network.pod_ip,
+            network.interface,
+            vni,
+            network.worker_node_ip,
+        )
+        return Tunnel(netns=netns, network=network)
+
+    def remote_for(self, tunnel: Tunnel, addresses: Sequence[str]) -> str:
+        """The VM end: its first address, or its second with a dedicated host interface."""
+        position = 1 if tunnel.network.dedicated else 0
+        if len(addresses) <= position:
+            raise PodNetError(
+                f"the pod VM has {len(addresses)} address(es); the tunnel needs "
+                + ("a second one (--host-interface is a dedicated NIC)" if position else "one")
+            )
+        return addresses[position]
+
+    async def setup(self, tunnel: Tunnel, addresses: Sequence[str]) -> Tunnel:
+        """StartVM: the worker end towards the VM; the tunnel, ready."""
+        remote = await self._run(_tunnel.resolve_ipv4, self.remote_for(tunnel, addresses))
+        await self._run(_tunnel.setup, self._host_netns, tunnel.netns, tunnel.network, remote)
+        log.info("tunnel VNI %d to %s ready in %s", tunnel.vni, remote, tunnel.netns)
+        return tunnel.evolve(remote=remote, state=TunnelState.READY, error="")
+
+    async def teardown(self, tunnel: Tunnel) -> None:
+        """StopVM: remove the worker end (idempotent; raises PodNetError when something stays)."""
+        await self._run(
+            _tunnel.teardown, self._host_netns, tunnel.netns, tunnel.network, tunnel.remote
+        )
+        log.info("tunnel VNI %d removed from %s", tunnel.vni, tunnel.netns)
+
+    async def repair(self, tunnel: Tunnel) -> Tunnel:
+        """Restart: re-create a missing device, redirect or rule; NetnsGone when the pod is gone."""
+        if not tunnel.remote:
+            return tunnel
+        health = await self._run(
+            _tunnel.check, self._host_netns, tunnel.netns, tunnel.network, tunnel.remote
+        )
+        if health.whole:
+            return tunnel.evolve(state=TunnelState.READY, error="")
+        log.warning(
+            "tunnel VNI %d in %s lacks %s; re-creating",
+            tunnel.vni,
+            tunnel.netns,
+            ", ".join(health.missing),
+        )
+        await self._run(
+            _tunnel.setup, self._host_netns, tunnel.netns, tunnel.network, tunnel.remote
+        )
+        return tunnel.evolve(state=TunnelState.READY, error="")
