@@ -136,7 +136,7 @@ def _routes(ipr: Any, names: dict[int, str]) -> list[Route]:
                     gw=str(_attr(route, "RTA_GATEWAY", "")),
                     dev=names.get(int(oif), "") if oif is not None else "",
                     protocol=ROUTE_PROTOCOLS[route["proto"]],
-                    scope=ROUTE_SCOPES.get(route["scope"], ""),
+                    scope=ROUTE_SCOPES.get(route["scope"], "") if route["scope"] else "",
                 ),
             )
         )

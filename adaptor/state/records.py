@@ -52,6 +52,8 @@ class SandboxRecord:
     updated_at: float = 0.0
     # The sandbox's device plan (adaptor.devices.DevicePlan JSON), fixed once its VM exists.
     device_plan: str = ""
+    # The sandbox's pod network tunnel (adaptor.podnet.Tunnel JSON), from CreateVM on; '' for none.
+    pod_network: str = ""
 
     def evolve(self, **changes: Any) -> SandboxRecord:
         """A copy with `changes` applied (records are immutable)."""

@@ -31,7 +31,7 @@ from providers.errors import PeerpodsError
 T = TypeVar("T")
 
 DB_NAME = "sandboxes.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     instance TEXT,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
-    device_plan TEXT NOT NULL DEFAULT ''
+    device_plan TEXT NOT NULL DEFAULT '',
+    pod_network TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS leases (
     pool TEXT NOT NULL,
@@ -164,6 +165,12 @@ class StateStore:
                     f"({SCHEMA_VERSION})"
                 )
             conn.executescript(_SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(sandboxes)")}
+            if "pod_network" not in columns:
+                # Schema 1 (no pod networks): every existing sandbox has none.
+                conn.execute(
+                    "ALTER TABLE sandboxes ADD COLUMN pod_network TEXT NOT NULL DEFAULT ''"
+                )
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
             conn.close()
@@ -177,7 +184,7 @@ class StateStore:
 
     def _put_sync(self, record: SandboxRecord) -> None:
         self._db().execute(
-            "INSERT OR REPLACE INTO sandboxes VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT OR REPLACE INTO sandboxes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 record.id,
                 record.pod_namespace,
@@ -191,6 +198,7 @@ class StateStore:
                 record.created_at,
                 record.updated_at,
                 record.device_plan,
+                record.pod_network,
             ),
         )
 
@@ -209,6 +217,7 @@ class StateStore:
             created_at=row[9],
             updated_at=row[10],
             device_plan=row[11],
+            pod_network=row[12],
         )
 
     def _get_sync(self, sandbox_id: str) -> SandboxRecord | None:

@@ -78,3 +78,28 @@ async def test_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(StateError, match="state"):
         await StateStore.open(blocker / "state")
+
+
+async def test_schema_1_database_gains_pod_network_column(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / "sandboxes.db")
+    db.executescript(
+        """
+        CREATE TABLE sandboxes (id TEXT PRIMARY KEY, pod_namespace TEXT NOT NULL,
+            pod_name TEXT NOT NULL, annotations TEXT NOT NULL, network_namespace TEXT NOT NULL,
+            agent_socket TEXT NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL, instance TEXT,
+            created_at REAL NOT NULL, updated_at REAL NOT NULL,
+            device_plan TEXT NOT NULL DEFAULT '');
+        INSERT INTO sandboxes VALUES ('old','ns','p','{}','','/s','running','',NULL,1,1,'');
+        PRAGMA user_version=1;
+        """
+    )
+    db.close()
+    store = await StateStore.open(tmp_path)
+    try:
+        old = await store.get("old")
+        assert old is not None and old.pod_network == ""
+        await store.put(old.evolve(pod_network='{"v": 1}'))
+        again = await store.get("old")
+        assert again is not None and again.pod_network == '{"v": 1}'
+    finally:
+        await store.close()

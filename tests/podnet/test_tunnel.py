@@ -39,8 +39,7 @@ async def test_one_pod_tcp_and_udp_both_ways(topo: Topology, tmp_path: Path) -> 
         tunnel = await podnet.setup(tunnel, (vm_ip,))
         assert tunnel.state is TunnelState.READY and tunnel.remote == vm_ip
         await asyncio.to_thread(podvm_setup, vm, podns, apf(tunnel))
-        peer = f"{topo.ns('Q')}"
-        peer_path = f"/var/run/netns/{peer}"
+        peer_path = topo.peer
         assert (
             await asyncio.to_thread(tcp_roundtrip, podns, pod_ip, peer_path, b"x" * 200_000)
             == b"x" * 200_000

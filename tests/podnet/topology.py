@@ -107,6 +107,16 @@ class Topology:
     def worker(self) -> str:
         return path(self.ns("W"))
 
+    @property
+    def peer(self) -> str:
+        return path(self.ns("Q"))
+
+    def remove(self, ns_path: str) -> None:
+        """Delete one namespace now (a pod whose netns the CNI already removed)."""
+        name = os.path.basename(ns_path)
+        pnetns.remove(name)
+        self.names.remove(name)
+
     def build(self) -> Topology:
         allow_addresses(UNDERLAY, POD_SUBNET)
         underlay, worker, peer = self._create("U"), self._create("W"), self._create("Q")
