@@ -25,6 +25,11 @@ def allow_addresses(*networks: str) -> None:
     _namespaced.update(ipaddress.IPv4Network(n) for n in networks)
 
 
+def forbid_namespaced_addresses() -> None:
+    """Undo `allow_addresses` once the namespaces are gone."""
+    _namespaced.clear()
+
+
 def _is_loopback(host: str) -> bool:
     if host in ("localhost", ""):
         return True

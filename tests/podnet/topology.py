@@ -28,7 +28,7 @@ from typing import Any
 from pyroute2 import netns as pnetns
 
 from adaptor.podnet import _netns, _notrack
-from tests.conftest import allow_addresses
+from tests.conftest import allow_addresses, forbid_namespaced_addresses
 
 POD_MTU = 1450
 # linux/in.h: path MTU discovery on, Don't Fragment set on every datagram.
@@ -160,6 +160,7 @@ class Topology:
             with contextlib.suppress(OSError):
                 pnetns.remove(name)
         self.names.clear()
+        forbid_namespaced_addresses()
 
 
 # --- the pod VM side (CAA's forwarder, A.3) ---------------------------------------------------
