@@ -7,7 +7,9 @@ line ("no type offers MIG profile 9g.99gb", "16 h100-80gb GPUs exceed the larges
 
 Ranking: price ascending, where a type no price source covers is priced by an estimate from its
 GPUs, vCPUs and memory (providers.estimates) and a real price wins a tie; GCP N1 types cost the
-machine plus the GPUs attached. Then smallest fit (GPUs, GPU memory, vCPUs, memory); then name.
+machine plus the GPUs attached. A Spot request (provisioning "spot") ranks by Spot prices, and a
+type with no published Spot price by its on-demand price (what a Spot VM costs at most), marked
+as an estimate. Then smallest fit (GPUs, GPU memory, vCPUs, memory); then name.
 A type the cloud does not sell the way the pod is provisioned (GCP's 1-, 2- and 4-GPU A3 High are
 Spot or Flex-start only) is no candidate for it. MIG devices are counted in GPUs by packing
 them (providers.mig).
@@ -389,16 +391,31 @@ def _mig(profiles: dict[str, int]) -> str:
 # --- ranking ----------------------------------------------------------------------------------
 
 
-def _price(t: InstanceType, fit: _Fit) -> tuple[float, bool]:
-    """USD per hour of the VM this fit creates, and whether any of it is an estimate."""
-    price = t.price_per_hour
+def _price(t: InstanceType, fit: _Fit, spot: bool = False) -> tuple[float, bool]:
+    """USD per hour of the VM this fit creates (as Spot when `spot`), and whether any of it is
+    an estimate."""
+    if spot:
+        gpu = next((a for a in t.attachable_gpus if a.model == fit.gpu_model), None)
+        gpu_spot = gpu.spot_price_per_hour if gpu is not None else None
+        if t.spot_price_per_hour is not None and (not fit.attach or gpu_spot is not None):
+            return _cost(t, fit, t.spot_price_per_hour, gpu_spot)
+        return _cost(t, fit, t.price_per_hour)[0], True
+    return _cost(t, fit, t.price_per_hour)
+
+
+def _cost(
+    t: InstanceType, fit: _Fit, price: float | None, gpu_price: float | None = None
+) -> tuple[float, bool]:
+    """The machine's `price` plus the attached GPUs' (the on-demand list price when no
+    `gpu_price` is given), estimated where no price is known."""
     if not fit.attach:
         if price is not None:
             return price, False
         return estimate_price(t), True
-    gpu_price = next(
-        (a.price_per_hour for a in t.attachable_gpus if a.model == fit.gpu_model), None
-    )
+    if gpu_price is None:
+        gpu_price = next(
+            (a.price_per_hour for a in t.attachable_gpus if a.model == fit.gpu_model), None
+        )
     if price is not None and gpu_price is not None:
         return round(price + fit.attach * gpu_price, 6), False
     machine = price if price is not None else estimate_price(t)
@@ -410,8 +427,10 @@ def _price(t: InstanceType, fit: _Fit) -> tuple[float, bool]:
     return round(machine + gpus, 6), True
 
 
-def _rank_key(t: InstanceType, fit: _Fit) -> tuple[float, int, int, int, int, int, str]:
-    price, estimated = _price(t, fit)
+def _rank_key(
+    t: InstanceType, fit: _Fit, spot: bool = False
+) -> tuple[float, int, int, int, int, int, str]:
+    price, estimated = _price(t, fit, spot)
     return (
         price,
         1 if estimated else 0,
@@ -439,19 +458,28 @@ def _describe(t: InstanceType, fit: _Fit) -> str:
     return "fits: " + ", ".join(parts)
 
 
-def _dollars(price: float, estimated: bool) -> str:
+def _dollars(price: float, estimated: bool, spot: bool = False) -> str:
+    if spot:
+        if estimated:
+            return f"~${price:.4g}/h Spot (at most: no Spot price known, on-demand shown)"
+        return f"${price:.4g}/h Spot"
     return f"~${price:.4g}/h (estimate: no list price known)" if estimated else f"${price:.4g}/h"
 
 
 def _why_here(
-    position: int, best: tuple[float, bool], name: str, price: tuple[float, bool], total: int
+    position: int,
+    best: tuple[float, bool],
+    name: str,
+    price: tuple[float, bool],
+    total: int,
+    spot: bool = False,
 ) -> str:
     if position == 0:
-        return f"cheapest of {total} at {_dollars(*price)}"
+        return f"cheapest of {total} at {_dollars(*price, spot)}"
     more = price[0] - best[0]
     if more <= 0:
-        return f"{_dollars(*price)}, as cheap as {name}; larger or listed after it"
-    return f"{_dollars(*price)}, ${more:.4g}/h more than {name}"
+        return f"{_dollars(*price, spot)}, as cheap as {name}; larger or listed after it"
+    return f"{_dollars(*price, spot)}, ${more:.4g}/h more than {name}"
 
 
 # --- the result -------------------------------------------------------------------------------
@@ -496,8 +524,9 @@ class Selection:
     def _candidate(self, position: int, total: int) -> Candidate:
         t, fit = self._fits[position]
         best, best_fit = self._fits[0]
-        price = _price(t, fit)
-        why = _why_here(position, _price(best, best_fit), best.name, price, total)
+        spot = self.request.provisioning == "spot"
+        price = _price(t, fit, spot)
+        why = _why_here(position, _price(best, best_fit, spot), best.name, price, total, spot)
         return Candidate(
             instance_type=t,
             price_per_hour=price[0],
@@ -673,6 +702,8 @@ def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
                 and (allow is None or allow.match(t.name))
             ):
                 fits.append((t, _NO_FIT))
+        if sold_as == "spot":  # the index is in on-demand order
+            fits.sort(key=lambda pair: _rank_key(pair[0], pair[1], True))
         return fits
     models = matcher.models
     reorder = False
@@ -685,6 +716,7 @@ def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
         if not isinstance(result, Rejection):
             fits.append((t, result))
             reorder = reorder or result.attach > 0
-    if reorder:  # attached GPUs change a type's rank key
-        fits.sort(key=lambda pair: _rank_key(*pair))
+    if reorder or sold_as == "spot":  # attached GPUs, or Spot prices, change the order
+        spot = sold_as == "spot"
+        fits.sort(key=lambda pair: _rank_key(pair[0], pair[1], spot))
     return fits

@@ -98,6 +98,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="an explicit instance type, checked against the catalog and --allow",
     )
     flags.add(parser, "--zone", default="", help="only types offered in this zone")
+    flags.add(
+        parser,
+        "--spot",
+        action="store_true",
+        help="a Spot VM: only types sold as Spot, ranked by Spot price (a type with no published "
+        "Spot price by its on-demand price, what Spot costs at most)",
+    )
     flags.add(parser, "--rdma", action="store_true", help="RDMA (EFA / InfiniBand) required")
     flags.add(
         parser,
@@ -179,6 +186,7 @@ def build_request(args: argparse.Namespace) -> InstanceRequest:
             deny=_split(args.deny),
             instance_type=args.instance_type.strip(),
             zone=args.zone.strip(),
+            provisioning="spot" if args.spot else "on-demand",
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -273,7 +281,8 @@ def print_table(catalog: Catalog, selection: Selection, limit: int, out: TextIO)
     candidates = selection.candidates
     source = f", {catalog.source}" if catalog.source else ""
     print(f"selected: {candidates[0].name}  ({catalog.cloud} {catalog.region}{source})", file=out)
-    rows = [("#", "TYPE", "USD/H", "GPUS", "VCPUS", "MEMORY", "WHY")]
+    spot = selection.request.provisioning == "spot"
+    rows = [("#", "TYPE", "SPOT USD/H" if spot else "USD/H", "GPUS", "VCPUS", "MEMORY", "WHY")]
     for i, c in enumerate(candidates[: max(limit, 1)], 1):
         t = c.instance_type
         memory = f"{t.memory_mib / 1024:g}Gi"
@@ -286,6 +295,8 @@ def print_table(catalog: Catalog, selection: Selection, limit: int, out: TextIO)
         print("  ".join([*cells, row[-1]]).rstrip(), file=out)
     if any(c.price_estimated for c in candidates[: max(limit, 1)]):
         note = "~: an estimate from the type's GPUs, vCPUs and memory (no list price known)"
+        if spot:
+            note = "~: no Spot price known: on-demand (what Spot costs at most), or an estimate"
         print(note, file=out)
     hidden = len(candidates) - max(limit, 1)
     if hidden > 0:
