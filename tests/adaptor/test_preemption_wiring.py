@@ -1,0 +1,67 @@
+"""The daemon watches running sandboxes for lost VMs when its provider can inspect them."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from adaptor.daemon import Daemon
+from adaptor.state import SandboxState
+from providers.base import Instance
+from providers.capacity import Inspectable, VMCondition
+from tests.adaptor.daemon_proc import daemon_settings
+from tests.adaptor.fakes import FakeProvider, FakeProxies
+
+ANNOTATIONS = {"io.kubernetes.cri.sandbox-name": "p", "io.kubernetes.cri.sandbox-namespace": "n"}
+
+
+class InspectableFake(FakeProvider):
+    """A fake cloud where a VM can be taken away behind the adaptor's back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.purged: list[str] = []
+
+    async def inspect(self, instance_id: str) -> VMCondition:
+        if instance_id in self.vms:
+            return VMCondition(True)
+        return VMCondition(False, f"{instance_id} was preempted")
+
+    async def purge(self, instance: Instance) -> None:
+        self.purged.append(instance.id)
+        await self.delete(instance.id)
+
+
+async def test_sweeps_find_a_lost_vm_and_stop_vm_then_succeeds(root: Path) -> None:
+    provider = InspectableFake()
+    assert isinstance(provider, Inspectable)
+    settings = daemon_settings(root, preemption_check_interval_seconds=0.05)
+    daemon = Daemon(settings, provider=provider, proxy_factory=FakeProxies())
+    await daemon.start()
+    try:
+        assert daemon.manager is not None and daemon.watcher is not None
+        await daemon.manager.create_vm("sb1", ANNOTATIONS)
+        await daemon.manager.start_vm("sb1")
+        record = await daemon.manager.store.get("sb1")
+        assert record is not None and record.instance is not None
+        provider.vms.clear()  # the cloud takes the VM
+        async with asyncio.timeout(30):  # the watcher's own sweeps find it (bounded wait)
+            while record.state is not SandboxState.PREEMPTED:
+                await asyncio.sleep(0.02)
+                record = await daemon.manager.store.get("sb1")
+                assert record is not None
+        assert "was preempted" in record.reason and provider.purged == [record.instance.id]
+        await daemon.manager.stop_vm("sb1")
+        assert await daemon.manager.store.get("sb1") is None
+    finally:
+        await daemon.close()
+    assert daemon.watcher is None
+
+
+async def test_no_watcher_for_a_provider_that_cannot_inspect(root: Path) -> None:
+    daemon = Daemon(daemon_settings(root), provider=FakeProvider(), proxy_factory=FakeProxies())
+    await daemon.start()
+    try:
+        assert daemon.watcher is None
+    finally:
+        await daemon.close()
