@@ -73,9 +73,16 @@ class Admission:
         if request.operation not in ("", "CREATE"):
             return response(uid)
         pod = request.object
-        name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get(
-            "generateName", ""
-        )
+        meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+        name = str(meta.get("name") or meta.get("generateName") or "")
+        own = meta.get("namespace")
+        if own and request.namespace and own != request.namespace:
+            message = f"the pod's namespace {own!r} is not the review's {request.namespace!r}"
+            return response(uid, allowed=False, code=400, message=message)
+        if not request.namespace and self.needs_selectors(review):
+            # claims are read in the review's namespace only, never one the object names
+            message = "a review of a pod with DRA claims must name its namespace"
+            return response(uid, allowed=False, code=400, message=message)
         try:
             with selector_limits(self.cel_runner, self.cel_timeout_seconds):
                 result = mutate_pod(

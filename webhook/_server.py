@@ -286,7 +286,6 @@ class WebhookServer:
             http=_bounded_protocol(limits),
             log_level="warning",
             access_log=False,
-            limit_concurrency=limits.max_connections,
             timeout_graceful_shutdown=int(self.config.shutdown_seconds),
             lifespan="off",
         )

@@ -47,3 +47,27 @@ def test_deployment_and_rbac() -> None:
                       "verbs": ["get"]}]  # fmt: skip
     certificate = next(d for d in DOCS if d["kind"] == "Certificate")
     assert "peerpods-webhook.peerpods-system.svc" in certificate["spec"]["dnsNames"]
+
+
+def test_only_peer_pods_reach_the_webhook() -> None:
+    hook = _one("MutatingWebhookConfiguration")["webhooks"][0]
+    (condition,) = hook["matchConditions"]
+    assert "object.spec.runtimeClassName in ['kata-remote']" in condition["expression"]
+    deployment = _one("Deployment")
+    env = {
+        e["name"]: e.get("value")
+        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["PEERPODS_RUNTIME_CLASSES"] == "kata-remote"  # the same list
+
+
+def test_network_policy_admits_only_https_from_outside_the_pod_network() -> None:
+    policy = _one("NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "peerpods-webhook"
+    }
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8443}]
+    (peer,) = rule["from"]
+    assert peer["ipBlock"]["except"]  # the pod network never reaches /mutate
