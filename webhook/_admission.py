@@ -73,7 +73,8 @@ class Admission:
         if request.operation not in ("", "CREATE"):
             return response(uid)
         pod = request.object
-        meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+        found = pod.get("metadata")
+        meta: dict[str, Any] = found if isinstance(found, dict) else {}
         name = str(meta.get("name") or meta.get("generateName") or "")
         own = meta.get("namespace")
         if own and request.namespace and own != request.namespace:
