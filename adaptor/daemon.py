@@ -36,6 +36,7 @@ from adaptor.hypervisor.sandboxes import (
 from adaptor.hypervisor.service import HypervisorService
 from adaptor.pki import AdaptorPKI
 from adaptor.placement import Placement
+from adaptor.podnet import PodNet, PodNetSettings, SandboxPodNetwork
 from adaptor.proxy import CreateContainerHook
 from adaptor.settings import ServeSettings
 from adaptor.state import SandboxRecord, StateStore
@@ -152,6 +153,7 @@ class Daemon:
         self.manager: SandboxManager | None = None
         self.server: Server | None = None
         self.gc: GarbageCollector | None = None
+        self.podnet: PodNet | None = None
         self.watcher: PreemptionWatcher | None = None
 
     async def start(self) -> None:
@@ -189,6 +191,16 @@ class Daemon:
             self._container_hooks or container_hooks(self._cdi, self.devices),
             on_upstream_lost=self._upstream_lost,
         )
+        self.podnet = PodNet(
+            PodNetSettings(
+                vxlan_min_id=settings.vxlan_min_id,
+                vxlan_port=settings.vxlan_port,
+                pod_subnet_cidrs=settings.pod_subnet_cidrs,
+                host_interface=settings.host_interface,
+                ext_network_via_podvm=settings.ext_network_via_podvm,
+            ),
+            self.store,
+        )
         self.manager = SandboxManager(
             ManagerConfig(
                 pods_dir=settings.pods_dir,
@@ -206,10 +218,11 @@ class Daemon:
             release=placement.release,
             candidate_zones=placement.zones_for,
             user_data=(
-                user_data_builder(provider.name, placement, pki)
+                user_data_builder(provider.name, placement, pki, settings.pods_dir)
                 if provider.name in CLOUDS
                 else None
             ),
+            pod_network=SandboxPodNetwork(self.podnet, settings.pods_dir),
         )
         await self.manager.recover()
         if isinstance(provider, Inspectable):
@@ -270,6 +283,9 @@ class Daemon:
         if self.manager is not None:
             await _graceful(self.manager.close, grace)
             self.manager = None
+        if self.podnet is not None:
+            await self.podnet.close()
+            self.podnet = None
         if self.store is not None:
             await self.store.close()
             self.store = None

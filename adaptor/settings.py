@@ -5,6 +5,7 @@ Every field names its unit; the CLI fills them from flags (each with its PEERPOD
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Self
 
@@ -71,6 +72,30 @@ class ServeSettings(BaseModel):
     catalog_dir: str = Field("", description="catalog snapshots (default: the bundled ones)")
     gpu_quota: str = Field("", description="GPU quota pool, e.g. 'h100=8,vcpus:p5=192'; '': off")
     agent_tls: AgentTls = Field(default_factory=AgentTls)
+    # Pod networking, CAA's flags with CAA's defaults.
+    vxlan_min_id: int = Field(555000, ge=1, le=(1 << 24) - 1, description="first VNI")
+    vxlan_port: int = Field(4789, ge=1, le=65535, description="VXLAN UDP port")
+    pod_subnet_cidrs: tuple[str, ...] = Field((), description="extra routes via the pod gateway")
+    host_interface: str = Field("", description="worker NIC of the tunnel ('': primary)")
+    ext_network_via_podvm: bool = False
+
+    @field_validator("pod_subnet_cidrs", mode="before")
+    @classmethod
+    def _cidrs(cls, value: object) -> object:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            return value
+        cidrs = []
+        for item in items:
+            text = str(item).strip()
+            if not text:
+                continue
+            try:
+                ipaddress.IPv4Network(text)
+            except ValueError as exc:
+                raise ValueError(f"{text!r} is not an IPv4 CIDR: {exc}") from None
+            cidrs.append(text)
+        return tuple(cidrs)
 
     @field_validator("pods_dir")
     @classmethod

@@ -14,6 +14,7 @@ from adaptor.devices import CdiConfig, DevicePlan, make_hook
 from adaptor.devices.hook import OutcomeObserver
 from adaptor.pki import AdaptorPKI
 from adaptor.placement import Placement
+from adaptor.podnet import pod_network_section, write_apf_copy
 from adaptor.proxy import Completion, CreateContainerHook
 from adaptor.state import SandboxRecord
 from adaptor.status import DeviceBook, DeviceState
@@ -114,10 +115,12 @@ def placement_for(provider: Provider, cdi: CdiConfig, catalog_dir: str = "") -> 
 
 
 def user_data_builder(
-    cloud: str, placement: Placement, pki: AdaptorPKI | None
+    cloud: str, placement: Placement, pki: AdaptorPKI | None, pods_dir: Path | None = None
 ) -> Callable[[SandboxRecord, VMIntent, tuple[str, ...]], str]:
-    """The pod VM's user data: apf.json with a server certificate from the adaptor's CA (when
-    agent TLS is on) and the device layout for each GPU model the candidates may land on."""
+    """The pod VM's user data: apf.json with the pod network (CAA's `pod-network`), a server
+    certificate from the adaptor's CA (when agent TLS is on) and the device layout for each GPU
+    model the candidates may land on. With `pods_dir`, the operator's copy of the apf.json is
+    kept at <pods-dir>/<id>/apf.json (mode 0600), as CAA keeps one."""
 
     def build(record: SandboxRecord, intent: VMIntent, candidates: tuple[str, ...]) -> str:
         pair = pki.issue_server(record.id) if pki is not None else None
@@ -136,9 +139,15 @@ def user_data_builder(
             tls_server_cert=pair.cert_pem if pair else "",
             tls_server_key=pair.key_pem if pair else "",
             tls_client_ca=pki.ca_pem if pki is not None else "",
+            pod_network=pod_network_section(record),
             gpu=setups[0] if setups else None,
             extra_files=extra,
         )
-        return userdata.build(cloud, config)
+        built = userdata.build(cloud, config)
+        if config.pod_network is None:
+            log.info("sandbox %s: pod VM gets pod-network null", record.id)
+        if pods_dir is not None:
+            write_apf_copy(pods_dir, record.id, config.apf_json())
+        return built
 
     return build

@@ -124,6 +124,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "StartVM drops candidates over it and fails with 'quota for H100 exhausted (8/8)' when "
         "none is left (default: off)",
     )
+    flags.add(
+        parser,
+        "--vxlan-min-id",
+        type=int,
+        default=555000,
+        help="first VXLAN id (VNI) of pod tunnels; each sandbox holds its own until StopVM",
+    )
+    flags.add(parser, "--vxlan-port", type=int, default=4789, help="UDP port of pod tunnels")
+    flags.add(
+        parser,
+        "--pod-subnet-cidrs",
+        default="",
+        help="CIDR[,...] the pod VM routes via the pod's gateway (e.g. the service network)",
+    )
+    flags.add(
+        parser,
+        "--host-interface",
+        default="",
+        help="worker interface the pod tunnels run over (default: the one of the default "
+        "route); another one is a dedicated NIC, and the tunnel goes to the VM's second address",
+    )
+    flags.add(
+        parser,
+        "--ext-network-via-podvm",
+        action="store_true",
+        help="tell pod VMs to reach external networks through their own secondary NIC "
+        "(experimental in CAA's pod VM)",
+    )
     from adaptor.devices.flags import add_cdi_flags
     from providers import registry
 
@@ -153,6 +181,11 @@ def run(args: argparse.Namespace) -> int:
         status_address=args.status_address,
         catalog_dir=args.catalog_dir,
         gpu_quota=args.gpu_quota,
+        vxlan_min_id=args.vxlan_min_id,
+        vxlan_port=args.vxlan_port,
+        pod_subnet_cidrs=args.pod_subnet_cidrs,
+        host_interface=args.host_interface,
+        ext_network_via_podvm=args.ext_network_via_podvm,
         agent_tls={
             "enabled": args.agent_tls,
             "ca_file": args.agent_tls_ca,

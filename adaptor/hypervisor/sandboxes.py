@@ -59,6 +59,23 @@ class AgentProxyHandle(Protocol):
         ...
 
 
+class PodNetworkHook(Protocol):
+    """The pod network (adaptor.podnet.SandboxPodNetwork); its strings go in `pod_network`."""
+
+    async def created(self, sandbox_id: str, netns: str) -> str: ...
+
+    async def forget(self, sandbox_id: str, pod_network: str) -> None: ...
+
+    async def started(self, record: SandboxRecord, instance: Instance) -> str: ...
+
+    async def stop(self, record: SandboxRecord) -> str: ...
+
+    async def recovered(self, record: SandboxRecord) -> str: ...
+
+    @staticmethod
+    def failed_teardown(record: SandboxRecord, error: str) -> str: ...
+
+
 # (sandbox record, agent socket path, forwarder host, forwarder port) -> an unstarted proxy
 ProxyFactory = Callable[[SandboxRecord, str, str, int], AgentProxyHandle]
 # The intent -> instance types to try, best first.
@@ -118,6 +135,7 @@ class SandboxManager:
         reserve: Reserver | None = None,
         release: Releaser | None = None,
         candidate_zones: ZoneRestrictions | None = None,
+        pod_network: PodNetworkHook | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -131,6 +149,7 @@ class SandboxManager:
         self._reserve_candidates = reserve
         self._release = release or (lambda _sandbox_id: None)
         self._candidate_zones = candidate_zones
+        self._pod_network = pod_network
         self._proxies: dict[str, AgentProxyHandle] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -191,16 +210,25 @@ class SandboxManager:
             existing = await self.store.get(sandbox_id)
             if existing is not None:
                 return existing.agent_socket or path
-            await self.store.put(
-                SandboxRecord(
-                    id=sandbox_id,
-                    pod_namespace=intent.pod_namespace,
-                    pod_name=intent.pod_name,
-                    annotations=dict(annotations),
-                    network_namespace=network_namespace,
-                    agent_socket=path,
+            pod_network = ""
+            if self._pod_network is not None:
+                pod_network = await self._pod_network.created(sandbox_id, network_namespace)
+            try:
+                await self.store.put(
+                    SandboxRecord(
+                        id=sandbox_id,
+                        pod_namespace=intent.pod_namespace,
+                        pod_name=intent.pod_name,
+                        annotations=dict(annotations),
+                        network_namespace=network_namespace,
+                        agent_socket=path,
+                        pod_network=pod_network,
+                    )
                 )
-            )
+            except BaseException:
+                if self._pod_network is not None:
+                    await asyncio.shield(self._pod_network.forget(sandbox_id, pod_network))
+                raise
         log.info(
             "sandbox %s recorded for pod %s/%s", sandbox_id, intent.pod_namespace, intent.pod_name
         )
@@ -272,6 +300,9 @@ class SandboxManager:
             if self._plan_devices is not None:
                 plan = self._plan_devices(intent, instance)
                 record = await self.store.put(record.evolve(device_plan=plan))
+            if self._pod_network is not None and record.pod_network:
+                tunnel = await self._pod_network.started(record, instance)
+                record = await self.store.put(record.evolve(pod_network=tunnel))
             host, port = self._resolve_endpoint(instance)
             socket = Path(record.agent_socket)
             await asyncio.to_thread(_prepare_socket_dir, socket)
@@ -302,6 +333,9 @@ class SandboxManager:
         if proxy is not None:
             with contextlib.suppress(Exception):
                 await proxy.stop()
+        record, owed = await self._stop_pod_network(record)
+        if owed:
+            reason = f"{reason}; {owed}"
         try:
             await self.provider.delete(instance.id)
         except InstanceNotFound:
@@ -322,6 +356,7 @@ class SandboxManager:
             proxy = self._proxies.pop(sandbox_id, None)
             if proxy is not None:
                 await proxy.stop()
+            record, owed = await self._stop_pod_network(record)
             if record.instance is not None:
                 try:
                     await self.provider.delete(record.instance.id)
@@ -333,12 +368,31 @@ class SandboxManager:
                         self.store.put(record.evolve(state=SandboxState.FAILED, reason=reason))
                     )
                     raise ProviderError(f"sandbox {sandbox_id}: {reason}; retry StopVM") from exc
+            if owed:
+                # The VM is gone; the tunnel's remains stay recorded until a retry removes them.
+                await self.store.put(
+                    record.evolve(state=SandboxState.FAILED, reason=owed, instance=None)
+                )
+                raise PeerpodsError(f"sandbox {sandbox_id}: {owed}; retry StopVM")
             await asyncio.to_thread(_remove_socket_dir, Path(record.agent_socket))
             await self.store.delete(sandbox_id)
         self._release(sandbox_id)
         if self._on_stopped is not None:
             self._on_stopped(sandbox_id)
         log.info("sandbox %s stopped", sandbox_id)
+
+    async def _stop_pod_network(self, record: SandboxRecord) -> tuple[SandboxRecord, str]:
+        """Tear the sandbox's tunnel down: the record as stored, and what is still owed."""
+        if self._pod_network is None or not record.pod_network:
+            return record, ""
+        try:
+            remaining = await self._pod_network.stop(record)
+        except PeerpodsError as exc:
+            owed = str(exc)
+            remaining = self._pod_network.failed_teardown(record, owed)
+            log.error("sandbox %s: %s", record.id, owed)
+            return await self.store.put(record.evolve(pod_network=remaining)), owed
+        return await self.store.put(record.evolve(pod_network=remaining)), ""
 
     async def get(self, sandbox_id: str) -> SandboxRecord | None:
         """A sandbox's record (for a status API)."""
@@ -380,7 +434,13 @@ class SandboxManager:
         A sandbox caught in StartVM is marked failed (its caller is gone); its VM stays recorded
         so the StopVM that follows deletes it.
         """
+        gone: list[str] = []
         for record in await self.store.records():
+            if self._pod_network is not None and record.pod_network:
+                record, alive = await self._recover_pod_network(record)
+                if not alive:
+                    gone.append(record.id)
+                    continue
             if record.state is SandboxState.STARTING:
                 await self.store.put(
                     record.evolve(
@@ -390,6 +450,26 @@ class SandboxManager:
             elif record.state is SandboxState.RUNNING and record.instance is not None:
                 with sandbox_context(record.id, f"{record.pod_namespace}/{record.pod_name}"):
                     await self._reserve(record, record.instance)
+        for sandbox_id in gone:
+            # The pod's netns is gone, so is the pod: nobody will call StopVM for it.
+            try:
+                await self.stop_vm(sandbox_id)
+            except Exception as exc:
+                log.error("sandbox %s: cleanup after its pod went away failed: %s", sandbox_id, exc)
+
+    async def _recover_pod_network(self, record: SandboxRecord) -> tuple[SandboxRecord, bool]:
+        """Repair a recorded tunnel (False: its pod netns is gone)."""
+        assert self._pod_network is not None
+        from adaptor.podnet import NetnsGone
+
+        try:
+            tunnel = await self._pod_network.recovered(record)
+        except NetnsGone:
+            log.warning("sandbox %s: pod network namespace is gone; cleaning up", record.id)
+            return record, False
+        if tunnel != record.pod_network:
+            record = await self.store.put(record.evolve(pod_network=tunnel))
+        return record, True
 
     async def _reserve(self, record: SandboxRecord, instance: Instance) -> None:
         try:

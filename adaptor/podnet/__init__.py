@@ -16,6 +16,7 @@ from adaptor.podnet._model import (
     TunnelState,
 )
 from adaptor.podnet._netns import check_netns
+from adaptor.podnet._sandbox import SandboxPodNetwork, pod_network_section, write_apf_copy
 from adaptor.podnet._service import VNI_POOL, PodNet, PodNetSettings, VniLeases
 
 __all__ = [
@@ -30,10 +31,13 @@ __all__ = [
     "PodNetSettings",
     "PodNetwork",
     "Route",
+    "SandboxPodNetwork",
     "Tunnel",
     "TunnelError",
     "TunnelState",
     "VniExhausted",
     "VniLeases",
     "check_netns",
+    "pod_network_section",
+    "write_apf_copy",
 ]

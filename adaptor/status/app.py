@@ -52,7 +52,20 @@ def sandbox_json(record: SandboxRecord, devices: DeviceBook) -> dict[str, Any]:
         "created_at": record.created_at,
         "updated_at": record.updated_at,
         "containers": devices.snapshot(record.id),
+        "pod_network": _pod_network(record),
     }
+
+
+def _pod_network(record: SandboxRecord) -> dict[str, Any] | None:
+    """Pod IP, VNI, worker IP, the VM end and the tunnel's state (null: no pod network)."""
+    if not record.pod_network:
+        return None
+    from adaptor.podnet import PodNetError, Tunnel
+
+    try:
+        return Tunnel.from_json(record.pod_network).status()
+    except PodNetError as exc:
+        return {"state": "unknown", "error": str(exc)}
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
