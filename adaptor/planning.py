@@ -22,7 +22,7 @@ import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from adaptor.devices.naming import CdiNaming
 from adaptor.devices.plan import DevicePlan, MigDevice, plan_devices
@@ -38,6 +38,9 @@ from providers.contract import (
 )
 from providers.errors import InvalidRequest, NoMatch, PeerpodsError
 from providers.selection import Selection, select
+
+if TYPE_CHECKING:
+    from webhook import CapacityPolicy
 
 __all__ = [
     "ContainerDevices",
@@ -216,6 +219,7 @@ def plan_manifest(
     pod_name: str = "",
     allowed_machine_types: Iterable[str] = (),
     naming: CdiNaming | None = None,
+    capacity: CapacityPolicy | None = None,
 ) -> PlanReport:
     """Plan the manifest's pod on a cloud's catalog (bundled snapshot unless `catalog` is given).
 
@@ -235,6 +239,8 @@ def plan_manifest(
     namespace = str(meta.get("namespace") or "default")
     base = PlanReport(pod_name=name, namespace=namespace, catalog=catalog)
     settings = Settings(allowed_machine_types=frozenset(allowed_machine_types))
+    if capacity is not None:
+        settings = replace(settings, capacity=capacity)
     try:
         result = mutate_pod(
             pod,

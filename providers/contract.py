@@ -17,10 +17,12 @@ Kata's own keys:
     frac                    a fraction of a GPU may serve one GPU
     rdma                    RDMA (EFA / InfiniBand) required
     rdma=4                  ... with at least that many RDMA devices (EFA interfaces)
+    cap=spot                the capacity type: spot | spot-or-on-demand (absent: on-demand)
 
-e.g. `v1:m=h100|h200;mig=1g.10gb:2`. A value without the `v1:` prefix is read as CAA does: a
-comma-separated list of model names. Unknown fields are an error, so a newer webhook cannot be
-silently misread by an older adaptor.
+e.g. `v1:m=h100|h200;mig=1g.10gb:2`. The capacity type rides in this value because Kata passes
+CreateVM only its fixed set of keys (FACTS-PODVM part D): a key of our own would never arrive.
+A value without the `v1:` prefix is read as CAA does: a comma-separated list of model names.
+Unknown fields are an error, so a newer webhook cannot be silently misread by an older adaptor.
 
 The per-container device plan is JSON under `io.katacontainers.peerpods.devices` (a bare key
 matching containerd's `io.katacontainers.*` pod_annotations glob, so it reaches every container's
@@ -59,6 +61,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from providers.capacity import CapacityType
 from providers.errors import AnnotationError
 from providers.request import InstanceRequest
 
@@ -109,8 +112,9 @@ class GpuIntent(BaseModel):
         )
 
 
-def encode_gpu_model(intent: GpuIntent) -> str:
-    """`default_gpu_model` for an intent ("" when there is nothing beyond the GPU count)."""
+def encode_gpu_model(intent: GpuIntent, capacity: CapacityType = CapacityType.ON_DEMAND) -> str:
+    """`default_gpu_model` for an intent and a capacity type ("" when there is nothing beyond
+    the GPU count and on-demand capacity)."""
     fields: list[str] = []
     if intent.models:
         fields.append("m=" + "|".join(intent.models))
@@ -122,6 +126,8 @@ def encode_gpu_model(intent: GpuIntent) -> str:
         fields.append("frac")
     if intent.rdma:
         fields.append(f"rdma={intent.rdma_devices}" if intent.rdma_devices > 1 else "rdma")
+    if capacity is not CapacityType.ON_DEMAND:
+        fields.append(f"cap={capacity}")
     return f"{GPU_MODEL_VERSION}:" + ";".join(fields) if fields else ""
 
 
@@ -176,6 +182,8 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
         elif name == "rdma" and arg.isdigit() and int(arg) >= 1:
             flags.add(name)
             rdma_devices = int(arg)
+        elif name == "cap" and arg in _WRITTEN_CAPACITY:
+            pass  # the capacity type: decode_capacity_type
         else:
             raise AnnotationError(key, f"unknown or malformed field {part!r}")
     return GpuIntent(
@@ -187,6 +195,25 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
         rdma="rdma" in flags,
         rdma_devices=rdma_devices if rdma_devices > 1 else 0,
     )
+
+
+_WRITTEN_CAPACITY = frozenset({CapacityType.SPOT.value, CapacityType.SPOT_OR_ON_DEMAND.value})
+
+
+def decode_capacity_type(value: str) -> CapacityType:
+    """The capacity type `default_gpu_model` carries (on-demand when it names none); a malformed
+    value is an AnnotationError (decode_gpu_model reads the rest)."""
+    value = value.strip()
+    if not value.startswith(GPU_MODEL_VERSION + ":"):
+        return CapacityType.ON_DEMAND
+    capacity = CapacityType.ON_DEMAND
+    for part in (p.strip() for p in value[len(GPU_MODEL_VERSION) + 1 :].split(";")):
+        name, _, arg = part.partition("=")
+        if name == "cap":
+            if arg not in _WRITTEN_CAPACITY:
+                raise AnnotationError(DEFAULT_GPU_MODEL, f"unknown capacity type in {part!r}")
+            capacity = CapacityType(arg)
+    return capacity
 
 
 class VMIntent(BaseModel):
@@ -201,9 +228,10 @@ class VMIntent(BaseModel):
     gpu: GpuIntent = Field(default_factory=GpuIntent)
     machine_type: str = ""
     image: str = ""
+    capacity_type: CapacityType = CapacityType.ON_DEMAND
 
     def to_request(self, **overrides: object) -> InstanceRequest:
-        """The selection request this intent implies."""
+        """The selection request this intent implies (a Spot first pass ranks by Spot price)."""
         fields: dict[str, object] = {
             "vcpus": self.vcpus,
             "memory_mib": self.memory_mib,
@@ -215,6 +243,7 @@ class VMIntent(BaseModel):
             "rdma": self.gpu.rdma,
             "rdma_devices": self.gpu.rdma_devices,
             "instance_type": self.machine_type,
+            "provisioning": "spot" if self.capacity_type.wants_spot else "on-demand",
         }
         fields.update(overrides)
         return InstanceRequest.model_validate(fields)
@@ -236,12 +265,14 @@ def parse_vm_annotations(annotations: Mapping[str, str]) -> VMIntent:
     machine_type = annotations.get(MACHINE_TYPE, "").strip()
     if machine_type and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", machine_type):
         raise AnnotationError(MACHINE_TYPE, f"not an instance type name: {machine_type!r}")
+    gpu_model = annotations.get(DEFAULT_GPU_MODEL, "")
     return VMIntent(
         pod_name=name,
         pod_namespace=namespace,
         vcpus=_int_annotation(annotations, DEFAULT_VCPUS),
         memory_mib=_int_annotation(annotations, DEFAULT_MEMORY),
-        gpu=decode_gpu_model(annotations.get(DEFAULT_GPU_MODEL, ""), gpus),
+        gpu=decode_gpu_model(gpu_model, gpus),
+        capacity_type=decode_capacity_type(gpu_model),
         machine_type=machine_type,
         image=annotations.get(IMAGE, "").strip(),
     )

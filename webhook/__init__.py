@@ -5,6 +5,7 @@ Layers import one way: wire schema (`_reviews`), pure admission logic (`_resourc
 """
 
 from webhook._admission import Admission
+from webhook._capacity import CAPACITY_ANNOTATION, CapacityPolicy, parse_namespace_policy
 from webhook._devices import POST_BOOT_ATTRIBUTES, DeviceSpace, VirtualDevice
 from webhook._dra import ClaimDenied
 from webhook._kube import KubeResolver
@@ -15,8 +16,10 @@ from webhook._resources import PodResources, pod_resources
 from webhook._server import ServerConfig, TlsFiles, WebhookServer, build_app, running
 
 __all__ = [
+    "CAPACITY_ANNOTATION",
     "POST_BOOT_ATTRIBUTES",
     "Admission",
+    "CapacityPolicy",
     "ClaimDenied",
     "DeviceSpace",
     "KubeResolver",
@@ -36,6 +39,7 @@ __all__ = [
     "device_space",
     "diff",
     "mutate_pod",
+    "parse_namespace_policy",
     "pod_resources",
     "running",
 ]

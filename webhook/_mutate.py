@@ -16,10 +16,11 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Literal
 
+from providers.capacity import CapacityType
 from providers.catalog import Catalog
 from providers.contract import (
     CDI_PREFIX,
@@ -34,11 +35,13 @@ from providers.contract import (
     ContainerPlan,
     DeviceUnit,
     GpuIntent,
+    decode_capacity_type,
     decode_gpu_model,
     encode_gpu_model,
 )
 from providers.errors import AnnotationError, InvalidRequest, NoMatch
 from providers.request import InstanceRequest
+from webhook._capacity import CapacityPolicy
 from webhook._devices import DeviceSpace
 from webhook._dra import ClaimUnit, translate
 from webhook._extended import container_units, is_device_resource
@@ -62,6 +65,8 @@ class Settings:
     allowed_machine_types: frozenset[str] = frozenset()
     # A GPU request no catalog type can serve: "deny" the pod, or "warn" and admit it.
     impossible: Literal["deny", "warn"] = "deny"
+    # The capacity type (Spot or on-demand) of a pod, by its annotation and its namespace.
+    capacity: CapacityPolicy = field(default_factory=CapacityPolicy)
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,8 @@ class PodIntent:
     memory_mib: int = 0
     gpu: GpuIntent = field(default_factory=GpuIntent)
     machine_type: str = ""
+    # Spot or on-demand, from the pod's annotation and the namespace policy (webhook._capacity).
+    capacity_type: CapacityType = CapacityType.ON_DEMAND
 
     def request(self) -> InstanceRequest:
         return InstanceRequest(
@@ -85,6 +92,7 @@ class PodIntent:
             rdma=self.gpu.rdma,
             rdma_devices=self.gpu.rdma_devices,
             instance_type=self.machine_type,
+            provisioning="spot" if self.capacity_type.wants_spot else "on-demand",
         )
 
 
@@ -317,7 +325,7 @@ def _contract(intent: PodIntent, plan: ContainerPlan) -> dict[str, str]:
         out[DEFAULT_MEMORY] = str(intent.memory_mib)
     if intent.gpu.gpus:
         out[DEFAULT_GPUS] = str(intent.gpu.gpus)
-    encoded = encode_gpu_model(intent.gpu)
+    encoded = encode_gpu_model(intent.gpu, intent.capacity_type)
     if encoded:
         out[DEFAULT_GPU_MODEL] = encoded
     if plan.units:
@@ -365,15 +373,24 @@ def mutate_pod(
             f"annotation {MACHINE_TYPE}: instance type {machine_type!r} is not allowed "
             f"(allowed: {allowed})"
         )
+    capacity = settings.capacity.resolve(namespace, annotations)
     warnings: list[str] = []
     mutated = copy.deepcopy(pod)
     kept = {k: v for k, v in annotations.items() if not k.startswith(CDI_PREFIX)}
     if _looks_mutated(pod):
         intent, plan = _existing_intent(kept, machine_type)
+        intent = replace(intent, capacity_type=capacity)
+        if decode_capacity_type(kept.get(DEFAULT_GPU_MODEL, "")) is not capacity:
+            # The capacity type is the policy's answer now, whatever the value held.
+            kept.pop(DEFAULT_GPU_MODEL, None)
+            encoded = encode_gpu_model(intent.gpu, capacity)
+            if encoded:
+                kept[DEFAULT_GPU_MODEL] = encoded
     else:
         intent, plan = _translate(
             pod, namespace, resolver or MemoryResolver(), catalog, machine_type, warnings
         )
+        intent = replace(intent, capacity_type=capacity)
         kept = {k: v for k, v in kept.items() if k not in OWNED_KEYS}
         kept.update(_contract(intent, plan))
         spec = mutated["spec"]

@@ -50,6 +50,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="TYPE[,...]",
         help="instance types a pod may pin with the machine_type annotation (as the webhook's)",
     )
+    flags.add(
+        parser,
+        "--default-capacity-type",
+        default="on-demand",
+        choices=["on-demand", "spot", "spot-or-on-demand"],
+        help="capacity type of a pod without peerpods.io/capacity-type (as the webhook's)",
+    )
+    flags.add(
+        parser,
+        "--namespace-capacity-types",
+        default="",
+        metavar="NS=TYPE|TYPE[,...]",
+        help="capacity types each namespace may ask for (as the webhook's)",
+    )
     flags.add(parser, "--limit", type=int, default=5, metavar="N",
               help="candidates shown in the table (JSON lists all)")  # fmt: skip
     for kind, what in CDI_NAME_FLAGS.items():
@@ -104,11 +118,13 @@ def report_json(report: PlanReport) -> dict[str, Any]:
             "memory_mib": intent.memory_mib,
             "machine_type": intent.machine_type,
             "gpu": intent.gpu.model_dump(mode="json"),
+            "capacity_type": intent.capacity_type.value,
         },
         "container_plan": None
         if report.container_plan is None
         else report.container_plan.model_dump(mode="json"),
         "selected": _selected(report),
+        "price": _price_used(report),
         "selection": None
         if report.selection is None or report.selection.count == 0
         else selection_json(catalog, report.selection),
@@ -130,6 +146,20 @@ def report_json(report: PlanReport) -> dict[str, Any]:
 def _selected(report: PlanReport) -> str | None:
     selection = report.selection
     return selection.selected.name if selection is not None and selection.count else None
+
+
+def _price_used(report: PlanReport) -> dict[str, Any] | None:
+    """The price the selected type was ranked by: which market's, and whether it is a ceiling
+    or an estimate (no list price known)."""
+    selection = report.selection
+    if selection is None or not selection.count:
+        return None
+    best = selection.selected
+    return {
+        "market": "spot" if selection.request.provisioning == "spot" else "on-demand",
+        "per_hour": best.price_per_hour,
+        "estimated": best.price_estimated,
+    }
 
 
 def _rows(rows: Sequence[tuple[str, ...]], out: TextIO, indent: str = "  ") -> None:
@@ -177,11 +207,25 @@ def print_report(report: PlanReport, limit: int, out: TextIO) -> None:
             parts.append("a fraction of a GPU may serve")
         if gpu.rdma:
             parts.append("RDMA")
+        parts.append(f"capacity {intent.capacity_type}")
         print("\nrequest (as CreateVM reads it): " + ", ".join(parts), file=out)
     selection = report.selection
     if selection is not None and selection.count:
         print("\ninstance types:", file=out)
         print_table(catalog, selection, limit, out)
+        price = _price_used(report)
+        if price is not None and intent is not None and price["per_hour"] is not None:
+            mark = "~" if price["estimated"] else ""
+            then = (
+                ", then the same types on-demand after Spot capacity errors everywhere"
+                if intent.capacity_type.value == "spot-or-on-demand"
+                else ""
+            )
+            print(
+                f"capacity: {intent.capacity_type}; ranked by {price['market']} price, "
+                f"{selection.selected.name} at {mark}${price['per_hour']:.4g}/h{then}",
+                file=out,
+            )
     devices = report.devices
     if devices is None:
         return
@@ -209,6 +253,13 @@ def run(args: argparse.Namespace) -> int:
     source = "stdin" if args.manifest == "-" else args.manifest
     documents = load_documents(_read(args.manifest), source)
     allowed = [t.strip() for t in args.allowed_machine_types.split(",") if t.strip()]
+    from providers.capacity import CapacityType
+    from webhook import CapacityPolicy, parse_namespace_policy
+
+    capacity = CapacityPolicy(
+        CapacityType(args.default_capacity_type),
+        parse_namespace_policy(args.namespace_capacity_types),
+    )
     report = plan_manifest(
         documents,
         args.provider,
@@ -217,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         pod_name=args.pod.strip(),
         allowed_machine_types=allowed,
         naming=naming,
+        capacity=capacity,
     )
     if args.output == "json":
         json.dump(report_json(report), sys.stdout, indent=2)

@@ -67,6 +67,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         parser,
+        "--default-capacity-type",
+        default="on-demand",
+        choices=["on-demand", "spot", "spot-or-on-demand"],
+        help="capacity type of a pod without the peerpods.io/capacity-type annotation",
+    )
+    flags.add(
+        parser,
+        "--namespace-capacity-types",
+        default="",
+        help="capacity types each namespace's pods may ask for, NAMESPACE=TYPE|TYPE[,...] with * "
+        "for every other namespace, e.g. 'ml=spot|spot-or-on-demand,*=on-demand'; a namespace's "
+        "first type is its default when --default-capacity-type is not allowed there (empty: "
+        "any type anywhere)",
+    )
+    flags.add(
+        parser,
         "--impossible",
         default="deny",
         choices=["deny", "warn"],
@@ -135,14 +151,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
+    from providers.capacity import CapacityType
     from providers.catalog import Catalog
     from providers.catalogs import load_catalog
-    from webhook import Admission, KubeResolver, ServerConfig, Settings, WebhookServer
+    from webhook import (
+        Admission,
+        CapacityPolicy,
+        KubeResolver,
+        ServerConfig,
+        Settings,
+        WebhookServer,
+        parse_namespace_policy,
+    )
 
     settings = Settings(
         runtime_classes=frozenset(args.runtime_classes),
         allowed_machine_types=frozenset(args.allowed_machine_types),
         impossible=args.impossible,
+        capacity=CapacityPolicy(
+            CapacityType(args.default_capacity_type),
+            parse_namespace_policy(args.namespace_capacity_types),
+        ),
     )
     catalog_dir = Path(args.catalog_dir) if args.catalog_dir else None
 

@@ -275,6 +275,7 @@ class SandboxManager:
             memory_mib=intent.memory_mib,
             gpus=intent.gpu.gpus,
             zones=dict(self._candidate_zones(candidates)) if self._candidate_zones else {},
+            capacity_type=intent.capacity_type,
         )
 
     async def _create_and_serve(

@@ -29,9 +29,11 @@ from adaptor.ttrpc import Client, Code, TtrpcError
 from providers.base import Instance
 from providers.capacity import CapacityType
 from providers.fallback import RetryPolicy
-from tests.clouds.fake_arm import FakeArm
-from tests.clouds.fake_gce import FakeGce
+from tests.clouds.aws_faults import Faults
+from tests.clouds.fake_arm import VMS, FakeArm
+from tests.clouds.fake_gce import FakeGce, stockout
 from tests.go.peers import GoServer, echo_server
+from tests.providers.fakes.gcp import COMPUTE
 
 pytestmark = pytest.mark.go
 
@@ -53,6 +55,9 @@ class Cloud:
     candidate: str
     take_vm_away: Callable[[Instance], None]
     leftovers: Callable[[], list[str]]
+    # Make every Spot create fail on capacity; the market of every create sent, in order.
+    refuse_spot: Callable[[], None]
+    markets: Callable[[], list[str]]
 
 
 @pytest.fixture
@@ -96,7 +101,27 @@ def aws_cloud(ec2: Any, policy: RetryPolicy, go: GoServer) -> Cloud:
         )
         ec2.terminate_instances(InstanceIds=[vm.id])
 
-    return Cloud(aws, "p5.48xlarge", take, leftovers)
+    faults = Faults()
+    faults.install(ec2)
+
+    def refuse_spot() -> None:
+        faults.rules.append(
+            lambda action, params: (
+                "InsufficientInstanceCapacity"
+                if action == "RunInstances"
+                and params.get("InstanceMarketOptions.MarketType") == "spot"
+                else None
+            )
+        )
+
+    def markets() -> list[str]:
+        return [
+            p.get("InstanceMarketOptions.MarketType", "on-demand")
+            for a, p in faults.calls
+            if a == "RunInstances"
+        ]
+
+    return Cloud(aws, "p5.48xlarge", take, leftovers, refuse_spot, markets)
 
 
 def azure_cloud(policy: RetryPolicy, go: GoServer) -> Cloud:
@@ -122,11 +147,28 @@ def azure_cloud(policy: RetryPolicy, go: GoServer) -> Cloud:
     def take(vm: Instance) -> None:
         arm.evict(vm.id, leave_nic_and_disk=True)  # evicted; its NIC and disk were left behind
 
+    def refuse_spot() -> None:
+        arm.faults.append(
+            lambda action, body: (
+                "AllocationFailed"
+                if action == "put" and body["properties"].get("priority") == "Spot"
+                else None
+            )
+        )
+
+    def markets() -> list[str]:
+        return [
+            "spot" if r.json()["properties"].get("priority") == "Spot" else "on-demand"
+            for r in arm.cloud.seen("PUT", VMS + r"/[^/]+")
+        ]
+
     return Cloud(
         azure,
         "Standard_NC40ads_H100_v5",
         take,
         lambda: [*arm.vms, *sorted(arm.nics), *sorted(arm.disks)],
+        refuse_spot,
+        markets,
     )
 
 
@@ -147,7 +189,29 @@ def gcp_cloud(policy: RetryPolicy, go: GoServer) -> Cloud:
         zone, name = vm.id.split("/")
         gce.instances[(zone, name)]["status"] = "TERMINATED"  # preempted, stopped by the cloud
 
-    return Cloud(gcp, "a3-highgpu-1g", take, lambda: [f"{z}/{n}" for z, n in gce.instances])
+    def refuse_spot() -> None:
+        def fault(action: str, zone: str, body: dict[str, Any]) -> Any:
+            spot = (body.get("scheduling") or {}).get("provisioningModel") == "SPOT"
+            return stockout(zone) if action == "insert" and spot else None
+
+        gce.faults.append(fault)
+
+    def markets() -> list[str]:
+        return [
+            "spot"
+            if (r.json().get("scheduling") or {}).get("provisioningModel") == "SPOT"
+            else "on-demand"
+            for r in gce.cloud.seen("POST", rf"{COMPUTE}/zones/[^/]+/instances")
+        ]
+
+    return Cloud(
+        gcp,
+        "a3-highgpu-1g",
+        take,
+        lambda: [f"{z}/{n}" for z, n in gce.instances],
+        refuse_spot,
+        markets,
+    )
 
 
 class SpotProvider:
@@ -298,3 +362,41 @@ async def test_connection_drop_asks_the_cloud_and_only_the_cloud_decides(
     assert cloud.leftovers() == []
     await node.manager.stop_vm(SID)
     assert await node.store.get(SID) is None
+
+
+@pytest.mark.parametrize(
+    ("capacity", "spot_refused", "sent", "got"),
+    [
+        ("", True, ["on-demand"], "on-demand"),
+        ("v1:cap=spot", False, ["spot"], "spot"),
+        ("v1:cap=spot-or-on-demand", False, ["spot"], "spot"),
+        ("v1:cap=spot-or-on-demand", True, ["spot", "on-demand"], "on-demand"),
+    ],
+)
+async def test_startvm_creates_the_capacity_the_contract_asks_for(
+    cloud: Cloud, capacity: str, spot_refused: bool, sent: list[str], got: str
+) -> None:
+    if spot_refused:
+        cloud.refuse_spot()
+    annotations = {**ANNOTATIONS, "io.katacontainers.config.hypervisor.default_gpu_model": capacity}
+    with tempfile.TemporaryDirectory(prefix="pp", dir="/tmp") as root:
+        store = await StateStore.open(Path(root) / "state")
+        manager = SandboxManager(
+            ManagerConfig(pods_dir=Path(root) / "pods", proxy_timeout_seconds=10),
+            store,
+            cloud.provider,
+            agent_proxy_factory(None),
+            choose_candidates=lambda intent: (cloud.candidate,),
+        )
+        try:
+            await manager.create_vm(SID, annotations)
+            await manager.start_vm(SID)
+            record = await store.get(SID)
+            assert record is not None and record.instance is not None
+            assert sandbox_json(record, DeviceBook())["capacity_type"] == got
+            assert cloud.markets() == sent  # one zone, one type: each pass tries it once
+            await manager.stop_vm(SID)
+        finally:
+            await manager.close(0)
+            await store.close()
+    assert cloud.leftovers() == []
