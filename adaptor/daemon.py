@@ -237,7 +237,9 @@ class Daemon:
             store = self.store
 
             async def known() -> list[str]:
-                return [r.id for r in await store.records()]
+                # a quarantined record still names its sandbox: its VM is not an orphan
+                ids = [r.id for r in await store.records()]
+                return ids + list(await store.quarantined())
 
             self.gc = GarbageCollector(
                 provider, owner_id, known, interval_seconds=settings.gc_interval_seconds

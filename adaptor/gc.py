@@ -73,6 +73,7 @@ class GarbageCollector:
         self.sweep_timeout_seconds = sweep_timeout_seconds
         self._task: asyncio.Task[None] | None = None
         self.sweeps = 0
+        self.failures = 0  # sweeps that ended in an unexpected error (the loop went on)
 
     async def sweep(self) -> SweepResult:
         """One pass: list owned VMs, then read the known sandboxes, delete the difference."""
@@ -106,6 +107,14 @@ class GarbageCollector:
                 await asyncio.wait_for(self.sweep(), self.sweep_timeout_seconds)
             except (ProviderError, TimeoutError) as exc:
                 log.warning("gc: sweep failed, retried in %gs: %s", self.interval_seconds, exc)
+            except Exception as exc:  # a state error, a bug: the next sweep must still run
+                log.error(
+                    "gc: sweep failed (%s), retried in %gs: %s",
+                    type(exc).__name__,
+                    self.interval_seconds,
+                    exc,
+                )
+                self.failures += 1
             await asyncio.sleep(self.interval_seconds)
 
     def start(self) -> asyncio.Task[None]:

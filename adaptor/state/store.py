@@ -4,6 +4,12 @@ Every write is committed (WAL, synchronous=FULL) before the awaiting call return
 daemon told Kata survives `kill -9`. All SQLite work runs on one dedicated thread that owns the
 connection: the event loop never blocks on disk, and writes are serialized without locks.
 
+A row that cannot be read back (bad JSON, an unknown state, a malformed instance: a bug of an older
+build, or a disk that lied) is quarantined, never fatal: it is logged once by id, left in place
+for an operator, reported by `quarantined()` (the status API shows it as such), and skipped by
+`records()`, so every valid sandbox of the node is still served. `get()` of a quarantined id
+raises `QuarantinedRecord`.
+
 Besides sandboxes the store keeps endpoint leases for pool providers (`static`): which endpoint a
 sandbox holds, so one endpoint serves one sandbox at a time across restarts.
 """
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -29,6 +36,8 @@ from adaptor.state.records import (
 from providers.errors import PeerpodsError
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 DB_NAME = "sandboxes.db"
 SCHEMA_VERSION = 2
@@ -62,6 +71,10 @@ class StateError(PeerpodsError):
     """The state database cannot be opened or written."""
 
 
+class QuarantinedRecord(StateError):
+    """A sandbox whose stored record cannot be read (it is kept aside, not served)."""
+
+
 class StateStore:
     """Sandbox records and endpoint leases; open with `await StateStore.open(dir)`."""
 
@@ -70,6 +83,7 @@ class StateStore:
         self._executor = executor
         self._conn: sqlite3.Connection | None = None
         self._closed = False
+        self._quarantined: dict[str, str] = {}  # id -> why its row cannot be read
 
     @classmethod
     async def open(cls, state_dir: str | os.PathLike[str]) -> StateStore:
@@ -110,6 +124,11 @@ class StateStore:
     async def records(self) -> list[SandboxRecord]:
         """Every record, oldest first (a status API lists these)."""
         return await self._run(self._list_sync)
+
+    async def quarantined(self) -> dict[str, str]:
+        """id -> reason for every stored row that cannot be read (rescanned on each call)."""
+        await self._run(self._list_sync)
+        return dict(self._quarantined)
 
     async def delete(self, sandbox_id: str) -> None:
         """Forget a sandbox (and any lease it holds)."""
@@ -202,13 +221,40 @@ class StateStore:
             ),
         )
 
+    def _parse(self, row: tuple[Any, ...]) -> SandboxRecord | None:
+        """The record of a row, or None after quarantining it."""
+        sandbox_id = str(row[0])
+        try:
+            record = self._row(row)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+            # ValueError covers bad JSON, an unknown state and a failed validation
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if sandbox_id not in self._quarantined:
+                log.error("state: sandbox %r quarantined, its record is unreadable: %s",
+                          sandbox_id, reason)  # fmt: skip
+            self._quarantined[sandbox_id] = reason[:300]
+            return None
+        self._quarantined.pop(sandbox_id, None)
+        return record
+
     @staticmethod
     def _row(row: tuple[Any, ...]) -> SandboxRecord:
+        annotations = json.loads(row[3])
+        if not isinstance(annotations, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+        ):
+            raise ValueError("annotations are not a map of strings")
+        texts = (row[0], row[1], row[2], row[4], row[5], row[7], row[11], row[12])
+        if not all(isinstance(t, str) for t in texts):
+            raise TypeError("a text column holds another type")
+        for name, blob in (("device plan", row[11]), ("pod network", row[12])):
+            if blob and not isinstance(json.loads(blob), dict):
+                raise ValueError(f"the {name} is not a JSON object")
         return SandboxRecord(
             id=row[0],
             pod_namespace=row[1],
             pod_name=row[2],
-            annotations=json.loads(row[3]),
+            annotations=annotations,
             network_namespace=row[4],
             agent_socket=row[5],
             state=SandboxState(row[6]),
@@ -222,11 +268,23 @@ class StateStore:
 
     def _get_sync(self, sandbox_id: str) -> SandboxRecord | None:
         row = self._db().execute("SELECT * FROM sandboxes WHERE id=?", (sandbox_id,)).fetchone()
-        return self._row(row) if row else None
+        if not row:
+            self._quarantined.pop(sandbox_id, None)
+            return None
+        record = self._parse(row)
+        if record is None:
+            raise QuarantinedRecord(
+                f"the stored record of sandbox {sandbox_id!r} is unreadable (quarantined): "
+                f"{self._quarantined[sandbox_id]}"
+            )
+        return record
 
     def _list_sync(self) -> list[SandboxRecord]:
         rows = self._db().execute("SELECT * FROM sandboxes ORDER BY created_at, id").fetchall()
-        return [self._row(r) for r in rows]
+        seen = {str(r[0]) for r in rows}
+        for gone in set(self._quarantined) - seen:
+            del self._quarantined[gone]
+        return [record for r in rows if (record := self._parse(r)) is not None]
 
     def _delete_sync(self, sandbox_id: str) -> None:
         db = self._db()
@@ -238,6 +296,7 @@ class StateStore:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+        self._quarantined.pop(sandbox_id, None)
 
     def _acquire_sync(self, pool: str, sandbox_id: str, endpoints: tuple[str, ...]) -> str | None:
         db = self._db()

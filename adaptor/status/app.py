@@ -2,8 +2,10 @@
 
     GET /v1/sandboxes        every sandbox: pod, instance type, capacity type (spot or on-demand),
                              VM id, zone, state and reason (e.g. preempted: what the cloud said),
-                             devices
-    GET /v1/sandboxes/{id}   one sandbox; 404 {code, message} when unknown
+                             devices; a sandbox whose stored record cannot be read is listed with
+                             state "quarantined" and the reason
+    GET /v1/sandboxes/{id}   one sandbox (a quarantined one as in the list); 404 {code, message}
+                             when unknown
     GET /healthz             200 "ok" while the daemon serves
     GET /metrics             Prometheus text format
 
@@ -23,7 +25,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from adaptor import metrics
-from adaptor.state import SandboxRecord
+from adaptor.state import QuarantinedRecord, SandboxRecord
 from adaptor.status.devices import DeviceBook
 
 
@@ -33,6 +35,13 @@ class SandboxSource(Protocol):
     async def records(self) -> list[SandboxRecord]: ...
 
     async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
+
+    async def quarantined(self) -> dict[str, str]: ...
+
+
+def quarantined_json(sandbox_id: str, reason: str) -> dict[str, Any]:
+    """A sandbox whose record is unreadable: only what is known, the id and why."""
+    return {"id": sandbox_id, "state": "quarantined", "reason": f"unreadable record: {reason}"}
 
 
 def sandbox_json(record: SandboxRecord, devices: DeviceBook) -> dict[str, Any]:
@@ -82,11 +91,17 @@ def build_app(
 
     async def list_sandboxes(request: Request) -> Response:
         records = await source.records()
-        return JSONResponse({"sandboxes": [sandbox_json(r, devices) for r in records]})
+        listed = [sandbox_json(r, devices) for r in records]
+        listed += [quarantined_json(i, why) for i, why in (await source.quarantined()).items()]
+        return JSONResponse({"sandboxes": listed})
 
     async def get_sandbox(request: Request) -> Response:
         sandbox_id = request.path_params["sandbox_id"]
-        record = await source.get(sandbox_id)
+        try:
+            record = await source.get(sandbox_id)
+        except QuarantinedRecord:
+            reason = (await source.quarantined()).get(sandbox_id, "")
+            return JSONResponse(quarantined_json(sandbox_id, reason))
         if record is None:
             return _error(404, "not_found", f"no sandbox {sandbox_id!r}")
         return JSONResponse(sandbox_json(record, devices))

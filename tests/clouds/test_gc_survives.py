@@ -1,0 +1,41 @@
+"""The orphan collector survives any error of a sweep (moto EC2): a state store that fails, and
+an unexpected error, end that sweep only; the next one deletes the orphan."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from adaptor.gc import GarbageCollector
+from adaptor.state import StateError
+from providers.fallback import RetryPolicy
+from tests.clouds.test_aws import live, provider, spec
+
+OWNER_SANDBOX = f"{30:064x}"
+
+
+async def test_collector_keeps_sweeping_after_state_and_unexpected_errors(
+    ec2: Any, policy: RetryPolicy
+) -> None:
+    aws = provider(ec2, policy)
+    await aws.create(spec(30))
+    orphan = await aws.create(spec(31))
+    failures = [StateError("state database: database is locked"), KeyError("a bug")]
+
+    async def known() -> set[str]:
+        if failures:
+            raise failures.pop(0)
+        return {OWNER_SANDBOX}
+
+    gc = GarbageCollector(aws, "owner-node-a", known, interval_seconds=0.01)
+    gc.start()
+    try:
+        for _ in range(500):
+            if orphan.id not in {i["InstanceId"] for i in live(ec2)}:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await gc.stop()
+    assert orphan.id not in {i["InstanceId"] for i in live(ec2)}
+    assert gc.failures == 2
+    assert len(live(ec2)) == 1
