@@ -79,8 +79,9 @@ class PreemptionWatcher:
     # --- lifetime ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Sweep every `interval_seconds` until `stop`."""
-        if self._task is None and self.interval_seconds > 0:
+        """Fail the sockets of sandboxes preempted before a restart, sweep once at once, then
+        every `interval_seconds` (0: never) until `stop`."""
+        if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
                 self._loop(), name="preemption-watcher"
             )
@@ -96,14 +97,26 @@ class PreemptionWatcher:
         self._checks.clear()
 
     async def _loop(self) -> None:
-        while True:
-            await self._sleep(self.interval_seconds)
+        try:
+            await self.fail_preempted()
+        except PeerpodsError as exc:
+            log.warning("cannot read the preempted sandboxes: %s", exc)
+        while self.interval_seconds > 0:
             try:
                 await self.sweep()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("preemption sweep failed; the next one retries")
+            await self._sleep(self.interval_seconds)
+
+    async def fail_preempted(self) -> None:
+        """Make the agent sockets of sandboxes already preempted (a restarted daemon serves them
+        again) answer every call with the reason."""
+        for record in await self.manager.store.records():
+            proxy: Any = self.manager.proxy_of(record.id)
+            if record.state is SandboxState.PREEMPTED and isinstance(proxy, FailableProxy):
+                await proxy.fail(PREEMPTED_CODE, preempted_message(record, record.reason))
 
     # --- checks ---------------------------------------------------------------------------------
 

@@ -448,7 +448,12 @@ class SandboxManager:
                         state=SandboxState.FAILED, reason="daemon restarted during StartVM"
                     )
                 )
-            elif record.state is SandboxState.RUNNING and record.instance is not None:
+            elif (
+                record.state in (SandboxState.RUNNING, SandboxState.PREEMPTED)
+                and record.instance is not None
+            ):
+                # A preempted sandbox's socket is served too: the preemption watcher makes it
+                # answer every call with why (adaptor.hypervisor.preemption).
                 with sandbox_context(record.id, f"{record.pod_namespace}/{record.pod_name}"):
                     await self._reserve(record, record.instance)
         for sandbox_id in gone:

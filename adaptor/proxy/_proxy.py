@@ -119,7 +119,7 @@ class AgentProxy:
                 return
             except TtrpcError:
                 left = deadline - time.monotonic()
-                if left <= 0 or self._stopped:
+                if left <= 0 or self._stopped or self._failed is not None:
                     raise TtrpcError(
                         Code.UNAVAILABLE,
                         f"pod VM forwarder unreachable after {timeout_seconds:g}s: "

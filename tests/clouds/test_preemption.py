@@ -400,3 +400,34 @@ async def test_startvm_creates_the_capacity_the_contract_asks_for(
             await manager.close(0)
             await store.close()
     assert cloud.leftovers() == []
+
+
+async def test_a_restarted_daemon_keeps_answering_why(cloud: Cloud, node: Node) -> None:
+    socket = await node.manager.create_vm(SID, ANNOTATIONS)
+    await node.manager.start_vm(SID)
+    record = await node.store.get(SID)
+    assert record is not None and record.instance is not None
+    cloud.take_vm_away(record.instance)
+    assert await node.watcher.sweep() == [SID]
+    await node.manager.close(0)  # the daemon stops; the record stays
+    manager = SandboxManager(
+        ManagerConfig(pods_dir=Path(socket).parent.parent, proxy_timeout_seconds=10),
+        node.store,
+        node.manager.provider,
+        agent_proxy_factory(None),
+    )
+    watcher = PreemptionWatcher(manager, node.watcher.provider, interval_seconds=0)
+    try:
+        await manager.recover()
+        await watcher.fail_preempted()
+        async with await Client.connect_unix(socket) as shim:
+            with pytest.raises(TtrpcError) as info:
+                await shim.call("grpc.Health", "Check", b"")
+        assert info.value.code == Code.FAILED_PRECONDITION
+        assert "preempted or deleted by the cloud" in info.value.message
+        await manager.stop_vm(SID)
+        assert await node.store.get(SID) is None
+    finally:
+        await watcher.stop()
+        await manager.close(0)
+    assert cloud.leftovers() == []
