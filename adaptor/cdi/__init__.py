@@ -28,6 +28,7 @@ from adaptor.cdi._spec import (
     Mount,
     Spec,
     load_spec,
+    minimum_version,
     parse_spec,
     spec_to_json,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "host_stat",
     "is_qualified_name",
     "load_spec",
+    "minimum_version",
     "parse_annotations",
     "parse_qualified_name",
     "parse_spec",

@@ -381,6 +381,13 @@ def _required_version(spec: Spec) -> tuple[tuple[int, ...], str]:
     return need
 
 
+def minimum_version(spec: Spec) -> str:
+    """The lowest cdiVersion able to express `spec` (what a spec writer should declare, so the
+    oldest CDI consumers can still read it); never below 0.3.0, the oldest version in use."""
+    need, _ = _required_version(spec)
+    return ".".join(map(str, max(need, (0, 3, 0))))
+
+
 def parse_spec(data: bytes | str, path: str = "<spec>", priority: int = 0) -> Spec:
     """Parse and validate spec text (JSON, or YAML when `path` ends in .yaml/.yml)."""
     text = data.decode("utf-8", "strict") if isinstance(data, bytes) else data

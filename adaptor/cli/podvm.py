@@ -1,0 +1,117 @@
+"""`peerpods podvm prepare`: inside the pod VM, at boot, before kata-agent serves containers.
+
+Exit codes: 0 every planned device is ready; 1 a planned device could not be created (one line on
+stderr names it; the status file has every device); 2 bad input (an unreadable layout, NVML
+bindings missing); 3 the VM is rebooting once to apply a pending MIG mode change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from adaptor.cli import flags
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add this subcommand's actions and flags (no heavy imports)."""
+    sub = parser.add_subparsers(dest="podvm_command", metavar="ACTION", required=True)
+    prep = sub.add_parser(
+        "prepare",
+        help="create the planned MIG devices and write the CDI specs for their names",
+        description="Create the planned MIG devices through NVML and write the CDI specs "
+        "binding each name the adaptor injects to the device created.",
+    )
+    flags.add(
+        prep,
+        "--apf-json",
+        default="/run/peerpod/apf.json",
+        metavar="PATH",
+        help="forwarder config carrying the device layout (key peerpods-devices)",
+    )
+    flags.add(
+        prep,
+        "--devices-json",
+        default="/run/peerpod/devices.json",
+        metavar="PATH",
+        help="legacy layout file, read when apf.json has no layout",
+    )
+    flags.add(
+        prep,
+        "--cdi-dir",
+        default="/var/run/cdi",
+        metavar="DIR",
+        help="where the CDI specs are written (peerpods-<vendor>_<class>.json)",
+    )
+    flags.add(
+        prep,
+        "--status-file",
+        default="/run/peerpod/podvm-status.json",
+        metavar="PATH",
+        help="per-device record of what was done (JSON)",
+    )
+    flags.add(
+        prep,
+        "--state-dir",
+        default="/var/lib/peerpods/podvm",
+        metavar="DIR",
+        help="persistent state guarding the one reboot a pending MIG mode may need",
+    )
+    flags.add(
+        prep,
+        "--root",
+        default="/",
+        metavar="DIR",
+        help="the filesystem root /dev and /proc are read under",
+    )
+    flags.add(
+        prep,
+        "--reboot-command",
+        default="systemctl reboot",
+        metavar="CMD",
+        help="how the VM reboots when a MIG mode change is pending a GPU reset",
+    )
+    flags.add(
+        prep,
+        "--no-reboot",
+        action="store_true",
+        help="never reboot: a pending MIG mode change fails its devices instead",
+    )
+    flags.add(
+        prep,
+        "--nvml-module",
+        default="pynvml",
+        metavar="MODULE",
+        help="the NVML bindings module (pynvml from nvidia-ml-py; a stand-in for tests)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import importlib
+
+    from adaptor.podvm.nvml import NvmlMissing, load
+    from adaptor.podvm.prepare import Options, prepare
+
+    if args.nvml_module == "pynvml":
+        lib = load()
+    else:
+        try:
+            lib = importlib.import_module(args.nvml_module)
+        except ImportError as exc:
+            raise NvmlMissing(f"--nvml-module {args.nvml_module}: {exc}") from None
+    options = Options(
+        apf_path=Path(args.apf_json),
+        legacy_path=Path(args.devices_json),
+        cdi_dir=Path(args.cdi_dir),
+        status_path=Path(args.status_file),
+        state_dir=Path(args.state_dir),
+        root=Path(args.root),
+        reboot_command=tuple(shlex.split(args.reboot_command)),
+        reboot=not args.no_reboot,
+    )
+    result = prepare(options, lib, out=lambda line: print(line, flush=True))
+    if result.failed and not result.rebooting:
+        print(f"peerpods podvm prepare: {result.summary()}", file=sys.stderr)
+    return result.exit_code
