@@ -2,9 +2,11 @@
 
 The VM's agent-protocol-forwarder reads `/run/peerpod/apf.json` (CAA's keys: `pod-network`,
 `pod-namespace`, `pod-name`, `tls-server-key`, `tls-server-cert`, `tls-client-ca`), so a CAA pod
-VM image boots unchanged. GPU VMs also get `/run/peerpod/devices.json`: the MIG layout the device
-plan chose (profiles per GPU with their placement start slots) and how to generate the CDI spec
-that kata-agent resolves before the first container starts.
+VM image boots unchanged. GPU VMs also get their device layout under apf.json's `peerpods-devices`
+key (`adaptor.podvm.layout`: per device its GPU, MIG profile and start slot, and the CDI name
+CreateContainer will carry), which `peerpods podvm prepare` turns into MIG devices and CDI specs
+before kata-agent starts; CAA's forwarder ignores the key. `/run/peerpod/devices.json` (the
+older, nameless form) is still written for cloud-init images with an older pod VM half.
 
 Limits: AWS 16 KiB of raw user data; Azure 64 KiB of base64 custom data; GCP 256 KiB per metadata
 value. Going over is a clear InvalidRequest before any cloud call, never a cloud-side failure.
@@ -20,6 +22,7 @@ from typing import Any, Literal
 
 import yaml
 
+from adaptor.podvm.layout import APF_KEY
 from providers.errors import InvalidRequest
 
 APF_PATH = "/run/peerpod/apf.json"
@@ -111,6 +114,7 @@ class PodVMConfig:
     tls_client_ca: str = ""
     pod_network: Mapping[str, Any] | None = None
     gpu: GpuSetup | None = None
+    device_layouts: Mapping[str, Any] | None = None  # adaptor.podvm.LayoutDocument JSON
     extra_files: Sequence[tuple[str, str]] = field(default_factory=tuple)
 
     def apf_json(self) -> dict[str, Any]:
@@ -127,6 +131,8 @@ class PodVMConfig:
         ):
             if value:
                 config[key] = value
+        if self.device_layouts is not None:
+            config[APF_KEY] = dict(self.device_layouts)
         return config
 
 

@@ -15,6 +15,7 @@ from adaptor.devices.hook import OutcomeObserver
 from adaptor.pki import AdaptorPKI
 from adaptor.placement import Placement
 from adaptor.podnet import pod_network_section, write_apf_copy
+from adaptor.podvm.layout import LayoutDocument
 from adaptor.proxy import Completion, CreateContainerHook
 from adaptor.state import SandboxRecord
 from adaptor.status import DeviceBook, DeviceState
@@ -141,6 +142,7 @@ def user_data_builder(
             tls_client_ca=pki.ca_pem if pki is not None else "",
             pod_network=pod_network_section(record),
             gpu=setups[0] if setups else None,
+            device_layouts=LayoutDocument.from_plans(plans.values()).to_json() if plans else None,
             extra_files=extra,
         )
         built = userdata.build(cloud, config)
