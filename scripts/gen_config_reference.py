@@ -42,6 +42,11 @@ def render() -> str:
     for name in SUBCOMMANDS:
         child = subparsers.choices[name]
         parts += ["", f"## peerpods {name}", "", "```text", child.format_help().rstrip(), "```"]
+        if name == "podvm":  # its one action carries every flag
+            actions = next(a for a in child._actions if isinstance(a, argparse._SubParsersAction))
+            for action_name, grandchild in actions.choices.items():
+                help_text = grandchild.format_help().rstrip()
+                parts += ["", f"### peerpods {name} {action_name}", "", "```text", help_text, "```"]
     return "\n".join(parts) + "\n"
 
 

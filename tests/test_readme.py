@@ -69,7 +69,7 @@ def test_readme_commands_work_in_a_fresh_virtualenv(tmp_path: Path) -> None:
     assert starts, ran.stdout
     lines = lines[starts[0] :]
     assert lines[0].startswith("pod default/cuda-vectoradd  (aws us-east-1"), ran.stdout
-    assert any(line.split() == ["cuda", "nvidia.com/gpu=0"] for line in lines), ran.stdout
+    assert any(line.split() == ["cuda", "peerpods.io/gpu=gpu0"] for line in lines), ran.stdout
 
     tested = subprocess.run(
         ["bash", "-c", f"{test_command} {SMOKE_TEST} -q -p no:cacheprovider"],

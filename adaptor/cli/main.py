@@ -20,7 +20,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "select": ("adaptor.cli.select", "which instance type a request gets, and why"),
     "plan": ("adaptor.cli.plan", "the whole decision for a pod manifest, without a cluster"),
     "cdi": ("adaptor.cli.cdi", "validate, list and apply CDI specs"),
-    "podvm": ("adaptor.cli.podvm", "inside the pod VM: create the planned devices, write CDI specs"),
+    "podvm": (
+        "adaptor.cli.podvm",
+        "in the pod VM: create the planned devices, write their CDI specs",
+    ),
 }
 
 

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 _MAX_MANIFEST_BYTES = 4 << 20
 # adaptor.devices.naming.CdiNaming's defaults, repeated so --help imports nothing (a test checks)
 DEFAULT_CDI_NAMES = {
-    "gpu": "nvidia.com/gpu={index}",
-    "mig": "nvidia.com/gpu={gpu}:{mig}",
+    "gpu": "peerpods.io/gpu=gpu{index}",
+    "mig": "peerpods.io/gpu=gpu{gpu}-mig{mig}",
     "rdma": "rdma.peerpods.io/hca={index}",
 }
 CDI_NAME_FLAGS = {

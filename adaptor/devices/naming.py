@@ -1,9 +1,16 @@
 """The CDI names a pod VM's devices have, as templates (configurable per pod VM image).
 
-The defaults follow `nvidia-ctk cdi generate` (kind `nvidia.com/gpu`): a whole GPU by index
-(`nvidia.com/gpu=0`), a MIG device by `<gpu>:<mig>` (`nvidia.com/gpu=1:0`), every GPU as
-`nvidia.com/gpu=all`. RDMA devices have no vendor-standard CDI name, so the default template
-(`rdma.peerpods.io/hca=<index>`) must match whatever spec the pod VM image ships.
+The defaults are peerpods' own kind, `peerpods.io/gpu`: a whole GPU `peerpods.io/gpu=gpu0`, a MIG
+device `peerpods.io/gpu=gpu1-mig0` (MIG device 0 of GPU 1, by start slot), RDMA devices
+`rdma.peerpods.io/hca=0`. The plan sends every name with the device layout, and
+`peerpods podvm prepare` in the pod VM binds each to the device it created, so names agree by
+construction; being a kind of our own, they never clash with the `nvidia.com/gpu` spec that
+`nvidia-ctk cdi generate` may also write there.
+
+Pod VM images without `peerpods podvm` set the templates to nvidia-ctk's names
+(`nvidia.com/gpu={index}`, `nvidia.com/gpu={gpu}:{mig}`); its MIG index is NVML's own, which
+need not follow start slots (FACTS-PODVM B.3), so MIG names are only reliable with one MIG
+device per GPU there.
 """
 
 from __future__ import annotations
@@ -19,9 +26,9 @@ class CdiNaming(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    gpu: str = "nvidia.com/gpu={index}"
-    mig: str = "nvidia.com/gpu={gpu}:{mig}"
-    all_gpus: str = "nvidia.com/gpu=all"
+    gpu: str = "peerpods.io/gpu=gpu{index}"
+    mig: str = "peerpods.io/gpu=gpu{gpu}-mig{mig}"
+    all_gpus: str = "peerpods.io/gpu=all"
     rdma: str = "rdma.peerpods.io/hca={index}"
 
     @field_validator("gpu", "mig", "all_gpus", "rdma")

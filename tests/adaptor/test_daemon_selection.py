@@ -67,7 +67,7 @@ async def test_selection_quota_and_device_plan(
     record = await node.store.get("big")
     assert record is not None and record.device_plan
     assert DevicePlan.from_json(record.device_plan).gpus == tuple(
-        f"nvidia.com/gpu={i}" for i in range(8)
+        f"peerpods.io/gpu=gpu{i}" for i in range(8)
     )
 
     # The pool holds 8 H100s: a second 8-GPU sandbox is refused before any cloud call.

@@ -72,8 +72,8 @@ async def test_gpu_pod_containers_get_their_devices(proxy: AgentProxy) -> None:
     assert cdi(got) == {}
 
     expected = {
-        "trainer": "nvidia.com/gpu=0,nvidia.com/gpu=1",
-        "server": "nvidia.com/gpu=2:0,nvidia.com/gpu=2:1",
+        "trainer": "peerpods.io/gpu=gpu0,peerpods.io/gpu=gpu1",
+        "server": "peerpods.io/gpu=gpu2-mig0,peerpods.io/gpu=gpu2-mig1",
         "proxy": None,
     }
     for name, want in expected.items():

@@ -29,8 +29,8 @@ def test_whole_gpus_by_index_and_no_sharing() -> None:
         containers={"main": ("a",), "side": ("b",), "logger": ()},
     )
     dp = plan_devices(plan, GpuIntent(gpus=3), P4D)
-    assert dp.for_container("main") == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
-    assert dp.for_container("side") == ["nvidia.com/gpu=2"]
+    assert dp.for_container("main") == ["peerpods.io/gpu=gpu0", "peerpods.io/gpu=gpu1"]
+    assert dp.for_container("side") == ["peerpods.io/gpu=gpu2"]
     assert dp.for_container("logger") == []
     assert dp.for_container("not-in-plan") == []
 
@@ -41,7 +41,7 @@ def test_shared_unit_goes_to_both_containers() -> None:
         containers={"a": ("claim",), "b": ("claim",)},
     )
     dp = plan_devices(plan, GpuIntent(gpus=1), (1, "l4"))
-    assert dp.for_container("a") == dp.for_container("b") == ["nvidia.com/gpu=0"]
+    assert dp.for_container("a") == dp.for_container("b") == ["peerpods.io/gpu=gpu0"]
 
 
 def test_mig_layout_follows_the_packer_after_whole_gpus() -> None:
@@ -58,15 +58,15 @@ def test_mig_layout_follows_the_packer_after_whole_gpus() -> None:
     layout = [(m.profile, m.gpu, m.start, m.index) for m in dp.mig_layout]
     # 3g+3g fill one GPU's 8 slots, so the 1g.5gb needs another; GPU 0 stays whole (no MIG)
     assert sorted(layout) == [("1g.5gb", 1, 0, 0), ("3g.20gb", 2, 0, 0), ("3g.20gb", 2, 4, 1)]
-    assert dp.for_container("train") == ["nvidia.com/gpu=0"]
-    assert dp.for_container("infer") == ["nvidia.com/gpu=2:0", "nvidia.com/gpu=2:1"]
-    assert dp.for_container("tiny") == ["nvidia.com/gpu=1:0"]
+    assert dp.for_container("train") == ["peerpods.io/gpu=gpu0"]
+    assert dp.for_container("infer") == ["peerpods.io/gpu=gpu2-mig0", "peerpods.io/gpu=gpu2-mig1"]
+    assert dp.for_container("tiny") == ["peerpods.io/gpu=gpu1-mig0"]
 
 
 def test_default_gpus_only_every_app_container_gets_the_pod_gpus() -> None:
     dp = plan_devices(None, GpuIntent(gpus=2), P4D)
     assert dp.containers is None
-    assert dp.for_container("anything") == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
+    assert dp.for_container("anything") == ["peerpods.io/gpu=gpu0", "peerpods.io/gpu=gpu1"]
 
 
 def test_no_gpus_no_devices() -> None:
@@ -92,9 +92,9 @@ def test_plan_survives_json_and_is_assigned_later() -> None:
     stored = DevicePlan.from_json(plan_devices(None, GpuIntent(gpus=2), P4D).to_json())
     plan = ContainerPlan(units=units(DeviceUnit(id="a", kind="gpu")), containers={"x": ("a",)})
     assigned = stored.with_container_plan(plan)
-    assert assigned.for_container("x") == ["nvidia.com/gpu=0"]
+    assert assigned.for_container("x") == ["peerpods.io/gpu=gpu0"]
     assert assigned.for_container("y") == []
-    assert stored.for_container("y") == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
+    assert stored.for_container("y") == ["peerpods.io/gpu=gpu0", "peerpods.io/gpu=gpu1"]
 
 
 @pytest.mark.parametrize(

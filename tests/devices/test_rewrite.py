@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptor.cdi import Registry
-from adaptor.devices import DevicePlan, RewriteError, make_hook, plan_devices
+from adaptor.devices import CdiNaming, DevicePlan, RewriteError, make_hook, plan_devices
 from adaptor.devices.rewrite import rewrite_create_container
 from adaptor.ttrpc import Code, TtrpcError
 from adaptor.ttrpc.gen import agent_pb2
@@ -26,6 +26,9 @@ PLAN = ContainerPlan(
     containers={"train": ("g",), "infer": ("m",), "sidecar": ()},
 )
 STORED = plan_devices(None, GpuIntent(gpus=2, mig={"1g.10gb": 1}), (4, "a100-80gb"))
+# the same plan for a pod VM image whose only CDI spec is nvidia-ctk's (names as it writes them)
+CTK_NAMES = CdiNaming(gpu="nvidia.com/gpu={index}", mig="nvidia.com/gpu={gpu}:{mig}")
+STORED_CTK = plan_devices(None, GpuIntent(gpus=2, mig={"1g.10gb": 1}), (4, "a100-80gb"), CTK_NAMES)
 
 
 def annotations_after(payload: bytes) -> dict[str, str]:
@@ -37,8 +40,8 @@ def annotations_after(payload: bytes) -> dict[str, str]:
 def test_each_container_gets_its_devices_and_user_cdi_annotations_go() -> None:
     user = {"cdi.k8s.io/x": "nvidia.com/gpu=all", "cdi.k8s.io/peerpods_train": "evil.com/x=y"}
     for name, want in (
-        ("train", "nvidia.com/gpu=0,nvidia.com/gpu=1"),
-        ("infer", "nvidia.com/gpu=2:0"),
+        ("train", "peerpods.io/gpu=gpu0,peerpods.io/gpu=gpu1"),
+        ("infer", "peerpods.io/gpu=gpu2-mig0"),
         ("sidecar", None),
     ):
         req = create_container(name, plan_json=PLAN.encode(), extra_annotations=user)
@@ -53,7 +56,7 @@ def test_without_a_container_plan_every_app_container_gets_the_inventory() -> No
         req = create_container(name)
         out = annotations_after(rewrite_create_container(req.SerializeToString(), STORED))
         assert out[f"cdi.k8s.io/peerpods_{name}"] == (
-            "nvidia.com/gpu=0,nvidia.com/gpu=1,nvidia.com/gpu=2:0"
+            "peerpods.io/gpu=gpu0,peerpods.io/gpu=gpu1,peerpods.io/gpu=gpu2-mig0"
         )
 
 
@@ -157,7 +160,9 @@ def test_edits_mode_applies_the_spec_into_the_oci_spec(tmp_path: Path) -> None:
     )
     payload = req.SerializeToString() + raw_field(6, raw_field(2, user_field(1000, 1000)))
     out = agent_pb2.CreateContainerRequest()
-    out.ParseFromString(rewrite_create_container(payload, STORED, mode="edits", registry=registry))
+    out.ParseFromString(
+        rewrite_create_container(payload, STORED_CTK, mode="edits", registry=registry)
+    )
     assert not [k for k in out.OCI.Annotations if k.startswith("cdi.k8s.io/")]
     assert [d.Path for d in out.OCI.Linux.Devices] == [
         "/dev/nvidiactl",
@@ -182,7 +187,9 @@ def test_edits_mode_refuses_specs_needing_a_guest_stat(tmp_path: Path) -> None:
     )
     (tmp_path / "nvidia.json").write_text(json.dumps(spec))
     hook = make_hook(
-        plan_devices(None, GpuIntent(gpus=1), (1, "l4")), "edits", Registry([str(tmp_path)])
+        plan_devices(None, GpuIntent(gpus=1), (1, "l4"), CTK_NAMES),
+        "edits",
+        Registry([str(tmp_path)]),
     )
     with pytest.raises(TtrpcError, match=r"nvidia-uvm.*stat") as info:
         hook(create_container("main").SerializeToString())

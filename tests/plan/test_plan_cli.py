@@ -104,7 +104,7 @@ def test_gpu_pod_one_gpu_for_the_cuda_container(capsys: pytest.CaptureFixture[st
     first = chosen(data)
     assert first["gpus"] == 1 and first["price_per_hour"] is not None
     assert data["annotations"][DEFAULT_GPUS] == "1"
-    assert devices_of(data) == {"cuda": ["nvidia.com/gpu=0"], "log-shipper": []}
+    assert devices_of(data) == {"cuda": ["peerpods.io/gpu=gpu0"], "log-shipper": []}
     assert data["mig_layout"] == []
     # 4 + 0.25 vCPUs rounded up; 16Gi + 128Mi
     assert data["intent"]["vcpus"] == 5 and data["intent"]["memory_mib"] == 16 * 1024 + 128
@@ -145,8 +145,8 @@ def test_dra_pod_one_big_gpu_shared_by_both_containers(
     assert first["gpu_memory_mib"] >= 40 * 1024
     assert data["intent"]["gpu"]["gpus"] == 1
     devices = devices_of(data)
-    assert devices["trainer"] == devices["profiler"] == ["nvidia.com/gpu=0"]
-    assert data["devices"]["gpus"] == ["nvidia.com/gpu=0"]
+    assert devices["trainer"] == devices["profiler"] == ["peerpods.io/gpu=gpu0"]
+    assert data["devices"]["gpus"] == ["peerpods.io/gpu=gpu0"]
     # every candidate honours the claim's selectors
     for candidate in data["selection"]["candidates"]:
         name = GPU_MODELS[candidate["gpu_model"]].product_name
@@ -164,8 +164,8 @@ def test_rdma_pod_eight_h100_with_rdma(
     devices = devices_of(data)
     assert devices["fetch-dataset"] == []
     trainer = devices["trainer"]
-    assert sorted(n for n in trainer if n.startswith("nvidia.com/gpu=")) == [
-        f"nvidia.com/gpu={i}" for i in range(8)
+    assert sorted(n for n in trainer if n.startswith("peerpods.io/gpu=")) == [
+        f"peerpods.io/gpu=gpu{i}" for i in range(8)
     ]
     assert [n for n in trainer if n.startswith("rdma.")] == ["rdma.peerpods.io/hca=0"]
     assert [c["init"] for c in data["containers"]] == [True, False]

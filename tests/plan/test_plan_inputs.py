@@ -252,8 +252,8 @@ def test_library_entry_point() -> None:
     assert report.ok and report.selection is not None
     assert report.catalog.cloud == "azure"
     assert {c.name: c.cdi for c in report.containers} == {
-        "trainer": ("nvidia.com/gpu=0",),
-        "profiler": ("nvidia.com/gpu=0",),
+        "trainer": ("peerpods.io/gpu=gpu0",),
+        "profiler": ("peerpods.io/gpu=gpu0",),
     }
     with pytest.raises(InvalidRequest, match="unknown provider"):
         plan_manifest(docs, "ibm")
@@ -285,4 +285,4 @@ def test_stdin_and_no_cloud_sdk_imported(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "HEAVY []" in result.stderr
     data: dict[str, Any] = json.loads(result.stdout)
-    assert data["containers"][0] == {"name": "cuda", "init": False, "cdi": ["nvidia.com/gpu=0"]}
+    assert data["containers"][0] == {"name": "cuda", "init": False, "cdi": ["peerpods.io/gpu=gpu0"]}

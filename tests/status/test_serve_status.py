@@ -97,7 +97,7 @@ async def test_states_and_devices_follow_the_sandbox(serve: tuple[ServeProcess, 
             "grpc.AgentService",
             "CreateContainer",
             create_container("evaluator"),
-            metadata=[("x-fail", "5:CDI device nvidia.com/gpu=1 not found")],
+            metadata=[("x-fail", "5:CDI device peerpods.io/gpu=gpu1 not found")],
             call_timeout="10s",
         )
         assert refused["code"] == 5
@@ -111,14 +111,14 @@ async def test_states_and_devices_follow_the_sandbox(serve: tuple[ServeProcess, 
         assert accepted["code"] == 0
         containers = (await http.get(f"/v1/sandboxes/{SID}")).json()["containers"]
         assert containers["trainer"] == {
-            "devices": ["nvidia.com/gpu=0"],
+            "devices": ["peerpods.io/gpu=gpu0"],
             "state": "ready",
             "reason": "",
         }
-        assert containers["evaluator"]["devices"] == ["nvidia.com/gpu=1"]
+        assert containers["evaluator"]["devices"] == ["peerpods.io/gpu=gpu1"]
         assert containers["evaluator"]["state"] == "failed"
         assert "NOT_FOUND" in containers["evaluator"]["reason"]
-        assert "nvidia.com/gpu=1 not found" in containers["evaluator"]["reason"]
+        assert "peerpods.io/gpu=gpu1 not found" in containers["evaluator"]["reason"]
 
         metrics = {
             f.name: f for f in text_string_to_metric_families((await http.get("/metrics")).text)
