@@ -89,7 +89,7 @@ def test_model_download_init_container_reuses_the_gpu(
     if one_gpu_type is not None:
         assert report.selection.selected.name == one_gpu_type
     assert report.selection.selected.gpus == 1
-    assert cdi(report) == {"fetch": ("nvidia.com/gpu=0",), "serve": ("nvidia.com/gpu=0",)}
+    assert cdi(report) == {"fetch": ("peerpods.io/gpu=gpu0",), "serve": ("peerpods.io/gpu=gpu0",)}
 
 
 @pytest.mark.parametrize("provider", ["aws", "azure", "gcp"])
@@ -106,8 +106,8 @@ def test_sidecars_keep_their_own_gpu(provider: str) -> None:
     )
     assert report.intent is not None and report.intent.gpu.gpus == 2
     got = cdi(report)
-    assert got["mesh"] == ("nvidia.com/gpu=0",)
-    assert got["warm"] == got["serve"] == ("nvidia.com/gpu=1",)
+    assert got["mesh"] == ("peerpods.io/gpu=gpu0",)
+    assert got["warm"] == got["serve"] == ("peerpods.io/gpu=gpu1",)
 
 
 @pytest.mark.parametrize("provider", ["aws", "azure", "gcp"])
