@@ -63,7 +63,9 @@ class InstanceType(BaseModel):
     arch: Arch = "x86_64"
     gpu: GpuSpec | None = None
     attachable_gpus: tuple[AttachableGpu, ...] = ()
-    rdma: Literal["", "efa", "infiniband"] = ""
+    rdma: Literal["", "efa", "infiniband", "roce"] = Field(
+        "", description="RDMA NICs: AWS EFA, Azure InfiniBand, GCP GPUDirect RDMA over RoCE"
+    )
     efa_interfaces: int = 0
     zones: tuple[str, ...] = Field((), description="zones offering it; empty: region-wide/unknown")
     price_per_hour: float | None = Field(

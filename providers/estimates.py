@@ -15,7 +15,7 @@ one, so a bigger unknown GPU never looks cheaper than a smaller known one.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from providers.catalog import InstanceType
@@ -25,6 +25,7 @@ __all__ = [
     "GIB_HOURLY_USD",
     "GPU_HOURLY_USD",
     "VCPU_HOURLY_USD",
+    "catalog_gpu_rates",
     "estimate_price",
     "gpu_hourly_usd",
 ]
@@ -85,12 +86,44 @@ def gpu_hourly_usd(model: str, memory_mib: int = 0) -> float:
     return round(_PER_GIB * memory / 1024, 4)
 
 
-def estimate_price(t: InstanceType, attach: int = 0, attach_model: str | None = None) -> float:
+def _host(t: InstanceType) -> float:
+    return t.vcpus * VCPU_HOURLY_USD + t.memory_mib / 1024 * GIB_HOURLY_USD
+
+
+def catalog_gpu_rates(types: Iterable[InstanceType]) -> dict[str, float]:
+    """Per-GPU rates the catalog's own prices imply (cheapest priced whole-GPU type of each
+    model, host share removed): an unpriced type is estimated at its own cloud's GPU rate
+    where the catalog prices that GPU elsewhere (GCP's unpriced a3-megagpu-8g at the rate of its
+    priced a3-highgpu-8g), not at another cloud's."""
+    rates: dict[str, float] = {}
+    for t in types:
+        g = t.gpu
+        if t.price_per_hour is None or g is None or g.fraction < 1 or g.count < 1:
+            continue
+        rate = max((t.price_per_hour - _host(t)) / g.count, 0.0)
+        if rate and rate < rates.get(g.model, float("inf")):
+            rates[g.model] = rate
+    for t in types:  # attached GPUs (GCP N1) priced per GPU
+        for a in t.attachable_gpus:
+            if a.price_per_hour is not None:
+                rates[a.model] = min(rates.get(a.model, a.price_per_hour), a.price_per_hour)
+    return rates
+
+
+def estimate_price(
+    t: InstanceType,
+    attach: int = 0,
+    attach_model: str | None = None,
+    rates: Mapping[str, float] | None = None,
+) -> float:
     """An on-demand USD per hour for a type with no known price: host share plus its GPUs (or
-    the `attach` GPUs of `attach_model` for a type that attaches them)."""
-    price = t.vcpus * VCPU_HOURLY_USD + t.memory_mib / 1024 * GIB_HOURLY_USD
+    the `attach` GPUs of `attach_model` for a type that attaches them), each GPU at the catalog's
+    own rate for its model (`rates`, from catalog_gpu_rates) else the reference rate."""
+    rates = rates or {}
+    price = _host(t)
     if t.gpu is not None:
-        price += t.gpu.count * t.gpu.fraction * gpu_hourly_usd(t.gpu.model, t.gpu.memory_mib)
+        rate = rates.get(t.gpu.model) or gpu_hourly_usd(t.gpu.model, t.gpu.memory_mib)
+        price += t.gpu.count * t.gpu.fraction * rate
     if attach and attach_model is not None:
-        price += attach * gpu_hourly_usd(attach_model)
+        price += attach * (rates.get(attach_model) or gpu_hourly_usd(attach_model))
     return round(price, 4)

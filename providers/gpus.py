@@ -19,6 +19,7 @@ from providers.mig import MIG_PROFILES, MigProfileSpec
 
 __all__ = [
     "GPU_MODELS",
+    "UNKNOWN_PREFIX",
     "GpuModel",
     "aws_gpu",
     "azure_size_gpu",
@@ -26,6 +27,7 @@ __all__ = [
     "models_matching",
     "normalize",
     "resolve_gpu",
+    "unknown_model_id",
 ]
 
 GIB = 1024
@@ -64,6 +66,8 @@ _ALL = (
     _model("gb200", "NVIDIA", "NVIDIA GB200", "Blackwell", 186, mig=True),
     _model("rtx-pro-6000", "NVIDIA", "NVIDIA RTX PRO 6000 Blackwell Server Edition",
            "Blackwell", 96, mig=True),
+    _model("rtx-pro-4500", "NVIDIA", "NVIDIA RTX PRO 4500 Blackwell Server Edition",
+           "Blackwell", 32),
     _model("h200", "NVIDIA", "NVIDIA H200", "Hopper", 141),
     _model("gh200", "NVIDIA", "NVIDIA GH200 480GB", "Hopper", 96, mig=True),
     _model("h100-80gb", "NVIDIA", "NVIDIA H100 80GB HBM3", "Hopper", 80),
@@ -152,6 +156,8 @@ _ALIASES: dict[str, str] = {
     "p100": "p100", "p100-16gb": "p100", "p40": "p40", "p4": "p4", "m60": "m60", "k80": "k80",
     "rtx-pro-6000": "rtx-pro-6000", "rtx-pro-6000-blackwell": "rtx-pro-6000",
     "rtx-pro-server-6000": "rtx-pro-6000",
+    "rtx-pro-4500": "rtx-pro-4500", "rtx-pro-4500-blackwell": "rtx-pro-4500",
+    "rtx-pro-server-4500": "rtx-pro-4500",
     "radeon-pro-v520": "radeon-pro-v520", "v520": "radeon-pro-v520",
     "radeon-instinct-mi25": "radeon-instinct-mi25", "mi25": "radeon-instinct-mi25",
     "instinct-mi300x": "mi300x", "mi300x": "mi300x",
@@ -187,6 +193,16 @@ def resolve_gpu(name: str, memory_mib: int | None = None) -> GpuModel:
     return GPU_MODELS[model_id]
 
 
+UNKNOWN_PREFIX = "unknown-"
+
+
+def unknown_model_id(name: str) -> str:
+    """The id a catalog records for a GPU this version does not know (`unknown-<name>`): the
+    type stays listed, with its count and memory, but no request for a known model matches it
+    and `nvidia.com/gpu` never selects it (only named, known NVIDIA models do)."""
+    return UNKNOWN_PREFIX + (normalize(name) or "gpu")
+
+
 def models_matching(name: str) -> frozenset[str]:
     """Canonical ids a user's name accepts: a family name ("a100", "h100") means every variant."""
     key = normalize(name)
@@ -217,6 +233,7 @@ _AZURE_SERIES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"^ND\d+i?s?r_H100_v5$", "h100-80gb"),
         (r"^ND\d+i?s?r_H200_v5$", "h200"),
         (r"^ND\d+i?s?r_MI300X_v5$", "mi300x"),
+        (r"^ND\d+i?s?r_(?:NDR_)?GB200_v6$", "gb200"),
         (r"^NC\d+as_T4_v3$", "t4"),
         (r"^NC\d+ads_A10_v4$", "a10"),
         (r"^NV\d+ads_A10_v5$", "a10"),

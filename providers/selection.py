@@ -27,7 +27,7 @@ from typing import Final, NamedTuple
 
 from providers.catalog import Catalog, InstanceType
 from providers.errors import NoMatch
-from providers.estimates import estimate_price
+from providers.estimates import catalog_gpu_rates, estimate_price
 from providers.gpus import GPU_MODELS, models_matching
 from providers.mig import MigLayout, pack, profiles_for
 from providers.request import InstanceRequest
@@ -128,17 +128,20 @@ class _Index:
     verdicts: dict[tuple[object, ...], dict[_SpecKey, _Fit | Rejection]] = field(
         default_factory=dict
     )
+    rates: Mapping[str, float] = field(default_factory=dict)  # per-GPU rates for estimates
 
 
 _INDEXES: dict[int, tuple[weakref.ref[Catalog], _Index]] = {}
 _MAX_ASKS = 512  # distinct GPU asks remembered per catalog before starting over
 
 
-def _static_key(t: InstanceType) -> tuple[float, int, int, int, int, int, str]:
+def _static_key(
+    t: InstanceType, rates: Mapping[str, float]
+) -> tuple[float, int, int, int, int, int, str]:
     """The rank key of a type serving a request with its bundled GPUs (or none attached)."""
     gpus = t.gpu.count if t.gpu is not None else 0
     memory = t.gpu.memory_mib if t.gpu is not None else 0
-    return _rank_key(t, _Fit(gpus=gpus, gpu_memory_mib=memory))
+    return _rank_key(t, _Fit(gpus=gpus, gpu_memory_mib=memory), rates)
 
 
 def _index(catalog: Catalog) -> _Index:
@@ -146,6 +149,7 @@ def _index(catalog: Catalog) -> _Index:
     if cached is not None and cached[0]() is catalog:
         return cached[1]
     has_zones = any(t.zones for t in catalog.types)
+    rates = catalog_gpu_rates(catalog.types)
     rows = tuple(
         (
             t,
@@ -159,7 +163,7 @@ def _index(catalog: Catalog) -> _Index:
             t.gpu.count if t.gpu is not None else 0,
             bool(t.attachable_gpus),
         )
-        for t in sorted(catalog.types, key=_static_key)
+        for t in sorted(catalog.types, key=lambda t: _static_key(t, rates))
     )
     index = _Index(
         types=catalog.types,
@@ -168,6 +172,7 @@ def _index(catalog: Catalog) -> _Index:
         has_zones=has_zones,
         rows=rows,
         gpu_rows=tuple(r for r in rows if r[7] is not None or r[9]),
+        rates=rates,
     )
     key = id(catalog)
     _INDEXES[key] = (weakref.ref(catalog, lambda _ref: _INDEXES.pop(key, None)), index)
@@ -391,48 +396,54 @@ def _mig(profiles: dict[str, int]) -> str:
 # --- ranking ----------------------------------------------------------------------------------
 
 
-def _price(t: InstanceType, fit: _Fit, spot: bool = False) -> tuple[float, bool]:
+def _price(
+    t: InstanceType, fit: _Fit, rates: Mapping[str, float], spot: bool = False
+) -> tuple[float, bool]:
     """USD per hour of the VM this fit creates (as Spot when `spot`), and whether any of it is
     an estimate."""
     if spot:
         gpu = next((a for a in t.attachable_gpus if a.model == fit.gpu_model), None)
         gpu_spot = gpu.spot_price_per_hour if gpu is not None else None
         if t.spot_price_per_hour is not None and (not fit.attach or gpu_spot is not None):
-            return _cost(t, fit, t.spot_price_per_hour, gpu_spot)
-        return _cost(t, fit, t.price_per_hour)[0], True
-    return _cost(t, fit, t.price_per_hour)
+            return _cost(t, fit, t.spot_price_per_hour, rates, gpu_spot)
+        return _cost(t, fit, t.price_per_hour, rates)[0], True
+    return _cost(t, fit, t.price_per_hour, rates)
 
 
 def _cost(
-    t: InstanceType, fit: _Fit, price: float | None, gpu_price: float | None = None
+    t: InstanceType,
+    fit: _Fit,
+    price: float | None,
+    rates: Mapping[str, float],
+    gpu_price: float | None = None,
 ) -> tuple[float, bool]:
     """The machine's `price` plus the attached GPUs' (the on-demand list price when no
     `gpu_price` is given), estimated where no price is known."""
     if not fit.attach:
         if price is not None:
             return price, False
-        return estimate_price(t), True
+        return estimate_price(t, rates=rates), True
     if gpu_price is None:
         gpu_price = next(
             (a.price_per_hour for a in t.attachable_gpus if a.model == fit.gpu_model), None
         )
     if price is not None and gpu_price is not None:
         return round(price + fit.attach * gpu_price, 6), False
-    machine = price if price is not None else estimate_price(t)
+    machine = price if price is not None else estimate_price(t, rates=rates)
     gpus = (
         fit.attach * gpu_price
         if gpu_price is not None
-        else estimate_price(t, fit.attach, fit.gpu_model) - estimate_price(t)
+        else estimate_price(t, fit.attach, fit.gpu_model, rates) - estimate_price(t, rates=rates)
     )
     return round(machine + gpus, 6), True
 
 
 def _rank_key(
-    t: InstanceType, fit: _Fit, spot: bool = False
+    t: InstanceType, fit: _Fit, rates: Mapping[str, float], spot: bool = False
 ) -> tuple[float, int, int, int, int, int, str]:
-    price, estimated = _price(t, fit, spot)
+    price, estimated = _price(t, fit, rates, spot)
     return (
-        price,
+        round(price, 2),  # an estimate equal to a list price to the cent ranks after it
         1 if estimated else 0,
         fit.gpus,
         fit.gpus * fit.gpu_memory_mib,
@@ -525,8 +536,10 @@ class Selection:
         t, fit = self._fits[position]
         best, best_fit = self._fits[0]
         spot = self.request.provisioning == "spot"
-        price = _price(t, fit, spot)
-        why = _why_here(position, _price(best, best_fit, spot), best.name, price, total, spot)
+        rates = _index(self.catalog).rates
+        price = _price(t, fit, rates, spot)
+        best_price = _price(best, best_fit, rates, spot)
+        why = _why_here(position, best_price, best.name, price, total, spot)
         return Candidate(
             instance_type=t,
             price_per_hour=price[0],
@@ -703,7 +716,8 @@ def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
             ):
                 fits.append((t, _NO_FIT))
         if sold_as == "spot":  # the index is in on-demand order
-            fits.sort(key=lambda pair: _rank_key(pair[0], pair[1], True))
+            rates = index.rates
+            fits.sort(key=lambda pair: _rank_key(pair[0], pair[1], rates, True))
         return fits
     models = matcher.models
     reorder = False
@@ -718,5 +732,6 @@ def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
             reorder = reorder or result.attach > 0
     if reorder or sold_as == "spot":  # attached GPUs, or Spot prices, change the order
         spot = sold_as == "spot"
-        fits.sort(key=lambda pair: _rank_key(pair[0], pair[1], spot))
+        rates = index.rates
+        fits.sort(key=lambda pair: _rank_key(pair[0], pair[1], rates, spot))
     return fits

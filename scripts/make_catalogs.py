@@ -14,12 +14,14 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from providers.catalog import Catalog  # noqa: E402
+from providers import prices  # noqa: E402
+from providers.catalog import Catalog, InstanceType  # noqa: E402
 from providers.errors import PeerpodsError  # noqa: E402
 
 AWS_REGIONS = ("us-east-1", "us-west-2")
@@ -39,7 +41,38 @@ def aws(region: str) -> Catalog:
             "ec2", region_name=region, aws_access_key_id="snapshot", aws_secret_access_key="x"
         )
         catalog = loader.load_catalog(region, client=client)
+        extra = _aws_supplement(client, region)
+    if extra:
+        merged = {t.name: t for t in catalog.types}
+        merged.update((t.name, t) for t in extra)
+        types = tuple(merged[name] for name in sorted(merged))
+        catalog = prices.with_prices(catalog.model_copy(update={"types": types}))
     return catalog.model_copy(update={"source": f"snapshot: moto {moto.__version__} AWS data"})
+
+
+def _aws_supplement(client: Any, region: str) -> list[InstanceType]:
+    """Types moto's data lacks in `region`, from recorded DescribeInstanceTypes and offerings
+    responses (tests/providers/fakes/data/aws-<region>-supplement.json)."""
+    from providers.loaders import aws as loader
+
+    path = ROOT / "tests" / "providers" / "fakes" / "data" / f"aws-{region}-supplement.json"
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    zones: dict[str, list[str]] = {}
+    for offering in data.get("InstanceTypeOfferings", []):
+        zones.setdefault(offering["InstanceType"], []).append(offering["Location"])
+    recorded = {raw["InstanceType"]: raw for raw in data.get("InstanceTypes", [])}
+    known = [name for name in zones if name not in recorded]
+    if known:  # described by moto's AWS data, offered here per the recorded offerings
+        for raw in client.describe_instance_types(InstanceTypes=known)["InstanceTypes"]:
+            recorded[raw["InstanceType"]] = raw
+    found = []
+    for name, raw in recorded.items():
+        parsed = loader.instance_type(raw, tuple(sorted(zones.get(name, ()))))
+        if parsed is not None and parsed.zones:
+            found.append(parsed)
+    return found
 
 
 def azure(region: str) -> Catalog:

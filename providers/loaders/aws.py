@@ -16,7 +16,7 @@ from typing import Any
 from providers import prices
 from providers.catalog import Arch, Catalog, GpuSpec, InstanceType
 from providers.errors import CatalogError, InvalidRequest
-from providers.gpus import aws_gpu
+from providers.gpus import aws_gpu, unknown_model_id
 from providers.loaders._common import Progress, import_sdk, report, require_region
 
 __all__ = ["instance_type", "load_catalog"]
@@ -60,16 +60,12 @@ def load_catalog(region: str, *, client: Any = None, progress: Progress | None =
 
 def instance_type(raw: Mapping[str, Any], zones: tuple[str, ...] = ()) -> InstanceType | None:
     """One `DescribeInstanceTypes` record as a catalog entry; None for a type no pod VM can use
-    (Mac hosts) or whose GPU is unknown."""
+    (Mac hosts). A GPU this version does not know is recorded as `unknown-<name>`, not dropped."""
     name = str(raw["InstanceType"])
     arch = _arch(raw.get("ProcessorInfo", {}).get("SupportedArchitectures", []))
     if arch is None:
         return None
-    try:
-        gpu = _gpu(raw.get("GpuInfo"))
-    except InvalidRequest as exc:
-        log.warning("aws: skipping %s: %s", name, exc)
-        return None
+    gpu = _gpu(raw.get("GpuInfo"), name)
     network = raw.get("NetworkInfo", {})
     efa = bool(network.get("EfaSupported"))
     return InstanceType(
@@ -93,7 +89,7 @@ def _arch(supported: list[str]) -> Arch | None:
     return None  # x86_64_mac, arm64_mac: dedicated Mac hosts
 
 
-def _gpu(info: Mapping[str, Any] | None) -> GpuSpec | None:
+def _gpu(info: Mapping[str, Any] | None, type_name: str = "") -> GpuSpec | None:
     """GpuInfo as one GpuSpec. A partitioned GPU (g6f, gr6f) reports Count 0, LogicalGpuCount 1
     and a GpuPartitionSize: one GPU at that fraction, with the memory of the slice."""
     gpus = (info or {}).get("Gpus") or []
@@ -101,14 +97,19 @@ def _gpu(info: Mapping[str, Any] | None) -> GpuSpec | None:
         return None
     first = gpus[0]
     memory_mib = int(first.get("MemoryInfo", {}).get("SizeInMiB", 0))
-    model = aws_gpu(str(first.get("Name", "")), memory_mib)
+    try:
+        model_id = aws_gpu(str(first.get("Name", "")), memory_mib).id
+    except InvalidRequest:
+        model_id = unknown_model_id(str(first.get("Name", "")))
+        log.warning("aws: %s has GPU %r, unknown here: recorded as %s", type_name,
+                    first.get("Name"), model_id)  # fmt: skip
     count = sum(int(g.get("Count", 0)) for g in gpus if g.get("Name") == first.get("Name"))
     fraction = float(first.get("GpuPartitionSize") or 1.0)
     if count == 0:
         count = max(int(first.get("LogicalGpuCount", 0)), 1)
         if fraction >= 1.0:
             return None  # no GPU after all
-    return GpuSpec(model=model.id, count=count, memory_mib=memory_mib, fraction=min(fraction, 1.0))
+    return GpuSpec(model=model_id, count=count, memory_mib=memory_mib, fraction=min(fraction, 1.0))
 
 
 def _offerings(client: Any, progress: Progress | None) -> dict[str, tuple[str, ...]]:

@@ -18,7 +18,7 @@ from typing import Any
 from providers import prices
 from providers.catalog import Arch, Catalog, GpuSpec, InstanceType
 from providers.errors import CatalogError
-from providers.gpus import azure_size_gpu
+from providers.gpus import azure_size_gpu, unknown_model_id
 from providers.loaders._common import Progress, import_sdk, report, require_region
 
 __all__ = ["instance_type", "load_catalog"]
@@ -69,8 +69,9 @@ def load_catalog(
 
 
 def instance_type(sku: Any, region: str) -> InstanceType | None:
-    """One ResourceSku as a catalog entry; None when it is not a VM size, not in `region`, is
-    restricted there, or has a GPU whose model is unknown."""
+    """One ResourceSku as a catalog entry; None when it is not a VM size, not in `region` or is
+    restricted there. A GPU whose model the size name does not tell is recorded as
+    `unknown-<size>` (count known, memory 0), never dropped."""
     if _text(_get(sku, "resource_type", "resourceType")) != "virtualMachines":
         return None
     name = str(_get(sku, "name") or "")
@@ -88,15 +89,18 @@ def instance_type(sku: Any, region: str) -> InstanceType | None:
     if gpu_count > 0:
         found = azure_size_gpu(name)
         if found is None:
-            log.warning("azure: skipping %s: %d GPUs of an unknown model", name, gpu_count)
-            return None
-        model, fraction = found
-        gpu = GpuSpec(
-            model=model.id,
-            count=gpu_count,
-            memory_mib=round(model.memory_mib * fraction),
-            fraction=fraction,
-        )
+            model_id = unknown_model_id(re.sub(r"^Standard_", "", name))
+            log.warning("azure: %s has %d GPUs of a model unknown here: recorded as %s",
+                        name, gpu_count, model_id)  # fmt: skip
+            gpu = GpuSpec(model=model_id, count=gpu_count, memory_mib=0)
+        else:
+            model, fraction = found
+            gpu = GpuSpec(
+                model=model.id,
+                count=gpu_count,
+                memory_mib=round(model.memory_mib * fraction),
+                fraction=fraction,
+            )
     return InstanceType(
         name=name,
         vcpus=vcpus,

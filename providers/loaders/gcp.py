@@ -16,9 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from providers import prices
-from providers.catalog import Arch, AttachableGpu, Catalog, GpuSpec, InstanceType
+from providers.catalog import (
+    DEFAULT_PROVISIONING,
+    Arch,
+    AttachableGpu,
+    Catalog,
+    GpuSpec,
+    InstanceType,
+)
 from providers.errors import CatalogError, InvalidRequest
-from providers.gpus import GPU_MODELS, GpuModel, gcp_accelerator_gpu
+from providers.gpus import GPU_MODELS, GpuModel, gcp_accelerator_gpu, unknown_model_id
 from providers.loaders._common import Progress, import_sdk, report, require_region
 
 __all__ = ["GcpClients", "instance_type", "load_catalog"]
@@ -34,7 +41,13 @@ _N1_LIMITS: dict[str, dict[int, tuple[int, int]]] = {
     "v100": {1: (12, 78), 2: (24, 156), 4: (48, 312), 8: (96, 624)},
     "p100": {1: (16, 104), 2: (32, 208), 4: (64, 208)},
 }
-_ARM_FAMILIES = frozenset({"t2a", "c4a"})
+_ARM_FAMILIES = frozenset({"t2a", "c4a", "a4x"})
+# Machine series whose GPU NICs do GPUDirect RDMA over RoCE (GCP's A3 Ultra, A4 and A4X: the
+# accelerator-optimized machine docs); the MachineType resource does not say so.
+_ROCE_PREFIXES = ("a3-ultragpu-", "a4-highgpu-", "a4x-highgpu-")
+# Shapes GCP sells only as Spot or Flex-start VMs (accelerator-optimized machine docs, A3 High:
+# "a3-highgpu-1g, -2g and -4g ... only with Spot VMs or Flex-start VMs").
+_SPOT_OR_FLEX_ONLY = frozenset({"a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g"})
 _GONE = frozenset({"OBSOLETE", "DELETED"})
 
 
@@ -91,22 +104,29 @@ def load_catalog(
 def instance_type(
     item: Any, zones: tuple[str, ...], attachable: dict[str, dict[str, int]] | None = None
 ) -> InstanceType | None:
-    """One MachineType (with the zones listing it) as a catalog entry; None when its GPU is
-    unknown. `attachable` maps zone -> attachable GPU model id -> maximum cards."""
+    """One MachineType (with the zones listing it) as a catalog entry; a GPU this version does
+    not know is recorded as `unknown-<type>`. `attachable` maps zone -> attachable GPU model id ->
+    maximum cards."""
     name = str(item.name)
     family = name.split("-", 1)[0]
     gpu: GpuSpec | None = None
     accelerators = list(item.accelerators)
     if accelerators:
         first = accelerators[0]
+        accelerator = str(first.guest_accelerator_type)
         try:
-            model = gcp_accelerator_gpu(str(first.guest_accelerator_type))
-        except InvalidRequest as exc:
-            log.warning("gcp: skipping %s: %s", name, exc)
-            return None
+            model_id, memory = (m := gcp_accelerator_gpu(accelerator)).id, m.memory_mib
+        except InvalidRequest:
+            short = accelerator.rsplit("/", 1)[-1]
+            if not short.lower().startswith("nvidia-"):  # a TPU host: no GPU a pod can use
+                log.warning("gcp: skipping %s: accelerator %s is not a GPU", name, short)
+                return None
+            model_id, memory = unknown_model_id(short), 0
+            log.warning("gcp: %s has accelerator %s, unknown here: recorded as %s",
+                        name, accelerator, model_id)  # fmt: skip
         count = sum(int(a.guest_accelerator_count) for a in accelerators)
         if count > 0:
-            gpu = GpuSpec(model=model.id, count=count, memory_mib=model.memory_mib)
+            gpu = GpuSpec(model=model_id, count=count, memory_mib=memory)
     memory_mib = int(item.memory_mb)
     vcpus = int(item.guest_cpus)
     attach: tuple[AttachableGpu, ...] = ()
@@ -119,7 +139,9 @@ def instance_type(
         arch=_arch(str(getattr(item, "architecture", "") or ""), family),
         gpu=gpu,
         attachable_gpus=attach,
+        rdma="roce" if name.startswith(_ROCE_PREFIXES) else "",
         zones=zones,
+        provisioning=("spot", "flex-start") if name in _SPOT_OR_FLEX_ONLY else DEFAULT_PROVISIONING,
         family=family,
     )
 

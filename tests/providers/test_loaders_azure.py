@@ -95,7 +95,8 @@ def test_rdma_architecture_and_non_vm_resources(catalog: Catalog) -> None:
     assert by["Standard_D2ps_v5"].arch == "arm64" and by["Standard_D2s_v5"].arch == "x86_64"
     assert "Aligned" not in by and "Premium_LRS" not in by
     assert by["Standard_NC4as_T4_v3"].family == "Standard NCASv3_T4 Family"
-    assert all(t.price_per_hour is None for t in catalog.types)  # no published figures here
+    # Azure Retail Prices list price (eastus, Linux pay-as-you-go), bundled
+    assert by["Standard_ND96isr_H100_v5"].price_per_hour == 98.32
 
 
 def test_the_sdk_sent_the_location_filter_and_followed_next_links(
@@ -147,7 +148,7 @@ def test_zone_restrictions_and_other_locations() -> None:
     assert "Standard_D8s_v5" not in by  # listed for another location only
 
 
-def test_duplicate_listings_merge_zones_and_unknown_gpus_are_skipped() -> None:
+def test_duplicate_listings_merge_zones_and_unknown_gpus_are_recorded() -> None:
     one = _sku("Standard_D2s_v5")
     one["locationInfo"] = [{"location": REGION, "zones": ["1"], "zoneDetails": []}]
     two = _sku("Standard_D2s_v5")
@@ -155,7 +156,10 @@ def test_duplicate_listings_merge_zones_and_unknown_gpus_are_skipped() -> None:
     mystery = _sku("Standard_D4s_v5", name="Standard_NX8_Z9_v9")
     mystery["capabilities"].append({"name": "GPUs", "value": "2"})
     catalog, _ = _load([one, two, mystery])
-    assert [(t.name, t.zones) for t in catalog.types] == [("Standard_D2s_v5", ("1", "3"))]
+    assert next((t.name, t.zones) for t in catalog.types) == ("Standard_D2s_v5", ("1", "3"))
+    # A size whose GPU model the name does not tell stays listed, as such (issue 14, cat. 5).
+    gpu = catalog.by_name()["Standard_NX8_Z9_v9"].gpu
+    assert gpu is not None and (gpu.model, gpu.count) == ("unknown-nx8-z9-v9", 2)
 
 
 def test_http_errors_become_catalog_errors() -> None:

@@ -46,8 +46,9 @@ def test_mig_json_has_the_layout(capsys: pytest.CaptureFixture[str]) -> None:
         ("3g.40gb", 0, 4),
         ("4g.40gb", 0, 0),
     ]
-    # No bundled price for it: ranked by an estimate, and the output says so.
-    assert data["candidates"][0]["price_estimated"] is True
+    # GCP list price: A2 Instance Core and Ram + one A100 80GB GPU (us-central1)
+    assert data["candidates"][0]["price_per_hour"] == pytest.approx(5.0277, abs=1e-3)
+    assert data["candidates"][0]["price_estimated"] is False
 
 
 def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -58,10 +59,9 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[0].startswith("selected: Standard_NV6ads_A10_v5  (azure eastus")
     assert lines[1].split()[:3] == ["#", "TYPE", "USD/H"]
     assert "1/6 of one a10" in lines[2]
-    assert lines[2].split()[2].startswith("~")  # no Azure price bundled for it: an estimate
-    assert lines[4].startswith("~: an estimate")
-    assert lines[5].startswith("... 3 more candidates")
-    assert "rejected:" in lines[6]
+    assert lines[2].split()[2] == "0.4540"  # Azure Retail Prices, eastus
+    assert lines[4].startswith("... 3 more candidates")
+    assert "rejected:" in lines[5]
 
 
 @pytest.mark.parametrize(

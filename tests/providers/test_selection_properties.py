@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from providers.catalog import Catalog, GpuSpec, InstanceType
 from providers.errors import NoMatch
-from providers.estimates import estimate_price
+from providers.estimates import catalog_gpu_rates, estimate_price
 from providers.gpus import GPU_MODELS
 from providers.mig import min_gpus
 from providers.request import InstanceRequest
@@ -142,15 +142,17 @@ def test_selection_matches_the_meaning_of_the_request(catalog: Catalog, r: Insta
 
     # Every candidate is ranked by a price: the list price, else an estimate from what it carries
     # (providers.estimates), never "unknown, so last"; a real price wins a tie with an estimate.
+    rates = catalog_gpu_rates(catalog.types)
+
     def effective(t: InstanceType) -> tuple[float, bool]:
         if t.price_per_hour is not None:
-            return t.price_per_hour, False
-        return estimate_price(t), True
+            return round(t.price_per_hour, 2), False
+        return round(estimate_price(t, rates=rates), 2), True
 
     cheapest = min(effective(t) for t in satisfying)
-    assert (chosen.price_per_hour, chosen.price_estimated) == cheapest
-    prices = [c.price_per_hour for c in selection.candidates]
-    assert all(p is not None for p in prices)
+    assert chosen.price_per_hour is not None
+    assert (round(chosen.price_per_hour, 2), chosen.price_estimated) == cheapest
+    prices = [round(c.price_per_hour or 0, 2) for c in selection.candidates]
     assert prices == sorted(prices)
     for c in selection.candidates:
         assert c.price_estimated == (c.instance_type.price_per_hour is None)
