@@ -2,7 +2,9 @@
 
 The request is decoded with the partial agent schema (fields it does not declare survive as
 unknown fields) and re-encoded only when something changes. Every `cdi.k8s.io/*` annotation the
-request carries is removed: a pod must not obtain devices by writing annotations. Then:
+request carries is removed: a pod must not obtain devices by writing annotations; so is every
+other GPU access (`NVIDIA_VISIBLE_DEVICES` set to `void`, `/dev/nvidia*` devices and their cgroup
+rules: `sanitize.py`), from every container, whatever its plan. Then:
 
 - `annotations` mode: `cdi.k8s.io/peerpods_<container>` lists the container's qualified names and
   kata-agent resolves them against the pod VM's CDI specs;
@@ -19,6 +21,7 @@ from google.protobuf.message import DecodeError
 
 from adaptor.cdi import ANNOTATION_PREFIX, CdiError, Registry, apply_to_proto
 from adaptor.devices.plan import DevicePlan
+from adaptor.devices.sanitize import strip_gpu_access
 from adaptor.ttrpc.gen import agent_pb2
 from providers.contract import (
     CONTAINER_NAME,
@@ -90,6 +93,7 @@ def rewrite_for_container(
     if mode == "edits" and registry is None:
         raise RewriteError("edits mode needs a CDI spec registry")
     request = decode_request(payload)
+    stripped = strip_gpu_access(request.OCI)
     annotations = request.OCI.Annotations
     foreign = [k for k in annotations if k.startswith(ANNOTATION_PREFIX)]
     devices: list[str] = []
@@ -102,7 +106,7 @@ def rewrite_for_container(
             if not name:
                 raise RewriteError(f"CreateContainer for a GPU pod without {CONTAINER_NAME}")
             devices = plan.for_container(name)
-    if not devices and not foreign:
+    if not devices and not foreign and not stripped:
         return Rewritten(payload, container, ())
     for key in foreign:
         del annotations[key]

@@ -91,3 +91,33 @@ async def test_undecodable_create_container_is_refused(proxy: AgentProxy) -> Non
     result = await go_call(proxy.socket_path, AGENT, "CreateContainer", bad, call_timeout="10s")
     assert result["code"] == 3  # INVALID_ARGUMENT, never a device-less container
     assert "cannot decode CreateContainerRequest" in result["message"]
+
+
+def _grab_every_gpu(req: agent_pb2.CreateContainerRequest) -> None:
+    """What a tenant writes to reach GPUs outside the plan (image env, device and cgroup entries,
+    the legacy hook's device-list mount)."""
+    spec = req.OCI
+    spec.Process.Env.extend(["NVIDIA_VISIBLE_DEVICES=all", "CUDA_VERSION=12.4"])
+    for path, major, minor in [("/dev/nvidia0", 195, 0), ("/dev/nvidiactl", 195, 255),
+                               ("/dev/nvidia-uvm", 507, 0), ("/dev/fuse", 10, 229)]:  # fmt: skip
+        spec.Linux.Devices.add(Path=path, Type="c", Major=major, Minor=minor)
+        spec.Linux.Resources.Devices.add(
+            Allow=True, Type="c", Major=major, Minor=minor, Access="rwm"
+        )
+    spec.Mounts.add(destination="/var/run/nvidia-container-devices/all", source="/dev/null")
+
+
+async def test_gpu_access_outside_the_plan_is_removed(proxy: AgentProxy) -> None:
+    for name in ("proxy", "trainer"):  # no devices in the plan; devices in the plan
+        req = create_container(name, plan_json=PLAN.encode())
+        _grab_every_gpu(req)
+        got, _ = await create(proxy, req.SerializeToString())
+        env = list(got.OCI.Process.Env)
+        assert "NVIDIA_VISIBLE_DEVICES=all" not in env
+        assert env.count("NVIDIA_VISIBLE_DEVICES=void") == 1 and "CUDA_VERSION=12.4" in env
+        assert [d.Path for d in got.OCI.Linux.Devices] == ["/dev/fuse"]
+        assert [(r.Major, r.Minor) for r in got.OCI.Linux.Resources.Devices] == [(10, 229)]
+        assert not [m for m in got.OCI.Mounts if "nvidia" in m.destination]
+        # what the trainer gets is exactly its CDI names, resolved in the guest
+        want = {"cdi.k8s.io/peerpods_trainer": "nvidia.com/gpu=0,nvidia.com/gpu=1"}
+        assert cdi(got) == (want if name == "trainer" else {})
