@@ -98,16 +98,18 @@ def agent_proxy_factory(
     tls: ssl.SSLContext | None,
     container_hooks: ContainerHookFactory | None = None,
     on_upstream_lost: Callable[[str], None] | None = None,
+    check_sandbox: bool = False,
 ) -> ProxyFactory:
-    """Builds each sandbox's AgentProxy dialing its forwarder (over mTLS when `tls` is set);
-    `on_upstream_lost(sandbox id)` hears of each dropped forwarder connection."""
+    """Builds each sandbox's AgentProxy dialing its forwarder (over mTLS when `tls` is set;
+    with `check_sandbox`, the forwarder's certificate must name the sandbox, as the adaptor's
+    own CA issues them); `on_upstream_lost(sandbox id)` hears of each dropped connection."""
 
     def make(record: SandboxRecord, socket_path: str, host: str, port: int) -> AgentProxyHandle:
         from adaptor.proxy import AgentProxy, tcp_dialer
 
         proxy: AgentProxyHandle = AgentProxy(
             socket_path,
-            tcp_dialer(host, port, ssl=tls),
+            tcp_dialer(host, port, ssl=tls, sandbox_id=record.id if check_sandbox else None),
             sandbox_id=record.id,
             create_container_hook=container_hooks(record) if container_hooks else None,
             on_call=count_proxy_call,
@@ -190,6 +192,9 @@ class Daemon:
             tls,
             self._container_hooks or container_hooks(self._cdi, self.devices),
             on_upstream_lost=self._upstream_lost,
+            # the adaptor's CA issues each cloud VM its own certificate (in its user data);
+            # pre-provisioned pools (static) keep the certificate they were given once
+            check_sandbox=pki is not None and provider.name in CLOUDS,
         )
         self.podnet = PodNet(
             PodNetSettings(

@@ -1,7 +1,10 @@
 """The adaptor's own certificate authority for mTLS to pod VM forwarders.
 
-Each pod VM gets a server certificate issued here (delivered in its user data); the adaptor dials
-with a client certificate issued here, and the forwarder accepts only clients chained to this CA.
+Each pod VM gets a server certificate issued here (delivered in its user data) that names its
+sandbox (`sandbox_uri`, a URI SAN); the adaptor dials with a client certificate issued here, and
+the forwarder accepts only clients chained to this CA. On connect the adaptor checks that the
+server's certificate names the sandbox it dialed for (`check_sandbox`): a certificate issued to
+one VM (possibly running a tenant-chosen image) is never accepted for another.
 The CA lives under `--state-dir/pki` so a restarted adaptor still trusts, and is trusted by, the
 VMs it created before. Keys are P-256 (small user data, fast issuance); files are written
 atomically with mode 0600 for keys.
@@ -27,6 +30,44 @@ CA_DAYS = 3650
 LEAF_DAYS = 825
 SERVER_NAME = "podvm-server"
 CLIENT_NAME = "peerpods-adaptor"
+
+
+SANDBOX_URI_PREFIX = "urn:peerpods:sandbox:"
+
+
+class WrongSandbox(InvalidRequest):
+    """The pod VM presented a certificate issued for another sandbox (or for none)."""
+
+
+def sandbox_uri(sandbox_id: str) -> str:
+    """The URI SAN that binds a server certificate to one sandbox."""
+    return SANDBOX_URI_PREFIX + sandbox_id
+
+
+def certificate_sandboxes(der: bytes) -> list[str]:
+    """The sandbox ids a DER certificate is issued for (its peerpods URI SANs)."""
+    cert = x509.load_der_x509_certificate(der)
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    uris = san.get_values_for_type(x509.UniformResourceIdentifier)
+    return [u[len(SANDBOX_URI_PREFIX) :] for u in uris if u.startswith(SANDBOX_URI_PREFIX)]
+
+
+def check_sandbox(der: bytes | None, sandbox_id: str) -> None:
+    """WrongSandbox unless the (already chain-verified) certificate names `sandbox_id`."""
+    if der is None:
+        raise WrongSandbox("the pod VM presented no certificate")
+    try:
+        names = certificate_sandboxes(der)
+    except ValueError as exc:
+        raise WrongSandbox(f"the pod VM's certificate cannot be read: {exc}") from None
+    if sandbox_id not in names:
+        issued = ", ".join(names) or "no sandbox"
+        raise WrongSandbox(
+            f"the pod VM's certificate is issued for {issued}, not for sandbox {sandbox_id}"
+        )
 
 
 def _now() -> datetime.datetime:
@@ -174,6 +215,7 @@ class AdaptorPKI:
         usage: x509.ObjectIdentifier,
         dns: tuple[str, ...],
         ips: tuple[str, ...] = (),
+        uris: tuple[str, ...] = (),
     ) -> IssuedPair:
         key = ec.generate_private_key(ec.SECP256R1())
         now = _now()
@@ -194,12 +236,16 @@ class AdaptorPKI:
         )
         names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
         names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+        names += [x509.UniformResourceIdentifier(u) for u in uris]
         if names:
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         cert = builder.sign(self._ca_key, hashes.SHA256())
         return IssuedPair(_cert_pem(cert).decode(), _key_pem(key).decode())
 
     def issue_server(self, sandbox_id: str, ips: tuple[str, ...] = ()) -> IssuedPair:
-        """A forwarder server certificate for one pod VM (SAN podvm-server, plus any known IPs)."""
+        """A forwarder server certificate for one pod VM: SAN podvm-server (CAA's name), the
+        sandbox's URI (checked on connect) and any known IPs."""
         name = f"podvm-{sandbox_id[:16]}"
-        return self._issue(name, ExtendedKeyUsageOID.SERVER_AUTH, (SERVER_NAME,), ips)
+        return self._issue(
+            name, ExtendedKeyUsageOID.SERVER_AUTH, (SERVER_NAME,), ips, (sandbox_uri(sandbox_id),)
+        )

@@ -203,7 +203,13 @@ class AgentProxy:
                 self.last_error = exc.message
                 dialing.set_exception(exc)
             except TimeoutError:
-                self.last_error = f"dial timed out after {attempt_seconds:g}s"
+                timed_out = f"dial timed out after {attempt_seconds:g}s"
+                if self.last_error in ("not connected yet", "") or "dial timed out" in (
+                    self.last_error
+                ):
+                    self.last_error = timed_out
+                else:  # never hide a real reason (a certificate refused) behind a short last try
+                    self.last_error = f"{self.last_error.split(' (then: ')[0]} (then: {timed_out})"
                 dialing.set_exception(TtrpcError(Code.UNAVAILABLE, self.last_error))
             except (OSError, ValueError) as exc:
                 self.last_error = str(exc) or type(exc).__name__
