@@ -264,8 +264,8 @@ def test_no_reboot_fails_the_pending_gpu(make_vm: Any) -> None:
 
 def test_legacy_devices_json_keeps_working(make_vm: Any) -> None:
     vm = make_vm()
-    legacy = {"v": 1, "gpu_model": "h100-80gb", "cdi": {"generate": True},
-              "mig": [[], [{"profile": "3g.40gb", "start": 4}, {"profile": "1g.10gb", "start": 0}]]}  # fmt: skip
+    slots = [{"profile": "3g.40gb", "start": 4}, {"profile": "1g.10gb", "start": 0}]
+    legacy = {"v": 1, "gpu_model": "h100-80gb", "cdi": {"generate": True}, "mig": [[], slots]}
     vm.options.legacy_path.parent.mkdir(parents=True, exist_ok=True)
     vm.options.legacy_path.write_text(json.dumps(legacy))
     vm.write_apf({"pod-network": None, "pod-namespace": "default", "pod-name": "p"})
@@ -322,7 +322,8 @@ def test_no_layout_prepares_nothing_and_removes_old_specs(make_vm: Any) -> None:
         (json.dumps({"peerpods-devices": {"v": 2, "layouts": [{"gpus": [{"index": 0}]}]}}),
          "needs either a whole-GPU name or MIG devices"),
         (json.dumps({"peerpods-devices": {"v": 2, "layouts": [{"gpus": [
-            {"index": 0, "name": "peerpods.io/gpu=x"}, {"index": 1, "name": "peerpods.io/gpu=x"}]}]}}),
+            {"index": 0, "name": "peerpods.io/gpu=x"},
+            {"index": 1, "name": "peerpods.io/gpu=x"}]}]}}),
          "device name 'peerpods.io/gpu=x' is used twice"),
         (json.dumps({"peerpods-devices": {"v": 2, "layouts": [{"gpus": [
             {"index": 0, "name": "not a name"}]}]}}), "not a qualified CDI name"),
