@@ -119,5 +119,5 @@ async def test_gpu_access_outside_the_plan_is_removed(proxy: AgentProxy) -> None
         assert [(r.Major, r.Minor) for r in got.OCI.Linux.Resources.Devices] == [(10, 229)]
         assert not [m for m in got.OCI.Mounts if "nvidia" in m.destination]
         # what the trainer gets is exactly its CDI names, resolved in the guest
-        want = {"cdi.k8s.io/peerpods_trainer": "nvidia.com/gpu=0,nvidia.com/gpu=1"}
+        want = {"cdi.k8s.io/peerpods_trainer": "peerpods.io/gpu=gpu0,peerpods.io/gpu=gpu1"}
         assert cdi(got) == (want if name == "trainer" else {})
