@@ -12,6 +12,8 @@ Kata's own keys:
 `default_gpu_model`, version 1, is `v1:` followed by `;`-separated fields, each optional:
 
     m=h100|a100-80gb        acceptable GPU models (canonical ids or any alias), alternatives
+    p=nvidia-a100-80gb-pcie acceptable GPU forms (`providers.skus.product_key` of the product
+                            name the GPU reports), alternatives; absent: any form of the models
     mem=40960               minimum memory per GPU, MiB
     mig=1g.10gb:2,3g.40gb:1 MIG profiles with device counts
     frac                    a fraction of a GPU may serve one GPU
@@ -99,6 +101,7 @@ class GpuIntent(BaseModel):
 
     gpus: int = Field(0, ge=0)
     models: tuple[str, ...] = ()
+    products: tuple[str, ...] = ()
     memory_mib: int = Field(0, ge=0)
     mig: dict[str, int] = Field(default_factory=dict)
     fractional: bool = False
@@ -108,7 +111,13 @@ class GpuIntent(BaseModel):
     @property
     def empty(self) -> bool:
         return not (
-            self.gpus or self.models or self.memory_mib or self.mig or self.fractional or self.rdma
+            self.gpus
+            or self.models
+            or self.products
+            or self.memory_mib
+            or self.mig
+            or self.fractional
+            or self.rdma
         )
 
 
@@ -118,6 +127,8 @@ def encode_gpu_model(intent: GpuIntent, capacity: CapacityType = CapacityType.ON
     fields: list[str] = []
     if intent.models:
         fields.append("m=" + "|".join(intent.models))
+    if intent.products:
+        fields.append("p=" + "|".join(intent.products))
     if intent.memory_mib:
         fields.append(f"mem={intent.memory_mib}")
     if intent.mig:
@@ -158,6 +169,7 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
                 raise AnnotationError(key, f"invalid GPU model name {model!r}")
         return GpuIntent(gpus=gpus, models=legacy)
     models: tuple[str, ...] = ()
+    products: tuple[str, ...] = ()
     memory_mib = 0
     mig: dict[str, int] = {}
     flags: set[str] = set()
@@ -169,6 +181,10 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
             models = tuple(m for m in arg.split("|") if m)
             if not models or not all(_MODEL.match(m) for m in models):
                 raise AnnotationError(key, f"invalid model list {arg!r}")
+        elif name == "p" and arg:
+            products = tuple(m for m in arg.split("|") if m)
+            if not products or not all(_MODEL.match(m) for m in products):
+                raise AnnotationError(key, f"invalid GPU product list {arg!r}")
         elif name == "mem" and arg.isdigit():
             memory_mib = int(arg)
         elif name == "mig" and arg:
@@ -189,6 +205,7 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
     return GpuIntent(
         gpus=gpus,
         models=models,
+        products=products,
         memory_mib=memory_mib,
         mig=mig,
         fractional="frac" in flags,
@@ -237,6 +254,7 @@ class VMIntent(BaseModel):
             "memory_mib": self.memory_mib,
             "gpus": self.gpu.gpus,
             "gpu_models": self.gpu.models,
+            "gpu_products": self.gpu.products,
             "gpu_memory_mib": self.gpu.memory_mib,
             "mig": dict(self.gpu.mig),
             "fractional": self.gpu.fractional,

@@ -61,7 +61,7 @@ def _model(
 
 
 _ALL = (
-    _model("b300", "NVIDIA", "NVIDIA B300", "Blackwell", 270, mig=True),
+    _model("b300", "NVIDIA", "NVIDIA B300 SXM6 AC", "Blackwell", 270, mig=True),
     _model("b200", "NVIDIA", "NVIDIA B200", "Blackwell", 180),
     _model("gb200", "NVIDIA", "NVIDIA GB200", "Blackwell", 186, mig=True),
     _model("rtx-pro-6000", "NVIDIA", "NVIDIA RTX PRO 6000 Blackwell Server Edition",

@@ -22,6 +22,9 @@ class InstanceRequest(BaseModel):
     memory_mib: int = Field(0, ge=0, description="minimum memory in MiB")
     gpus: int = Field(0, ge=0, description="whole GPUs (or GPU shares when fractional)")
     gpu_models: tuple[str, ...] = Field((), description="acceptable GPU models (alternatives)")
+    gpu_products: tuple[str, ...] = Field(
+        (), description="acceptable GPU forms (providers.skus.product_key); empty: any"
+    )
     gpu_memory_mib: int = Field(0, ge=0, description="minimum memory per GPU in MiB")
     mig: dict[str, int] = Field(default_factory=dict, description="MIG profile -> device count")
     fractional: bool = Field(False, description="a fraction of a GPU may serve one GPU")
@@ -47,4 +50,10 @@ class InstanceRequest(BaseModel):
 
     @property
     def wants_gpu(self) -> bool:
-        return self.gpus > 0 or bool(self.mig) or bool(self.gpu_models) or self.gpu_memory_mib > 0
+        return (
+            self.gpus > 0
+            or bool(self.mig)
+            or bool(self.gpu_models)
+            or bool(self.gpu_products)
+            or self.gpu_memory_mib > 0
+        )

@@ -31,6 +31,7 @@ from providers.estimates import catalog_gpu_rates, estimate_price
 from providers.gpus import GPU_MODELS, models_matching
 from providers.mig import MigLayout, pack, profiles_for
 from providers.request import InstanceRequest
+from providers.skus import product_key, product_name
 
 __all__ = ["STAGE_NAMES", "Candidate", "Rejection", "Selection", "select"]
 
@@ -103,6 +104,21 @@ class Candidate:
     def name(self) -> str:
         return self.instance_type.name
 
+    @property
+    def rank(self) -> tuple[float, int, int, int, int, int, str]:
+        """The key selection ranks by, to compare the choices of two different requests."""
+        t = self.instance_type
+        price = self.price_per_hour if self.price_per_hour is not None else float("inf")
+        return (
+            round(price, 2),  # as _rank_key
+            1 if self.price_estimated else 0,
+            self.gpus,
+            self.gpus * self.gpu_memory_mib,
+            t.vcpus,
+            t.memory_mib,
+            t.name,
+        )
+
 
 # --- the per-catalog index --------------------------------------------------------------------
 
@@ -129,6 +145,7 @@ class _Index:
         default_factory=dict
     )
     rates: Mapping[str, float] = field(default_factory=dict)  # per-GPU rates for estimates
+    cloud: str = ""
 
 
 _INDEXES: dict[int, tuple[weakref.ref[Catalog], _Index]] = {}
@@ -173,6 +190,7 @@ def _index(catalog: Catalog) -> _Index:
         rows=rows,
         gpu_rows=tuple(r for r in rows if r[7] is not None or r[9]),
         rates=rates,
+        cloud=catalog.cloud,
     )
     key = id(catalog)
     _INDEXES[key] = (weakref.ref(catalog, lambda _ref: _INDEXES.pop(key, None)), index)
@@ -206,6 +224,8 @@ class _Matcher:
     gpu_cache: dict[_SpecKey, _Fit | Rejection] = field(
         default_factory=dict, compare=False, repr=False
     )
+    cloud: str = ""
+    products: frozenset[str] = frozenset()  # acceptable GPU forms (product keys); empty: any
 
     @classmethod
     def build(cls, request: InstanceRequest, index: _Index) -> _Matcher:
@@ -237,6 +257,8 @@ class _Matcher:
             deny=_globs(request.deny),
             has_zones=index.has_zones,
             wants_gpu=request.wants_gpu,
+            cloud=index.cloud,
+            products=frozenset(request.gpu_products),
         )
 
     def gpu_fit(
@@ -352,6 +374,12 @@ class _Matcher:
             fit = min(fits, key=lambda f: (f.gpus, f.gpu_memory_mib, f.gpu_model or ""))
         elif t.gpu is not None and not request.instance_type:  # named explicitly: take it
             return Rejection(t.name, f"has {t.gpu.count} {t.gpu.model}, no GPU requested", NO_GPU)
+        if self.products and fit.gpu_model is not None:
+            product = product_name(self.cloud, t.name, fit.gpu_model)
+            if product_key(product) not in self.products:
+                wanted = "|".join(sorted(self.products))
+                reason = f"its {fit.gpu_model} is an {product!r}, not one of {wanted}"
+                return Rejection(t.name, reason, GPU_MODEL, fit.gpu_model)
         if t.arch != request.arch:
             return Rejection(t.name, f"{t.arch}, the image is {request.arch}", ARCH)
         if request.rdma and not t.rdma:

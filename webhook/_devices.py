@@ -1,11 +1,17 @@
 """Virtual DRA devices built from a catalog, the things DRA selectors are evaluated against.
 
-At admission no pod VM exists, so no real device can be inspected. Each GPU model the catalog
-offers becomes one virtual `gpu` device and each of its MIG profiles one virtual `mig` device,
-published as NVIDIA's DRA driver publishes real ones (driver `gpu.nvidia.com`; attributes `type`,
-`productName`, `architecture`, `brand`, `cudaComputeCapability` as a semver, `profile` for MIG;
-capacity `memory`). Memory of a GPU is what the catalog reports (the largest figure among whole
-GPUs of that model), of a MIG device the size in its profile name.
+At admission no pod VM exists, so no real device can be inspected. Each GPU form the catalog
+offers (model, the product name its GPUs report on that instance type, the memory the cloud
+reports for the type: `providers.skus`) becomes one virtual `gpu` device, and each MIG profile of
+it one virtual `mig` device, published as NVIDIA's DRA driver publishes real ones (driver
+`gpu.nvidia.com`; attributes `type`, `productName`, `architecture`, `brand`,
+`cudaComputeCapability` as a semver, `profile` for MIG; capacity `memory`). A MIG device's memory
+is the size in its profile name.
+
+A GPU the catalog also sells in shares (AWS g6f, Azure NV*ads_A10_v5) is published a second time
+as a shareable device (KEP-5075 consumable capacity, `allowMultipleAllocations: true`) whose
+memory `requestPolicy` lists the shares on offer as `validValues`: a capacity request is rounded
+up to the next share, and the whole GPU is the largest.
 
 Attributes that exist only after boot (`uuid`, `driverVersion`, `parentUUID`, PCI addresses) are
 absent. Policy: a selector that reads one of them is denied with a message naming it (the pod
@@ -36,6 +42,7 @@ from celpy import celtypes
 from providers.catalog import Catalog
 from providers.gpus import GPU_MODELS
 from providers.mig import profiles_for
+from providers.skus import product_name
 from webhook._cel import (
     CelBudgetExceeded,
     CelError,
@@ -122,6 +129,34 @@ def _short(expression: str, limit: int = 120) -> str:
 
 
 @dataclass(frozen=True)
+class RequestPolicy:
+    """KEP-5075 `CapacityRequestPolicy` of a device's memory (MiB): how a request is rounded.
+
+    `validValues` (ascending): the smallest value at least the request; `validRange` (min, max,
+    step): below min rounds up to min, off-step rounds up to min + n * step; over the largest
+    value or max the request does not fit this device. No request takes `default`.
+    """
+
+    default_mib: int
+    valid_values: tuple[int, ...] = ()
+    valid_range: tuple[int, int | None, int | None] | None = None  # min, max, step
+
+    def consumed(self, request_mib: int | None) -> int | None:
+        """What a request consumes, or None when the policy does not admit it."""
+        if request_mib is None:
+            return self.default_mib
+        if self.valid_values:
+            return next((v for v in self.valid_values if v >= request_mib), None)
+        if self.valid_range is not None:
+            low, high, step = self.valid_range
+            value = max(request_mib, low)
+            if step:
+                value = low + -(-(value - low) // step) * step
+            return None if high is not None and value > high else value
+        return request_mib
+
+
+@dataclass(frozen=True)
 class VirtualDevice:
     """One device the catalog could give a pod VM."""
 
@@ -130,6 +165,9 @@ class VirtualDevice:
     model: str
     memory_mib: int
     profile: str = ""
+    product: str = ""
+    # KEP-5075: a shareable device's memory policy; None: allocated whole (exclusive)
+    policy: RequestPolicy | None = None
     activation: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -137,11 +175,13 @@ def _s(text: str) -> celtypes.StringType:
     return celtypes.StringType(text)
 
 
-def _activation(kind: str, model: str, memory_mib: int, profile: str = "") -> dict[str, Any]:
+def _activation(
+    kind: str, model: str, memory_mib: int, product: str, profile: str = "", shared: bool = False
+) -> dict[str, Any]:
     info = GPU_MODELS[model]
     attributes: dict[celtypes.StringType, Any] = {
         _s("type"): _s(kind),
-        _s("productName"): _s(info.product_name),
+        _s("productName"): _s(product),
         _s("architecture"): _s(info.architecture),
         _s("brand"): _s("Nvidia" if info.vendor == "NVIDIA" else info.vendor),
     }
@@ -155,7 +195,7 @@ def _activation(kind: str, model: str, memory_mib: int, profile: str = "") -> di
             _s("driver"): _s(DRIVER if info.vendor == "NVIDIA" else info.vendor.lower()),
             _s("attributes"): celtypes.MapType({_s(DRIVER): celtypes.MapType(attributes)}),
             _s("capacity"): celtypes.MapType({_s(DRIVER): celtypes.MapType(capacity)}),
-            _s("allowMultipleAllocations"): celtypes.BoolType(False),
+            _s("allowMultipleAllocations"): celtypes.BoolType(shared),
         }
     )
     return {"device": device}
@@ -174,8 +214,13 @@ class Match:
     devices: tuple[VirtualDevice, ...]
 
     @property
+    def gpus(self) -> tuple[VirtualDevice, ...]:
+        """Whole GPUs, shareable ones included (a request without capacity takes all of one)."""
+        return tuple(d for d in self.devices if d.kind == "gpu")
+
+    @property
     def gpu_models(self) -> frozenset[str]:
-        return frozenset(d.model for d in self.devices if d.kind == "gpu")
+        return frozenset(d.model for d in self.gpus)
 
     @property
     def mig(self) -> tuple[VirtualDevice, ...]:
@@ -187,9 +232,9 @@ class DeviceSpace:
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
-        memory: dict[str, int] = {}
+        whole: set[tuple[str, str, int]] = set()  # (model, product, MiB)
+        shares: dict[tuple[str, str], set[tuple[int, float]]] = {}  # -> (share MiB, fraction)
         self.max_count: dict[str, int] = {}
-        self.share_mib: dict[str, int] = {}  # largest fractional share per model
         for itype in catalog.types:
             gpus = [
                 (a.model, a.memory_mib, max(a.counts, default=1), 1.0)
@@ -201,35 +246,58 @@ class DeviceSpace:
             for model, mib, count, fraction in gpus:
                 if model not in GPU_MODELS:
                     continue
+                product = product_name(catalog.cloud, itype.name, model)
+                mib = mib or GPU_MODELS[model].memory_mib
                 if fraction < 1:
                     # a partitioned GPU reports the memory of its share (as selection reads it)
-                    self.share_mib[model] = max(self.share_mib.get(model, 0), mib)
-                    memory.setdefault(model, 0)
+                    shares.setdefault((model, product), set()).add((mib, fraction))
                     continue
-                memory[model] = max(memory.get(model, 0), mib)
+                whole.add((model, product, mib))
                 self.max_count[model] = max(self.max_count.get(model, 0), count)
         devices: list[VirtualDevice] = []
-        for model in sorted(memory):
-            mib = memory[model] or GPU_MODELS[model].memory_mib
+        for model, product, mib in sorted(whole):
             devices.append(
-                VirtualDevice(f"gpu/{model}", "gpu", model, mib, "", _activation("gpu", model, mib))
+                VirtualDevice(
+                    f"gpu/{model}/{product}/{mib}",
+                    "gpu",
+                    model,
+                    mib,
+                    product=product,
+                    activation=_activation("gpu", model, mib, product),
+                )
             )
-            if model not in self.max_count:
-                continue  # only fractional offerings: no MIG
             for spec in profiles_for(model).values():
                 pmib = profile_memory_mib(spec.name)
                 devices.append(
                     VirtualDevice(
-                        f"mig/{model}/{spec.name}",
+                        f"mig/{model}/{product}/{mib}/{spec.name}",
                         "mig",
                         model,
                         pmib,
                         spec.name,
-                        _activation("mig", model, pmib, spec.name),
+                        product,
+                        activation=_activation("mig", model, pmib, product, spec.name),
                     )
                 )
+        for (model, product), sizes in sorted(shares.items()):
+            offered = {m for m, _ in sizes}
+            whole_mib = [m for w, p, m in whole if (w, p) == (model, product)]
+            full = max(whole_mib, default=max(round(m / f) for m, f in sizes))
+            valid = tuple(sorted(offered | ({full} if whole_mib else set())))
+            devices.append(
+                VirtualDevice(
+                    f"shared/{model}/{product}/{full}",
+                    "gpu",
+                    model,
+                    full,
+                    product=product,
+                    policy=RequestPolicy(default_mib=full, valid_values=valid),
+                    activation=_activation("gpu", model, full, product, shared=True),
+                )
+            )
         self.devices = tuple(devices)
-        self.models = frozenset(memory)
+        self.models = frozenset(d.model for d in devices)
+        self.products = frozenset((d.model, d.product) for d in devices if d.kind == "gpu")
         self.token = uuid.uuid4().hex  # names this space to worker processes
         self._cache: OrderedDict[str, Outcome] = OrderedDict()
         self._lock = threading.Lock()

@@ -2,36 +2,43 @@
 
 For each claim (a ResourceClaim, or the ResourceClaimTemplate a claim will be made from) every
 request is matched against the catalog's virtual devices (`_devices.py`) with the DeviceClass
-selectors and the request's own, both CEL. Rules, as applied to a VM yet to be chosen:
+selectors and the request's own, both CEL: the class is honoured (a class admitting only whole
+GPUs is never served by a MIG device). A request does not narrow to one answer here: every way
+the catalog can serve it stays an alternative, and the webhook picks the combination whose pod VM
+is cheapest (`_choose.py`). Rules, as applied to a VM yet to be chosen:
 
-- `exactly` (or the v1beta1 flat form): `count` devices (default 1) of the matching kind.
-  Matching whole GPUs give a `gpu` unit whose models are the matching GPU models; matching MIG
-  devices only give a `mig` unit of the smallest matching profile.
+- `exactly` (or the v1beta1 flat form): `count` devices (default 1). Matching whole GPUs are one
+  alternative (their models, and their product names and memory when the match leaves out other
+  forms of those models); each matching MIG profile is another.
 - `allocationMode: All` means every matching device of the node; a peer pod's node is its own VM,
   so it means every GPU of the VM: the GPU count of the user's allowed `machine_type` when one
   is set, else of the largest catalog type carrying a matching model. MIG devices with All are
   denied (no layout exists before boot).
 - `firstAvailable`: the first subrequest the catalog can serve wins (as the scheduler would).
-- `capacity.requests.memory` (consumable capacity): a share of one GPU, served by the smallest
-  matching MIG profile at least that large, else a fractional GPU share at least that large,
-  else one whole matching GPU.
+- `capacity.requests.memory` (KEP-5075 consumable capacity): a share of one device. Every
+  matching MIG profile at least that large, every matching shareable GPU whose `requestPolicy`
+  admits the request (rounded up to its next valid value: that is the share taken), and every
+  matching whole GPU at least that large are alternatives.
 - `constraints[].matchAttribute`: on `parentUUID` the named MIG requests must fit one GPU
-  together (checked with the placement packer); on a model attribute (`productName`,
-  `architecture`, `brand`, `cudaComputeCapability`, `type`) it holds by construction, since a
-  VM carries one GPU model; on any other attribute (e.g. `uuid`) the claim is denied.
+  together (checked with the placement packer, per combination); on a model attribute
+  (`productName`, `architecture`, `brand`, `cudaComputeCapability`, `type`) it holds by
+  construction, since a VM carries one GPU model; on any other attribute (e.g. `uuid`) the claim
+  is denied.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from providers.contract import DeviceUnit
 from providers.errors import InvalidRequest
 from providers.mig import pack, profiles_for
 from providers.quantity import to_mib
+from providers.skus import product_key
 from webhook._devices import DeviceSpace, Match, VirtualDevice
 from webhook._resolver import Resolver
 
@@ -45,20 +52,95 @@ class ClaimDenied(InvalidRequest):
 
 @dataclass(frozen=True)
 class ClaimUnit:
-    """One request of one pod claim, as a device unit with its VM-level constraints."""
+    """One way to serve one request of one pod claim: a device unit and its VM constraints."""
 
     claim: str
     request: str
     unit: DeviceUnit
     models: frozenset[str] | None = None  # acceptable GPU models (None: any)
-    memory_mib: int = 0  # minimum memory per GPU (a capacity share)
+    memory_mib: int = 0  # minimum memory per GPU (a capacity share, or a narrowed form)
     fractional: bool = False
+    products: frozenset[str] | None = None  # acceptable product keys (None: any form)
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """One request of one claim and every way the catalog can serve it, preferred first."""
+
+    claim: str
+    request: str
+    alternatives: tuple[ClaimUnit, ...]
+
+
+@dataclass(frozen=True)
+class _Constraint:
+    claim: str
+    attribute: str
+    requests: tuple[str, ...]
+    where: str
 
 
 @dataclass
 class Translation:
-    units: list[ClaimUnit] = field(default_factory=list)
+    requests: list[ClaimRequest] = field(default_factory=list)
+    constraints: list[_Constraint] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def combinations(self) -> int:
+        total = 1
+        for request in self.requests:
+            total *= len(request.alternatives)
+        return total
+
+    def assignments(self) -> Iterator[tuple[ClaimUnit, ...]]:
+        """Every choice of one alternative per request, preferred alternatives first."""
+        return itertools.product(*(r.alternatives for r in self.requests))
+
+    def resolve(self, chosen: Sequence[ClaimUnit], space: DeviceSpace) -> list[ClaimUnit]:
+        """The chosen units with the claims' constraints applied (ClaimDenied if violated)."""
+        units = list(chosen)
+        for constraint in self.constraints:
+            index = [
+                i
+                for i, u in enumerate(units)
+                if u.claim == constraint.claim and u.request in constraint.requests
+            ]
+            group = [units[i] for i in index]
+            if any(u.unit.kind != "mig" for u in group):
+                raise ClaimDenied(
+                    f"{constraint.where}: matchAttribute {constraint.attribute} needs MIG "
+                    "devices (whole GPUs have no parent)"
+                )
+            profiles: dict[str, int] = {}
+            for u in group:
+                profiles[u.unit.profile] = profiles.get(u.unit.profile, 0) + u.unit.count
+            candidates = frozenset.intersection(*(u.models or space.models for u in group))
+            fitting = frozenset(m for m in candidates if pack(m, profiles, 1) is not None)
+            if not fitting:
+                wanted = ", ".join(f"{p} x{n}" for p, n in sorted(profiles.items()))
+                raise ClaimDenied(
+                    f"{constraint.where}: MIG devices {wanted} do not fit on one GPU of any "
+                    "catalog model"
+                )
+            for i in index:
+                units[i] = replace(units[i], models=fitting & (units[i].models or fitting))
+        return units
+
+    @property
+    def units(self) -> list[ClaimUnit]:
+        """The first valid combination (preferred alternatives), for callers without prices."""
+        return self.first_valid(None)
+
+    def first_valid(self, space: DeviceSpace | None) -> list[ClaimUnit]:
+        error: ClaimDenied | None = None
+        for chosen in itertools.islice(self.assignments(), 256):
+            try:
+                return self.resolve(chosen, space) if space is not None else list(chosen)
+            except ClaimDenied as exc:
+                error = error or exc
+        assert error is not None
+        raise error
 
 
 def _checked_name(value: Any, what: str) -> str:
@@ -96,19 +178,51 @@ def _selectors(items: Any, where: str) -> list[str]:
     return out
 
 
-def _smallest_profile(
-    devices: tuple[VirtualDevice, ...], at_least_mib: int = 0
-) -> ClaimUnit | None:
-    fitting = [d for d in devices if d.memory_mib >= at_least_mib]
-    if not fitting:
-        return None
-    best = min(
-        fitting,
-        key=lambda d: (d.memory_mib, profiles_for(d.model)[d.profile].compute_slices, d.profile),
+def _unit(kind: str, count: int, profile: str = "") -> DeviceUnit:
+    return DeviceUnit(id="x", kind="mig" if kind == "mig" else "gpu", count=count, profile=profile)
+
+
+def _forms(
+    space: DeviceSpace, chosen: Sequence[VirtualDevice]
+) -> tuple[frozenset[str], frozenset[str] | None, int]:
+    """Models, product keys (None: every form of them) and a memory floor for matched GPUs.
+
+    A selector may accept some forms of a model and not others (the PCIe A100 80GB, not the SXM4
+    one; a type reporting less memory): the narrowing is kept as product keys and as the least
+    memory among accepted forms when a rejected form of the same product has less.
+    """
+    models = frozenset(d.model for d in chosen)
+    accepted = {(d.model, d.product) for d in chosen}
+    every = {(m, p) for m, p in space.products if m in models}
+    products = frozenset(product_key(p) for _, p in accepted) if accepted != every else None
+    floor = min(d.memory_mib for d in chosen)
+    ids = {d.id for d in chosen}
+    smaller = any(
+        d.kind == "gpu"
+        and (d.model, d.product) in accepted
+        and d.id not in ids
+        and d.memory_mib < floor
+        for d in space.devices
     )
-    models = frozenset(d.model for d in fitting if d.profile == best.profile)
-    unit = DeviceUnit(id="x", kind="mig", count=1, profile=best.profile)
-    return ClaimUnit("", "", unit, models)
+    return models, products, floor if smaller else 0
+
+
+def _mig_alternatives(devices: Sequence[VirtualDevice], count: int) -> list[ClaimUnit]:
+    """One alternative per matching MIG profile name, smallest first."""
+    by_profile: dict[str, list[VirtualDevice]] = {}
+    for d in devices:
+        by_profile.setdefault(d.profile, []).append(d)
+
+    def size(name: str) -> tuple[int, int, str]:
+        d = by_profile[name][0]
+        return d.memory_mib, profiles_for(d.model)[name].compute_slices, name
+
+    out: list[ClaimUnit] = []
+    for profile in sorted(by_profile, key=size):
+        group = by_profile[profile]
+        models = frozenset(d.model for d in group)
+        out.append(ClaimUnit("", "", _unit("mig", count, profile), models))
+    return out
 
 
 class _Translator:
@@ -118,8 +232,8 @@ class _Translator:
         self.machine_gpus = machine_gpus
         self.warnings: list[str] = []
 
-    def option(self, opt: Mapping[str, Any], where: str) -> ClaimUnit | str:
-        """The unit one (sub)request asks for, or why the catalog cannot serve it."""
+    def option(self, opt: Mapping[str, Any], where: str) -> list[ClaimUnit] | str:
+        """Every unit one (sub)request could be, or why the catalog cannot serve it."""
         class_name = _checked_name(opt.get("deviceClassName"), f"{where}: deviceClassName")
         device_class = self.resolver.device_class(class_name)
         class_spec = device_class.get("spec") or {}
@@ -137,23 +251,25 @@ class _Translator:
         if capacity:
             return self.share(match, capacity, where, count)
         if mode == "All":
-            return self.all_devices(match, where)
+            return [self.all_devices(match, where)]
         if mode != "ExactCount":
             raise ClaimDenied(f"{where}: unknown allocationMode {mode!r}")
-        if match.gpu_models:
-            models = match.gpu_models
+        out: list[ClaimUnit] = []
+        reason = "no matching device"
+        if match.gpus:
+            models, products, floor = _forms(self.space, match.gpus)
             most = max(self.space.max_count.get(m, 0) for m in models)
             if count > most:
-                return f"{count} GPUs of {'|'.join(sorted(models))}: the largest type has {most}"
-            return ClaimUnit("", "", DeviceUnit(id="x", kind="gpu", count=count), models)
-        found = _smallest_profile(match.mig)
-        if found is None:
-            return "no matching device"
-        return ClaimUnit("", "", found.unit.model_copy(update={"count": count}), found.models)
+                reason = f"{count} GPUs of {'|'.join(sorted(models))}: the largest type has {most}"
+            else:
+                unit = _unit("gpu", count)
+                out.append(ClaimUnit("", "", unit, models, floor, products=products))
+        out += _mig_alternatives(match.mig, count)
+        return out or reason
 
     def share(
         self, match: Match, capacity: Mapping[str, Any], where: str, count: int
-    ) -> ClaimUnit | str:
+    ) -> list[ClaimUnit] | str:
         unknown = sorted(set(capacity) - {"memory"})
         if unknown:
             raise ClaimDenied(
@@ -165,32 +281,33 @@ class _Translator:
             need = to_mib(capacity["memory"])
         except InvalidRequest as exc:
             raise ClaimDenied(f"{where}: capacity.requests.memory: {exc}") from None
-        models = match.gpu_models
-        mig = (
-            tuple(d for d in self.space.devices if d.kind == "mig" and d.model in models)
-            + match.mig
-        )
-        found = _smallest_profile(mig, need)
-        if found is not None:
-            return found
-        shares = {m for m in models if self.space.share_mib.get(m, 0) >= need}
-        if shares:
-            unit = DeviceUnit(id="x", kind="gpu", count=1)
-            return ClaimUnit("", "", unit, frozenset(shares), need, fractional=True)
-        whole = frozenset(
-            d.model for d in match.devices if d.kind == "gpu" and d.memory_mib >= need
-        )
+        # a MIG device is allocated whole: its memory must cover the request
+        out = _mig_alternatives([d for d in match.mig if d.memory_mib >= need], 1)
+        for device in match.gpus:
+            if device.policy is None:
+                continue
+            consumed = device.policy.consumed(need)
+            if consumed is None or consumed > device.memory_mib:
+                continue
+            models, products, _ = _forms(self.space, [device])
+            unit = _unit("gpu", 1)
+            out.append(ClaimUnit("", "", unit, models, consumed, True, products))
+        whole = [d for d in match.gpus if d.policy is None and d.memory_mib >= need]
         if whole:
-            return ClaimUnit("", "", DeviceUnit(id="x", kind="gpu", count=1), whole, need)
-        return f"no MIG slice, GPU share or GPU of a matching model has {need} MiB"
+            models, products, _ = _forms(self.space, whole)
+            out.append(ClaimUnit("", "", _unit("gpu", 1), models, need, products=products))
+        if not out:
+            return f"no MIG device, GPU share or GPU the class admits has {need} MiB"
+        return out
 
-    def all_devices(self, match: Match, where: str) -> ClaimUnit | str:
-        if not match.gpu_models:
+    def all_devices(self, match: Match, where: str) -> ClaimUnit:
+        whole = [d for d in match.gpus if d.policy is None]
+        if not whole:
             raise ClaimDenied(
                 f"{where}: allocationMode All on MIG devices is not supported "
                 "(the MIG layout of a VM is unknown before it boots)"
             )
-        models = match.gpu_models
+        models, products, floor = _forms(self.space, whole)
         if self.machine_gpus:
             count = self.machine_gpus
         else:
@@ -198,9 +315,9 @@ class _Translator:
             largest = [m for m in models if self.space.max_count.get(m, 0) == count]
             models = frozenset(largest)
         self.warnings.append(f"{where}: allocationMode All means every GPU of the pod VM: {count}")
-        return ClaimUnit("", "", DeviceUnit(id="x", kind="gpu", count=count), models)
+        return ClaimUnit("", "", _unit("gpu", count), models, floor, products=products)
 
-    def request(self, req: Mapping[str, Any], claim: str, where: str) -> tuple[str, ClaimUnit]:
+    def request(self, req: Mapping[str, Any], where: str) -> tuple[str, list[ClaimUnit]]:
         name = _checked_name(req.get("name"), f"{where}: request name")
         here = f"{where} request {name}"
         if "firstAvailable" in req:
@@ -208,7 +325,7 @@ class _Translator:
             for sub in req.get("firstAvailable") or []:
                 sub_name = _checked_name(sub.get("name"), f"{here}: subrequest name")
                 result = self.option(sub, f"{here}/{sub_name}")
-                if isinstance(result, ClaimUnit):
+                if not isinstance(result, str):
                     return name, result
                 reasons.append(f"{sub_name}: {result}")
             raise ClaimDenied(
@@ -222,7 +339,14 @@ class _Translator:
             raise ClaimDenied(f"{here}: {result}")
         return name, result
 
-    def constraints(self, spec: Mapping[str, Any], units: dict[str, ClaimUnit], where: str) -> None:
+    def constraints(
+        self,
+        claim: str,
+        spec: Mapping[str, Any],
+        units: dict[str, list[ClaimUnit]],
+        where: str,
+    ) -> list[_Constraint]:
+        out: list[_Constraint] = []
         for constraint in spec.get("constraints") or []:
             attribute = str((constraint or {}).get("matchAttribute") or "")
             names = list((constraint or {}).get("requests") or units)
@@ -230,37 +354,23 @@ class _Translator:
             missing = [n for n in names if n.split("/", 1)[0] not in units]
             if missing:
                 raise ClaimDenied(f"{where}: constraint names unknown request {missing[0]}")
-            group = [units[n.split("/", 1)[0]] for n in names]
             if short in _MODEL_ATTRIBUTES:
                 continue  # one GPU model per VM: holds by construction
             if short != "parentUUID":
                 raise ClaimDenied(
                     f"{where}: matchAttribute {attribute} cannot be checked before the pod VM boots"
                 )
-            if any(u.unit.kind != "mig" for u in group):
-                raise ClaimDenied(
-                    f"{where}: matchAttribute {attribute} needs MIG devices "
-                    "(whole GPUs have no parent)"
-                )
-            profiles: dict[str, int] = {}
-            for u in group:
-                profiles[u.unit.profile] = profiles.get(u.unit.profile, 0) + u.unit.count
-            candidates = frozenset.intersection(*(u.models or self.space.models for u in group))
-            fitting = frozenset(m for m in candidates if pack(m, profiles, 1) is not None)
-            if not fitting:
-                wanted = ", ".join(f"{p} x{n}" for p, n in sorted(profiles.items()))
-                raise ClaimDenied(
-                    f"{where}: MIG devices {wanted} do not fit on one GPU of any catalog model"
-                )
-            for key in {n.split("/", 1)[0] for n in names}:
-                units[key] = ClaimUnit(
-                    units[key].claim,
-                    units[key].request,
-                    units[key].unit,
-                    fitting & (units[key].models or fitting),
-                    units[key].memory_mib,
-                    units[key].fractional,
-                )
+            keys = tuple(dict.fromkeys(n.split("/", 1)[0] for n in names))
+            for key in keys:  # only MIG devices have a parent
+                mig = [u for u in units[key] if u.unit.kind == "mig"]
+                if not mig:
+                    raise ClaimDenied(
+                        f"{where}: matchAttribute {attribute} needs MIG devices "
+                        "(whole GPUs have no parent)"
+                    )
+                units[key] = mig
+            out.append(_Constraint(claim, attribute, keys, where))
+        return out
 
 
 def translate(
@@ -270,7 +380,8 @@ def translate(
     space: DeviceSpace,
     machine_gpus: int | None = None,
 ) -> Translation:
-    """Every pod claim as device units (ClaimDenied, ObjectNotFound or LookupFailed on failure)."""
+    """Every pod claim's requests with their alternatives (ClaimDenied, ObjectNotFound or
+    LookupFailed on failure)."""
     entries = (pod.get("spec") or {}).get("resourceClaims") or []
     if not isinstance(entries, list):
         raise InvalidRequest("spec.resourceClaims is not a list")
@@ -283,25 +394,27 @@ def translate(
         where = f"claim {claim}"
         spec = _claim_spec(entry, namespace, resolver)
         requests = (spec.get("devices") or {}).get("requests") or []
-        units: dict[str, ClaimUnit] = {}
+        units: dict[str, list[ClaimUnit]] = {}
         for req in requests:
             if not isinstance(req, dict):
                 raise ClaimDenied(f"{where}: malformed request")
-            name, unit = translator.request(req, claim, where)
+            name, alternatives = translator.request(req, where)
             if name in units:
                 raise ClaimDenied(f"{where}: request {name} appears twice")
-            units[name] = unit
-        translator.constraints(spec.get("devices") or {}, units, where)
-        for name, unit in units.items():
+            units[name] = alternatives
+        out.constraints += translator.constraints(claim, spec.get("devices") or {}, units, where)
+        for name, alternatives in units.items():
             uid = f"claim-{claim}-{name}"
-            out.units.append(
-                ClaimUnit(
+            out.requests.append(
+                ClaimRequest(
                     claim,
                     name,
-                    unit.unit.model_copy(update={"id": uid}),
-                    unit.models,
-                    unit.memory_mib,
-                    unit.fractional,
+                    tuple(
+                        replace(
+                            a, claim=claim, request=name, unit=a.unit.model_copy(update={"id": uid})
+                        )
+                        for a in alternatives
+                    ),
                 )
             )
     out.warnings.extend(translator.warnings)

@@ -42,6 +42,7 @@ from providers.contract import (
 from providers.errors import AnnotationError, InvalidRequest, NoMatch
 from providers.request import InstanceRequest
 from webhook._capacity import CapacityPolicy
+from webhook._choose import choose
 from webhook._devices import DeviceSpace
 from webhook._dra import ClaimUnit, translate
 from webhook._extended import container_units, is_device_resource
@@ -86,6 +87,7 @@ class PodIntent:
             memory_mib=self.memory_mib,
             gpus=self.gpu.gpus,
             gpu_models=self.gpu.models,
+            gpu_products=self.gpu.products,
             gpu_memory_mib=self.gpu.memory_mib,
             mig=dict(self.gpu.mig),
             fractional=self.gpu.fractional,
@@ -232,10 +234,19 @@ def _vm_gpu(
         )
     if models is not None and models >= all_models:
         models = None
+    products: frozenset[str] | None = None
+    for claim in claims:
+        if claim.products is not None:
+            products = claim.products if products is None else products & claim.products
+    if products is not None and not products:
+        raise InvalidRequest(
+            "the pod's claims ask for different GPU products; one pod VM carries one GPU form"
+        )
     rdma = total(lambda u: u.kind == "rdma")
     return GpuIntent(
         gpus=total(lambda u: u.kind == "gpu"),
         models=tuple(sorted(models)) if models else (),
+        products=tuple(sorted(products)) if products else (),
         memory_mib=max((c.memory_mib for c in claims), default=0),
         mig={p: n for p, n in mig.items() if n},
         fractional=any(c.fractional for c in claims),
@@ -270,7 +281,13 @@ def _translate(
             if chosen is not None and chosen.gpu is not None:
                 machine_gpus = chosen.gpu.count
         translation = translate(pod, namespace, resolver, space, machine_gpus)
-        claims = translation.units
+        known = space.models
+
+        def request_for(units: list[ClaimUnit]) -> InstanceRequest:
+            gpu = _vm_gpu(init, app, per_container, units, known)
+            return PodIntent(resources.vcpus, resources.memory_mib, gpu, machine_type).request()
+
+        claims = choose(translation, space, catalog, request_for)
         warnings.extend(translation.warnings)
     gpu = _vm_gpu(init, app, per_container, claims, all_models)
     by_claim: dict[str, list[ClaimUnit]] = {}

@@ -82,6 +82,7 @@ TEMPLATES = [
          "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].architecture == 'Ampere' && device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity('30Gi'))"}}]},
     ]}]),
     template("share-10g", [exactly("gpu", "gpu.nvidia.com", capacity={"requests": {"memory": "10Gi"}})]),
+    template("mig-share-10g", [exactly("gpu", "mig.nvidia.com", capacity={"requests": {"memory": "10Gi"}})]),
     template("share-2g", [exactly("gpu", "gpu.nvidia.com",
         "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA L4'",
         capacity={"requests": {"memory": "2Gi"}})]),
@@ -207,8 +208,19 @@ def test_first_available_takes_the_first_servable(dra: Running) -> None:
     assert intent.models == ("a100-40gb",)
 
 
-def test_capacity_request_served_by_mig_slice(dra: Running) -> None:
+def test_capacity_request_through_the_gpu_class_is_never_mig(dra: Running) -> None:
+    # gpu.nvidia.com admits only type == 'gpu': a whole GPU of >= 10 GiB or an L4 share rounded
+    # up to the next share the L4's requestPolicy offers (11444 MiB), whichever ranks first
     intent, plan, _ = _admitted(dra, claim_pod(("g", "share-10g")))
+    assert intent.mig == {} and plan.units[0].kind == "gpu" and intent.gpus == 1
+    if intent.fractional:
+        assert intent.models == ("l4",) and intent.memory_mib == 11444
+    else:
+        assert intent.memory_mib == 10240 and "l4" not in intent.models
+
+
+def test_capacity_request_through_the_mig_class_is_a_mig_slice(dra: Running) -> None:
+    intent, plan, _ = _admitted(dra, claim_pod(("g", "mig-share-10g")))
     assert intent.mig == {"1g.10gb": 1} and intent.gpus == 0
     assert plan.units[0].kind == "mig"
 
@@ -216,7 +228,8 @@ def test_capacity_request_served_by_mig_slice(dra: Running) -> None:
 def test_capacity_request_served_by_fractional_gpu(dra: Running) -> None:
     intent, _, _ = _admitted(dra, claim_pod(("g", "share-2g")))
     assert intent.fractional and intent.gpus == 1 and intent.models == ("l4",)
-    assert intent.memory_mib == 2048
+    # 2Gi rounded up to the smallest L4 share on offer (1/8: 2861 MiB), KEP-5075 validValues
+    assert intent.memory_mib == 2861
 
 
 def test_compute_capability_semver(dra: Running) -> None:

@@ -1,0 +1,117 @@
+"""Which alternative serves each DRA request: the combination whose pod VM ranks first.
+
+A DRA request usually matches more than one kind of device (several MIG profiles, a GPU share,
+whole GPUs of several models); the scheduler of a real cluster would take whichever device is
+free, and for a peer pod every one of them means a different VM. So each combination of
+alternatives is turned into the pod's VM-level intent and run through instance selection, and
+the combination whose chosen type ranks first (price, then size: `Candidate.rank`) wins; a tie
+keeps the preferred alternatives (listed first). Combinations whose claims contradict each other
+(two GPU models, MIG devices that cannot share a parent) are skipped.
+
+Many requests with many alternatives each are not enumerated: past `EXHAUSTIVE` combinations one
+request at a time is improved with the others held (a pass in request order), which finds the
+cheapest alternative of each independent request.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+from providers.catalog import Catalog
+from providers.errors import InvalidRequest, NoMatch
+from providers.request import InstanceRequest
+from providers.selection import select
+from webhook._devices import DeviceSpace
+from webhook._dra import ClaimDenied, ClaimUnit, Translation
+
+__all__ = ["EXHAUSTIVE", "choose"]
+
+EXHAUSTIVE = 64
+
+Rank = tuple[float, int, int, int, int, int, str]
+
+
+def choose(
+    translation: Translation,
+    space: DeviceSpace,
+    catalog: Catalog,
+    request_for: Callable[[list[ClaimUnit]], InstanceRequest],
+) -> list[ClaimUnit]:
+    """The claim units of the best combination (ClaimDenied/InvalidRequest if none is valid).
+
+    `request_for` turns the pod's claim units into the selection request (with the pod's own
+    extended resources and CPU/memory); it raises InvalidRequest for a contradictory pod.
+    """
+    if all(len(r.alternatives) == 1 for r in translation.requests):
+        return translation.first_valid(space)
+    cache: dict[tuple[int, ...], tuple[Rank | None, list[ClaimUnit]] | Exception] = {}
+
+    def score(picks: tuple[int, ...]) -> tuple[Rank | None, list[ClaimUnit]] | Exception:
+        found = cache.get(picks)
+        if found is not None:
+            return found
+        chosen = [r.alternatives[i] for r, i in zip(translation.requests, picks, strict=True)]
+        result: tuple[Rank | None, list[ClaimUnit]] | Exception
+        try:
+            units = translation.resolve(chosen, space)
+            request = request_for(units)
+        except InvalidRequest as exc:
+            result = exc
+        else:
+            try:
+                result = (select(catalog, request).selected.rank, units)
+            except NoMatch:
+                result = (None, units)
+        cache[picks] = result
+        return result
+
+    sizes = [len(r.alternatives) for r in translation.requests]
+    if translation.combinations <= EXHAUSTIVE:
+        order: Sequence[tuple[int, ...]] = list(itertools.product(*(range(n) for n in sizes)))
+        return _best(order, score)
+    picks = [0] * len(sizes)
+    for position, size in enumerate(sizes):
+        trials = []
+        for i in range(size):
+            trial = list(picks)
+            trial[position] = i
+            trials.append(tuple(trial))
+        best = _best_index(trials, score)
+        if best is not None:
+            picks = list(trials[best])
+    return _best([tuple(picks)], score)
+
+
+def _best_index(
+    order: Sequence[tuple[int, ...]],
+    score: Callable[[tuple[int, ...]], tuple[Rank | None, list[ClaimUnit]] | Exception],
+) -> int | None:
+    best: tuple[Rank, int] | None = None
+    fallback: int | None = None
+    for index, picks in enumerate(order):
+        result = score(picks)
+        if isinstance(result, Exception):
+            continue
+        rank, _ = result
+        if fallback is None:
+            fallback = index
+        if rank is not None and (best is None or rank < best[0]):
+            best = (rank, index)
+    return best[1] if best is not None else fallback
+
+
+def _best(
+    order: Sequence[tuple[int, ...]],
+    score: Callable[[tuple[int, ...]], tuple[Rank | None, list[ClaimUnit]] | Exception],
+) -> list[ClaimUnit]:
+    index = _best_index(order, score)
+    if index is None:  # every combination contradicts itself: say why the first one does
+        first = score(order[0])
+        assert isinstance(first, Exception)
+        if isinstance(first, InvalidRequest):
+            raise first
+        raise ClaimDenied(str(first))
+    result = score(order[index])
+    assert not isinstance(result, Exception)
+    return result[1]
