@@ -26,8 +26,11 @@ def check_bound(vm: PodVM, layout: Layout) -> None:
             assert vm.uuid_of(nodes_of(vm, m.name)) == real["uuid"]
             record = records[m.name]
             assert (record["uuid"], record["gi"], record["ci"], record["state"]) == (
-                real["uuid"], real["gi"], real["ci"], "ready",
-            )  # fmt: skip
+                real["uuid"],
+                real["gi"],
+                real["ci"],
+                "ready",
+            )
             assert record["mig_index"] == real["mig_index"]
         if gpu.name:
             minor = vm.machine.gpus[gpu.index].minor

@@ -86,8 +86,10 @@ class PodVM:
         caps = sorted(self.cap_of(m) for p, m in nodes if p.startswith("/dev/nvidia-caps/"))
         assert len(caps) == 2, nodes
         ci_cap = next(c for c in caps if "/ci" in c)
-        gpu, gi, ci = (int(part[2:] if part.startswith("gi") or part.startswith("ci") else part[3:])
-                       for part in ci_cap.split("/")[:3])  # fmt: skip
+        gpu, gi, ci = (
+            int(part[2:] if part.startswith("gi") or part.startswith("ci") else part[3:])
+            for part in ci_cap.split("/")[:3]
+        )
         assert f"gpu{gpu}/gi{gi}/access" in caps
         parents = [m for p, m in nodes if p.startswith("/dev/nvidia") and "caps" not in p]
         assert parents == [gpu], nodes

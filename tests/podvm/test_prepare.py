@@ -46,8 +46,11 @@ def test_mixed_layout_is_created_at_its_placements_and_bound_to_its_names(make_v
     assert sorted(spec.qualified_names()) == sorted(MIXED.names())
     assert "NVIDIA_VISIBLE_DEVICES=void" in spec.edits.env
     assert {n.path for n in spec.edits.device_nodes} == {
-        "/dev/nvidiactl", "/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-    }  # fmt: skip
+        "/dev/nvidiactl",
+        "/dev/nvidia-modeset",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    }
     mounts = {m.container_path for m in spec.edits.mounts}
     assert "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15" in mounts
     assert "/usr/lib/x86_64-linux-gnu/libc.so.6" not in mounts
@@ -93,8 +96,9 @@ def _pre_existing(
     g.mig_current = g.mig_pending = 1
     p = next(p for p in g.profiles() if p.name == profile)
     gi = fake_nvml.FakeGI(next(iter(fake_nvml._GI_POOLS[p.memory_slots])), p, start)
-    gi.cis[0] = fake_nvml.FakeCI(0, {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}[p.slices], p.slices, 6,
-                                 m._uuid("MIG"), list(pids))  # fmt: skip
+    gi.cis[0] = fake_nvml.FakeCI(
+        0, {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}[p.slices], p.slices, 6, m._uuid("MIG"), list(pids)
+    )
     g.gis[gi.id] = gi
 
 
@@ -143,17 +147,35 @@ def test_a_layout_the_gpu_refuses_fails_with_the_reason_through_the_cli(
     vm.machine.refuse[(1, 4)] = fake_nvml.NVML_ERROR_INSUFFICIENT_RESOURCES
     vm.send(MIXED)
     o = vm.options
-    code = main(["podvm", "prepare", "--nvml-module", "tests.podvm.fake_nvml",
-                 "--apf-json", str(o.apf_path), "--devices-json", str(o.legacy_path),
-                 "--cdi-dir", str(o.cdi_dir), "--status-file", str(o.status_path),
-                 "--state-dir", str(o.state_dir), "--root", str(o.root)])  # fmt: skip
+    code = main(
+        [
+            "podvm",
+            "prepare",
+            "--nvml-module",
+            "tests.podvm.fake_nvml",
+            "--apf-json",
+            str(o.apf_path),
+            "--devices-json",
+            str(o.legacy_path),
+            "--cdi-dir",
+            str(o.cdi_dir),
+            "--status-file",
+            str(o.status_path),
+            "--state-dir",
+            str(o.state_dir),
+            "--root",
+            str(o.root),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 1
     assert err.count("\n") == 1
-    assert err.startswith("peerpods podvm prepare: 1 of 6 planned devices could not be created: "
-                          "peerpods.io/gpu=gpu1-mig4 (3g.40gb at GPU 1 slot 4): cannot create "
-                          "GPU instance: nvmlDeviceCreateGpuInstanceWithPlacement: "
-                          "Insufficient resources (NVML 23)")  # fmt: skip
+    assert err.startswith(
+        "peerpods podvm prepare: 1 of 6 planned devices could not be created: "
+        "peerpods.io/gpu=gpu1-mig4 (3g.40gb at GPU 1 slot 4): cannot create "
+        "GPU instance: nvmlDeviceCreateGpuInstanceWithPlacement: "
+        "Insufficient resources (NVML 23)"
+    )
     (bad,) = [d for d in vm.status()["devices"] if d["state"] == "failed"]
     assert bad["name"] == "peerpods.io/gpu=gpu1-mig4"
     assert "Insufficient resources" in bad["error"]
@@ -163,8 +185,17 @@ def test_a_layout_the_gpu_refuses_fails_with_the_reason_through_the_cli(
 
 def test_a_profile_the_gpu_lacks_fails_naming_what_it_offers(make_vm: Any) -> None:
     vm = make_vm(model="h200", gpus=1)
-    vm.send(Layout(model="h200", gpus=(GpuSpec(index=0, mig=(
-        MigSpec(profile="1g.10gb", start=0, name="peerpods.io/gpu=gpu0-mig0"),)),)))  # fmt: skip
+    vm.send(
+        Layout(
+            model="h200",
+            gpus=(
+                GpuSpec(
+                    index=0,
+                    mig=(MigSpec(profile="1g.10gb", start=0, name="peerpods.io/gpu=gpu0-mig0"),),
+                ),
+            ),
+        )
+    )
     result = vm.prepare()
     assert result.exit_code == 1
     assert "profile 1g.10gb is not offered by NVIDIA H200" in result.failed[0].error
@@ -244,8 +275,11 @@ def test_legacy_devices_json_keeps_working(make_vm: Any) -> None:
     assert vm.prepare().exit_code == 0, vm.lines
     (spec,) = vm.specs().values()
     assert spec.kind == "nvidia.com/gpu" and spec.version == "0.5.0"  # names start with digits
-    assert sorted(spec.qualified_names()) == ["nvidia.com/gpu=0", "nvidia.com/gpu=1:0",
-                                              "nvidia.com/gpu=1:1"]  # fmt: skip
+    assert sorted(spec.qualified_names()) == [
+        "nvidia.com/gpu=0",
+        "nvidia.com/gpu=1:0",
+        "nvidia.com/gpu=1:1",
+    ]
     truth = {t["start"]: t["uuid"] for t in vm.machine.truth()}
     assert vm.uuid_of(nodes_of(vm, "nvidia.com/gpu=1:0")) == truth[0]  # rank by start slot
     assert vm.uuid_of(nodes_of(vm, "nvidia.com/gpu=1:1")) == truth[4]
@@ -253,10 +287,24 @@ def test_legacy_devices_json_keeps_working(make_vm: Any) -> None:
 
 def test_the_layout_of_the_vms_gpu_model_is_used(make_vm: Any) -> None:
     vm = make_vm(model="h200", gpus=1)
-    other = Layout(model="h100-80gb", gpus=(GpuSpec(index=0, mig=(
-        MigSpec(profile="3g.40gb", start=0, name="peerpods.io/gpu=gpu0-mig0"),)),))  # fmt: skip
-    mine = Layout(model="h200", gpus=(GpuSpec(index=0, mig=(
-        MigSpec(profile="3g.71gb", start=0, name="peerpods.io/gpu=gpu0-mig0"),)),))  # fmt: skip
+    other = Layout(
+        model="h100-80gb",
+        gpus=(
+            GpuSpec(
+                index=0,
+                mig=(MigSpec(profile="3g.40gb", start=0, name="peerpods.io/gpu=gpu0-mig0"),),
+            ),
+        ),
+    )
+    mine = Layout(
+        model="h200",
+        gpus=(
+            GpuSpec(
+                index=0,
+                mig=(MigSpec(profile="3g.71gb", start=0, name="peerpods.io/gpu=gpu0-mig0"),),
+            ),
+        ),
+    )
     vm.send(other, mine)
     assert vm.prepare().exit_code == 0, vm.lines
     assert [t["profile"] for t in vm.machine.truth()] == ["3g.71gb"]
@@ -264,9 +312,13 @@ def test_the_layout_of_the_vms_gpu_model_is_used(make_vm: Any) -> None:
 
 def test_rdma_names_bind_the_uverbs_devices(make_vm: Any) -> None:
     vm = make_vm(gpus=1, rdma=2)
-    vm.send(Layout(model="h100-80gb", gpus=(GpuSpec(index=0, name="peerpods.io/gpu=gpu0"),),
-                   rdma=("rdma.peerpods.io/hca=0", "rdma.peerpods.io/hca=1",
-                         "rdma.peerpods.io/hca=2")))  # fmt: skip
+    vm.send(
+        Layout(
+            model="h100-80gb",
+            gpus=(GpuSpec(index=0, name="peerpods.io/gpu=gpu0"),),
+            rdma=("rdma.peerpods.io/hca=0", "rdma.peerpods.io/hca=1", "rdma.peerpods.io/hca=2"),
+        )
+    )
     result = vm.prepare()
     assert [r.name for r in result.failed] == ["rdma.peerpods.io/hca=2"]
     specs = {s.kind: s for s in vm.specs().values()}
@@ -291,26 +343,64 @@ def test_no_layout_prepares_nothing_and_removes_old_specs(make_vm: Any) -> None:
     ("content", "message"),
     [
         ("{not json", "not JSON"),
-        (json.dumps({"peerpods-devices": {"v": 2, "layouts": [{"gpus": [{"index": 0}]}]}}),
-         "needs either a whole-GPU name or MIG devices"),
-        (json.dumps({"peerpods-devices": {"v": 2, "layouts": [{"gpus": [
-            {"index": 0, "name": "peerpods.io/gpu=x"},
-            {"index": 1, "name": "peerpods.io/gpu=x"}]}]}}),
-         "device name 'peerpods.io/gpu=x' is used twice"),
-        (json.dumps({"peerpods-devices": {"v": 2, "layouts": [{"gpus": [
-            {"index": 0, "name": "not a name"}]}]}}), "not a qualified CDI name"),
+        (
+            json.dumps({"peerpods-devices": {"v": 2, "layouts": [{"gpus": [{"index": 0}]}]}}),
+            "needs either a whole-GPU name or MIG devices",
+        ),
+        (
+            json.dumps(
+                {
+                    "peerpods-devices": {
+                        "v": 2,
+                        "layouts": [
+                            {
+                                "gpus": [
+                                    {"index": 0, "name": "peerpods.io/gpu=x"},
+                                    {"index": 1, "name": "peerpods.io/gpu=x"},
+                                ]
+                            }
+                        ],
+                    }
+                }
+            ),
+            "device name 'peerpods.io/gpu=x' is used twice",
+        ),
+        (
+            json.dumps(
+                {
+                    "peerpods-devices": {
+                        "v": 2,
+                        "layouts": [{"gpus": [{"index": 0, "name": "not a name"}]}],
+                    }
+                }
+            ),
+            "not a qualified CDI name",
+        ),
         (json.dumps({"peerpods-devices": {"v": 3}}), "v"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_layout_is_one_line_and_changes_nothing(
     make_vm: Any, capsys: pytest.CaptureFixture[str], content: str, message: str
 ) -> None:
     vm = make_vm()
     vm.options.apf_path.parent.mkdir(parents=True, exist_ok=True)
     vm.options.apf_path.write_text(content)
-    code = main(["podvm", "prepare", "--nvml-module", "tests.podvm.fake_nvml",
-                 "--apf-json", str(vm.options.apf_path), "--cdi-dir", str(vm.options.cdi_dir),
-                 "--status-file", str(vm.options.status_path), "--root", str(vm.root)])  # fmt: skip
+    code = main(
+        [
+            "podvm",
+            "prepare",
+            "--nvml-module",
+            "tests.podvm.fake_nvml",
+            "--apf-json",
+            str(vm.options.apf_path),
+            "--cdi-dir",
+            str(vm.options.cdi_dir),
+            "--status-file",
+            str(vm.options.status_path),
+            "--root",
+            str(vm.root),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and message in err, err
     assert vm.machine.calls == [] and not vm.options.cdi_dir.exists()
@@ -319,7 +409,15 @@ def test_a_bad_layout_is_one_line_and_changes_nothing(
 def test_missing_nvml_bindings_are_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["podvm", "prepare", "--nvml-module", "no_such_nvml_module",
-                 "--apf-json", str(tmp_path / "apf.json")])  # fmt: skip
+    code = main(
+        [
+            "podvm",
+            "prepare",
+            "--nvml-module",
+            "no_such_nvml_module",
+            "--apf-json",
+            str(tmp_path / "apf.json"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "no_such_nvml_module" in err
