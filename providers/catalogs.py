@@ -35,6 +35,7 @@ __all__ = [
     "load_live",
     "load_snapshot",
     "parse_cloud",
+    "snapshot_json",
     "snapshot_path",
 ]
 
@@ -64,6 +65,19 @@ def snapshot_path(cloud: str, region: str, catalog_dir: Path | None = None) -> P
     if not region or "/" in region or region.startswith("."):
         raise InvalidRequest(f"invalid region {region!r}")
     return (catalog_dir or default_catalog_dir()) / f"{cloud}-{region}.json"
+
+
+def snapshot_json(catalog: Catalog) -> str:
+    """A catalog as snapshot JSON: one instance type per line, defaults left out (diffs well)."""
+    import json
+
+    head = catalog.model_dump(mode="json", exclude={"types"})
+    lines = [
+        json.dumps(t.model_dump(mode="json", exclude_defaults=True), separators=(",", ":"))
+        for t in catalog.types
+    ]
+    body = ",\n".join(lines)
+    return json.dumps(head)[:-1] + ', "types": [\n' + body + "\n]}\n"
 
 
 def available_snapshots(cloud: str, catalog_dir: Path | None = None) -> list[str]:

@@ -248,7 +248,11 @@ class VMIntent(BaseModel):
     capacity_type: CapacityType = CapacityType.ON_DEMAND
 
     def to_request(self, **overrides: object) -> InstanceRequest:
-        """The selection request this intent implies (a Spot first pass ranks by Spot price)."""
+        """The selection request this intent implies (a Spot first pass ranks by Spot price).
+        A pod's GPUs are NVIDIA devices: a non-NVIDIA model is refused (InvalidRequest)."""
+        from providers.gpus import require_nvidia
+
+        require_nvidia(self.gpu.models)
         fields: dict[str, object] = {
             "vcpus": self.vcpus,
             "memory_mib": self.memory_mib,

@@ -26,6 +26,7 @@ __all__ = [
     "gcp_accelerator_gpu",
     "models_matching",
     "normalize",
+    "require_nvidia",
     "resolve_gpu",
     "unknown_model_id",
 ]
@@ -209,6 +210,21 @@ def models_matching(name: str) -> frozenset[str]:
     if key in _FAMILIES:
         return frozenset(_FAMILIES[key])
     return frozenset({resolve_gpu(name).id})
+
+
+def require_nvidia(names: tuple[str, ...]) -> None:
+    """Refuse a pod's GPU model that is not NVIDIA's (AMD MI300X, Radeon, Gaudi): a pod's GPUs
+    are NVIDIA devices end to end (`nvidia.com/gpu`, `gpu.nvidia.com` claims, CDI
+    `nvidia.com/gpu=N`, NVML in the pod VM), so such a type could never serve it."""
+    for name in names:
+        models = [GPU_MODELS[m] for m in models_matching(name)]
+        if models and all(m.vendor != "NVIDIA" for m in models):
+            vendor = models[0].vendor
+            raise InvalidRequest(
+                f"GPU model {name!r} is {vendor}'s ({models[0].product_name}): pod GPUs are "
+                "NVIDIA devices (nvidia.com/gpu, CDI nvidia.com/gpu), so no "
+                f"{vendor} instance type can serve this pod"
+            )
 
 
 def aws_gpu(name: str, memory_mib: int) -> GpuModel:

@@ -22,6 +22,7 @@ if str(ROOT) not in sys.path:
 
 from providers import prices  # noqa: E402
 from providers.catalog import Catalog, InstanceType  # noqa: E402
+from providers.catalogs import snapshot_json  # noqa: E402
 from providers.errors import PeerpodsError  # noqa: E402
 
 AWS_REGIONS = ("us-east-1", "us-west-2")
@@ -113,13 +114,7 @@ def makers() -> dict[str, Callable[[], Catalog]]:
 
 def dumps(catalog: Catalog) -> str:
     """JSON with one instance type per line (defaults left out), so snapshots diff well."""
-    head = catalog.model_dump(mode="json", exclude={"types"})
-    lines = [
-        json.dumps(t.model_dump(mode="json", exclude_defaults=True), separators=(",", ":"))
-        for t in catalog.types
-    ]
-    body = ",\n".join(lines)
-    return json.dumps(head)[:-1] + ', "types": [\n' + body + "\n]}\n"
+    return snapshot_json(catalog)
 
 
 def main(argv: list[str] | None = None) -> int:

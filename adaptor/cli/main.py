@@ -20,6 +20,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "select": ("adaptor.cli.select", "which instance type a request gets, and why"),
     "plan": ("adaptor.cli.plan", "the whole decision for a pod manifest, without a cluster"),
     "cdi": ("adaptor.cli.cdi", "validate, list and apply CDI specs"),
+    "catalog": (
+        "adaptor.cli.catalog",
+        "refresh a catalog snapshot with types and prices from the cloud's public sources",
+    ),
     "podvm": (
         "adaptor.cli.podvm",
         "in the pod VM: create the planned devices, write their CDI specs",

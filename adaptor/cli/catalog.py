@@ -1,0 +1,122 @@
+"""`peerpods catalog refresh`: a catalog snapshot with instance types and prices, from the cloud.
+
+Types come from the cloud's API (`--types live`, credentials needed) or from the bundled snapshot
+(`--types snapshot`, to re-price it); prices from the cloud's public price source
+(providers.price_sources: AWS Price List, Azure Retail Prices, GCP Cloud Billing Catalog). It
+writes `<provider>-<region>.json` and `prices/<provider>-<region>.csv` under `--out`, which
+`--catalog-dir` (or `PEERPODS_CATALOG_DIR`) then reads. Progress goes to stderr as a tqdm bar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from adaptor.cli import flags
+from adaptor.cli.select import add_cloud_flags
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add this subcommand's flags."""
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    refresh = sub.add_parser(
+        "refresh",
+        help="write a snapshot with types and prices from the cloud's public sources",
+        description="Write <provider>-<region>.json and prices/<provider>-<region>.csv: "
+        "instance types (live or the bundled snapshot) priced from the cloud's public source "
+        "(AWS Price List, Azure Retail Prices, GCP Cloud Billing Catalog).",
+    )
+    add_cloud_flags(refresh, "cloud to read")
+    flags.add(
+        refresh,
+        "--out",
+        default=".",
+        metavar="DIR",
+        help="folder to write <provider>-<region>.json and prices/<provider>-<region>.csv into",
+    )
+    flags.add(
+        refresh,
+        "--types",
+        choices=["live", "snapshot"],
+        default="live",
+        help="instance types from the cloud's API (live) or the bundled snapshot",
+    )
+    flags.add(
+        refresh,
+        "--gcp-api-key",
+        default="",
+        metavar="KEY",
+        help="API key for the GCP Cloud Billing Catalog (gcp only)",
+    )
+    flags.add(
+        refresh,
+        "--no-progress",
+        action="store_true",
+        default=False,
+        help="no progress bar on stderr",
+    )
+
+
+def _bar(args: argparse.Namespace, label: str) -> Any:
+    if args.no_progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(desc=label, unit=" items", file=sys.stderr, leave=False)
+
+
+def run(args: argparse.Namespace, *, session: Any = None, client: Any = None) -> int:
+    """Refresh one snapshot. `session` (HTTP, for the price source) and `client` (the cloud SDK
+    client, for live types) are for tests."""
+    from providers import prices
+    from providers.catalogs import (
+        DEFAULT_REGIONS,
+        load_live,
+        load_snapshot,
+        parse_cloud,
+        snapshot_json,
+    )
+    from providers.price_sources import fetch_prices, priced_catalog
+
+    cloud = parse_cloud(args.provider)
+    region = args.region.strip() or DEFAULT_REGIONS[cloud]
+    bar = _bar(args, f"{cloud} {region}")
+
+    def progress(stage: str, advance: int) -> None:
+        if bar is not None:
+            bar.set_description(stage)
+            bar.update(advance)
+
+    try:
+        if args.types == "snapshot":
+            catalog = load_snapshot(cloud, region)
+        elif client is not None:
+            from providers.loaders import load
+
+            catalog = load(cloud, region, client=client, progress=progress)
+        else:
+            catalog = load_live(cloud, region, progress=progress)
+        rows = fetch_prices(
+            catalog, session=session, progress=progress, gcp_api_key=args.gcp_api_key.strip()
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    priced = priced_catalog(catalog, rows)
+    priced = priced.model_copy(update={"source": f"refresh: {catalog.source or 'live'} + prices"})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{cloud}-{region}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(snapshot_json(priced))
+    tmp.replace(path)
+    written = prices.write_prices(priced, out / "prices" / f"{cloud}-{region}.csv")
+    with_price = sum(1 for t in priced.types if t.price_per_hour is not None)
+    with_spot = sum(1 for t in priced.types if t.spot_price_per_hour is not None)
+    print(
+        f"{path}: {len(priced.types)} types, {with_price} with an on-demand price, "
+        f"{with_spot} with a Spot price ({written} price rows)"
+    )
+    return 0
