@@ -199,6 +199,8 @@ def print_report(report: PlanReport, limit: int, out: TextIO) -> None:
             parts.append(f"{gpu.gpus} GPU(s)")
         if gpu.models:
             parts.append("model " + "|".join(gpu.models))
+        if gpu.products:
+            parts.append("form " + "|".join(gpu.products))
         if gpu.memory_mib:
             parts.append(f">= {gpu.memory_mib} MiB per GPU")
         if gpu.mig:
