@@ -262,6 +262,7 @@ def _translate(
     catalog: Catalog | None,
     machine_type: str,
     warnings: list[str],
+    capacity: CapacityType = CapacityType.ON_DEMAND,
 ) -> tuple[PodIntent, ContainerPlan]:
     init, app = container_lists(pod)
     resources = pod_resources(pod)
@@ -285,7 +286,8 @@ def _translate(
 
         def request_for(units: list[ClaimUnit]) -> InstanceRequest:
             gpu = _vm_gpu(init, app, per_container, units, known)
-            return PodIntent(resources.vcpus, resources.memory_mib, gpu, machine_type).request()
+            vm = PodIntent(resources.vcpus, resources.memory_mib, gpu, machine_type, capacity)
+            return vm.request()  # DRA alternatives of a Spot pod rank by Spot prices
 
         claims = choose(translation, space, catalog, request_for)
         warnings.extend(translation.warnings)
@@ -405,7 +407,7 @@ def mutate_pod(
                 kept[DEFAULT_GPU_MODEL] = encoded
     else:
         intent, plan = _translate(
-            pod, namespace, resolver or MemoryResolver(), catalog, machine_type, warnings
+            pod, namespace, resolver or MemoryResolver(), catalog, machine_type, warnings, capacity
         )
         intent = replace(intent, capacity_type=capacity)
         kept = {k: v for k, v in kept.items() if k not in OWNED_KEYS}
