@@ -53,7 +53,12 @@ def ensure_mode(nvml: Nvml, gpu: Gpu, enable: bool) -> ModeResult:
         current, pending = nvml.mig_mode(gpu)
         if current == want:
             if pending != want:  # someone asked for the other mode at the next reset: undo
-                nvml.set_mig_mode(gpu, enable)
+                try:
+                    nvml.set_mig_mode(gpu, enable)
+                except NvmlError as exc:
+                    log.warning(
+                        "GPU %d: cannot cancel a pending MIG mode change: %s", gpu.index, exc
+                    )
             return ModeResult(Mode.READY)
         if not enable:
             reason = release_all(nvml, gpu)

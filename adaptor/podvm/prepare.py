@@ -241,7 +241,9 @@ def _prepare_gpus(
 ) -> None:
     gpus = nvml.gpus() if needs_gpus else []
     layout = choose_layout(document, gpus)
-    assert layout is not None
+    if layout is None:  # only empty layouts: nothing planned
+        result.specs = write_specs({}, options.cdi_dir)
+        return
     entries = records_for(layout)
     result.records = [record for record, _ in entries]
     by_gpu: dict[int, list[tuple[DeviceRecord, Any]]] = {}

@@ -100,3 +100,10 @@ def test_user_data_carries_the_forwarder_tls_and_the_planned_mig_layout(tmp_path
     planned = [(m.gpu, m.profile, m.start) for m in plan.mig_layout]
     assert sorted(told) == sorted(planned)
     assert devices["mig"][0] == []  # GPU 0 is the whole GPU the pod asked for
+
+    # apf.json (on CAA's allow-list) carries the same layout with every injected name
+    layout = next(x for x in apf["peerpods-devices"]["layouts"] if x["model"] == plan.model)
+    named = {m["name"]: (g["index"], m["profile"], m["start"])
+             for g in layout["gpus"] for m in g.get("mig", [])}  # fmt: skip
+    assert named == {m.name: (m.gpu, m.profile, m.start) for m in plan.mig}
+    assert [g["name"] for g in layout["gpus"] if g.get("name")] == list(plan.gpus)
