@@ -537,10 +537,11 @@ def config_from_args(args: argparse.Namespace) -> GcpConfig:
 def from_args(args: argparse.Namespace, owner_id: str, resolve: Resolver = identity) -> GcpProvider:
     """The provider `peerpods serve --provider gcp` runs."""
     config = config_from_args(args)
+    provider = GcpProvider(config, owner_id, resolve=resolve)  # project and zones first
     if not config.image:
         # Refused at start: otherwise the daemon would run and fail every pod's StartVM.
         raise InvalidRequest(
             "gcp provider: no pod VM image (set --gcp-image or --pod-vm-image, "
             "env PEERPODS_POD_VM_IMAGE)"
         )
-    return GcpProvider(config, owner_id, resolve=resolve)
+    return provider
