@@ -133,8 +133,11 @@ class RebootGuard:
         write_atomic(self.marker, json.dumps({"layout": digest, "boot_id": self.boot_id}))
 
     def clear(self) -> None:
-        self.marker.unlink(missing_ok=True)
-        self.saved.unlink(missing_ok=True)
+        for path in (self.marker, self.saved):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:  # a read-only or missing state dir holds no guard
+                log.debug("%s: %s", path, exc)
 
 
 def digest_of(document: LayoutDocument) -> str:
@@ -274,18 +277,20 @@ def _prepare_gpus(
     pending = {i: m.reason for i, m in modes.items() if m.mode is migops.Mode.NEEDS_RESET}
     digest = digest_of(document)
     if pending:
+        why = "rebooting is turned off"
         if options.reboot and guard.may_reboot(digest):
-            guard.arm(digest, document)
-            result.rebooting = True
-            for index, reason in sorted(pending.items()):
-                for record, _ in by_gpu[index]:
-                    record.fail(f"{reason}: rebooting once")
-            return
-        why = (
-            "still pending after a reboot; this platform cannot reset the GPU"
-            if options.reboot
-            else "rebooting is turned off"
-        )
+            try:
+                guard.arm(digest, document)
+            except OSError as exc:
+                why = f"not rebooting: cannot write the reboot guard: {exc.strerror or exc}"
+            else:
+                result.rebooting = True
+                for index, reason in sorted(pending.items()):
+                    for record, _ in by_gpu[index]:
+                        record.fail(f"{reason}: rebooting once")
+                return
+        elif options.reboot:
+            why = "still pending after a reboot; this platform cannot reset the GPU"
         for index, reason in pending.items():
             for record, _ in by_gpu[index]:
                 record.fail(f"{reason}, {why}")

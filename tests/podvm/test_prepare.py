@@ -254,6 +254,18 @@ def test_a_mode_still_pending_after_the_reboot_is_not_rebooted_again(make_vm: An
     assert vm.status()["devices"][0]["state"] == "ready"  # the whole GPU is unaffected
 
 
+def test_no_writable_state_means_no_reboot(make_vm: Any) -> None:
+    vm = make_vm(passthrough=True)
+    vm.options.state_dir.parent.mkdir(parents=True, exist_ok=True)
+    vm.options.state_dir.write_text("a file where the state dir should be")
+    vm.send(MIXED)
+    result = vm.prepare()
+    assert result.exit_code == 1 and not (vm.base / "rebooted").exists()
+    assert "not rebooting: cannot write the reboot guard" in result.failed[0].error
+    vm.machine.reboot()  # rebooted by hand: where no reboot is needed, no state dir is needed
+    assert vm.prepare().exit_code == 0, vm.lines
+
+
 def test_no_reboot_fails_the_pending_gpu(make_vm: Any) -> None:
     vm = make_vm(passthrough=True)
     vm.send(MIXED)
