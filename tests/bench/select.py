@@ -42,6 +42,9 @@ REQUESTS: dict[str, InstanceRequest] = {
         gpus=1, gpu_models=("l4",), fractional=True, zone="us-east-1b"
     ),
     "impossible: 16 H100": InstanceRequest(gpus=16, gpu_models=("h100",)),
+    "any GPU >= 23 GiB of one form": InstanceRequest(
+        gpus=1, gpu_memory_mib=23 * GIB, gpu_products=("nvidia-l40s",)
+    ),
 }
 
 
@@ -73,13 +76,14 @@ def everything(catalog: Catalog, request: InstanceRequest) -> None:
 
 
 def naive(catalog: Catalog, request: InstanceRequest) -> None:
-    matcher = _Matcher.build(request, _index(catalog))
+    index = _index(catalog)
+    matcher = _Matcher.build(request, index)
     fits = []
     for t in catalog.types:
         result = matcher.check(t)
         if not isinstance(result, Rejection):
             fits.append((t, result))
-    fits.sort(key=lambda pair: _rank_key(*pair))
+    fits.sort(key=lambda pair: _rank_key(*pair, index.rates))
 
 
 def moto_load() -> Catalog:
