@@ -66,6 +66,21 @@ def test_daemonset_serves_the_kata_socket_directory() -> None:
     assert "kata.peerpods.io~1vm" in " ".join(init["command"])
 
 
+def test_daemonset_has_what_pod_networking_needs_and_no_more() -> None:
+    daemonset = next(d for _, d in DOCUMENTS if d["kind"] == "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    adaptor = next(c for c in pod["containers"] if c["name"] == "adaptor")
+    security = adaptor["securityContext"]
+    assert security["privileged"] is False
+    assert security["capabilities"] == {"add": ["NET_ADMIN", "SYS_ADMIN"]}
+    mounts = {m["mountPath"]: m for m in adaptor["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for path in ("/run/netns", "/var/run/netns"):
+        assert mounts[path]["mountPropagation"] == "HostToContainer"
+        assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path
+
+
 def _flag_env_names(command: str) -> set[str]:
     import argparse
 
