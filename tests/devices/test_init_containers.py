@@ -184,7 +184,7 @@ def _containers(draw: st.DrawFn, prefix: str, init: bool) -> list[tuple[Doc, boo
             if draw(st.integers(0, 3)) == 0:
                 limits[f"nvidia.com/mig-{profile}"] = draw(st.integers(1, 2))
         if draw(st.integers(0, 4)) == 0:
-            limits["vpc.amazonaws.com/efa"] = 1
+            limits["rdma/ib"] = 1
         claim = draw(st.integers(0, 3)) == 0
         sidecar = init and draw(st.booleans())
         extra = {"resources": {"claims": [{"name": "shared"}]}} if claim else {}
@@ -206,29 +206,34 @@ def _steps(init: list[Doc], app: list[Doc]) -> dict[str, tuple[int, int]]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_containers("i", init=True), _containers("a", init=False))
+@given(
+    st.sampled_from(["aws", "azure", "gcp"]),
+    _containers("i", init=True),
+    _containers("a", init=False),
+)
 def test_random_pods_never_oversubscribe_or_share(
-    init_drawn: list[tuple[Doc, bool]], app_drawn: list[tuple[Doc, bool]]
+    provider: str, init_drawn: list[tuple[Doc, bool]], app_drawn: list[tuple[Doc, bool]]
 ) -> None:
     init = [c for c, _ in init_drawn]
     app = [c for c, _ in app_drawn]
     claimants = {c["name"] for c, claim in [*init_drawn, *app_drawn] if claim}
     documents = [pod(init, app, claims=bool(claimants)), CLASS, CLAIM]
-    report = plan_manifest(documents, "aws", catalog=_AWS)
+    report = plan_manifest(documents, provider, catalog=_CATALOGS[provider])
     assume(report.ok)  # some draws ask more than any type has
     assert report.devices is not None and report.selection is not None
     chosen = report.selection.selected.instance_type
     devices = report.devices
     # never more than the chosen type has
-    has = chosen.gpu.count if chosen.gpu is not None else 0
+    candidate = report.selection.selected
+    has = candidate.gpus  # bundled, or attached at create (GCP N1)
     mig_gpus = len({m.gpu for m in devices.mig})
     assert len(devices.gpus) + mig_gpus <= has
     if devices.mig:
         wanted: dict[str, int] = {}
         for m in devices.mig:
             wanted[m.profile] = wanted.get(m.profile, 0) + 1
-        assert chosen.gpu is not None
-        assert pack(chosen.gpu.model, wanted, has - len(devices.gpus)) is not None
+        assert candidate.gpu_model is not None
+        assert pack(candidate.gpu_model, wanted, has - len(devices.gpus)) is not None
     assert len(devices.rdma) <= rdma_devices(chosen)
     got = cdi(report)
     claim_devices = {d for name in claimants for d in got[name]}
@@ -238,7 +243,7 @@ def test_random_pods_never_oversubscribe_or_share(
         own = limits.get(GPU, 0) + sum(
             n for k, n in limits.items() if k.startswith("nvidia.com/mig-")
         )
-        own += limits.get("vpc.amazonaws.com/efa", 0)
+        own += limits.get("rdma/ib", 0)
         assert len(got[c["name"]]) == own + (1 if c["name"] in claimants else 0)
     # containers running at the same time share a device only through the shared claim
     steps = _steps(init, app)
@@ -254,5 +259,9 @@ def test_random_pods_never_oversubscribe_or_share(
                 assert common <= claim_devices
 
 
-_AWS = load_catalog("aws", "us-east-1")
+_CATALOGS = {
+    "aws": load_catalog("aws", "us-east-1"),
+    "azure": load_catalog("azure", "eastus"),
+    "gcp": load_catalog("gcp", "us-central1"),
+}
 compile_selector("true")  # the CEL engine raises the recursion limit once, before Hypothesis runs
