@@ -16,6 +16,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import ValidationError
+
 from providers.catalog import Catalog
 from providers.errors import InvalidRequest, NoMatch, PeerpodsError
 from webhook._devices import SelectorRunner, selector_limits
@@ -105,4 +107,18 @@ class Admission:
         except PeerpodsError as exc:
             log.warning("denied pod %s/%s: %s", request.namespace, name, exc)
             return response(uid, allowed=False, code=500, message=str(exc))
+        except ValidationError as exc:
+            # a value the contract models refuse (too many devices, a name too long)
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            message = f"the pod's device plan is invalid: {where}: {first['msg']}"
+            log.info("denied pod %s/%s: %s", request.namespace, name, message)
+            return response(uid, allowed=False, code=400, message=message)
+        except (ValueError, TypeError, AttributeError, KeyError, IndexError, RecursionError) as exc:
+            # Mutating admission sees the object before the API server validates it: whatever
+            # shape it has, the answer is a denial with a reason, never an HTTP 500.
+            log.exception("denied pod %s/%s on an unexpected input", request.namespace, name)
+            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+            message = f"peerpods: the pod cannot be admitted as written ({reason})"
+            return response(uid, allowed=False, code=400, message=message)
         return response(uid, patch=result.patch, warnings=result.warnings)

@@ -42,6 +42,12 @@ from providers.skus import product_key
 from webhook._devices import DeviceSpace, Match, VirtualDevice
 from webhook._resolver import Resolver
 
+# the contract's limit on a unit id (DeviceUnit.id's max_length)
+UNIT_ID_MAX: int = next(
+    int(getattr(m, "max_length", 0))
+    for m in DeviceUnit.model_fields["id"].metadata
+    if getattr(m, "max_length", None)
+)
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _MODEL_ATTRIBUTES = ("productName", "architecture", "brand", "cudaComputeCapability", "type")
 
@@ -405,6 +411,12 @@ def translate(
         out.constraints += translator.constraints(claim, spec.get("devices") or {}, units, where)
         for name, alternatives in units.items():
             uid = f"claim-{claim}-{name}"
+            if len(uid) > UNIT_ID_MAX:
+                # admitted, it could never start: the adaptor refuses the plan's unit id
+                raise ClaimDenied(
+                    f"{where} request {name}: claim and request names are too long together "
+                    f"(unit id {len(uid)} characters, at most {UNIT_ID_MAX}: shorten either name)"
+                )
             out.requests.append(
                 ClaimRequest(
                     claim,

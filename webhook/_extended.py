@@ -39,8 +39,15 @@ def mig_profile(resource: str) -> str:
 
 def _count(value: Any, where: str) -> int:
     text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit():
-        raise InvalidRequest(f"{where}: expected a whole number of devices, got {value!r}")
+    # ASCII digits only ('²' and '٣' are digits to Python), and never a number so long that
+    # converting it costs anything: anything over 64 is refused below anyway
+    if isinstance(value, bool) or not (text.isascii() and text.isdigit()):
+        shown = repr(value) if len(text) <= 40 else repr(text[:40] + "...")
+        raise InvalidRequest(f"{where}: expected a whole number of devices, got {shown}")
+    if len(text) > 18:
+        raise InvalidRequest(
+            f"{where}: a {len(text)}-digit device count is more than any VM offers"
+        )
     count = int(text)
     if count > 64:
         raise InvalidRequest(f"{where}: {count} devices is more than any VM offers (64)")
@@ -50,6 +57,8 @@ def _count(value: Any, where: str) -> int:
 def container_units(container: Mapping[str, Any], where: str) -> list[DeviceUnit]:
     """The device units one container's extended resources ask for (limits, else requests)."""
     resources = container.get("resources") or {}
+    if not isinstance(resources, dict):
+        raise InvalidRequest(f"{where}.resources is not a map")
     merged: dict[str, Any] = {}
     for section in ("requests", "limits"):  # limits win
         values = resources.get(section) or {}
@@ -77,6 +86,9 @@ def container_units(container: Mapping[str, Any], where: str) -> list[DeviceUnit
             units.append(
                 DeviceUnit(id=f"{name}-mig-{profile}", kind="mig", count=count, profile=profile)
             )
+    if gpus > 64 or rdma > 64:
+        what, total = ("GPUs", gpus) if gpus > 64 else ("RDMA devices", rdma)
+        raise InvalidRequest(f"{where}: {total} {what} in all is more than any VM offers (64)")
     if rdma:
         units.append(DeviceUnit(id=f"{name}-rdma", kind="rdma", count=rdma))
     return units

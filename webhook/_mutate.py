@@ -327,8 +327,9 @@ def _existing_intent(
 ) -> tuple[PodIntent, ContainerPlan]:
     def integer(key: str) -> int:
         raw = annotations.get(key, "")
-        if raw and not raw.isdigit():
-            raise AnnotationError(key, f"expected a non-negative integer, got {raw!r}")
+        if raw and not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+            shown = raw if len(raw) <= 40 else raw[:40] + "..."
+            raise AnnotationError(key, f"expected a non-negative integer, got {shown!r}")
         return int(raw or 0)
 
     gpu = decode_gpu_model(annotations.get(DEFAULT_GPU_MODEL, ""), integer(DEFAULT_GPUS))

@@ -31,6 +31,8 @@ class PodResources:
 
 
 def _amount(resources: Mapping[str, Any], name: str, where: str) -> Decimal:
+    if not isinstance(resources, dict):
+        raise InvalidRequest(f"{where}.resources is not a map")
     for section in ("limits", "requests"):
         values = resources.get(section) or {}
         if not isinstance(values, dict):
@@ -53,6 +55,9 @@ def container_lists(pod: Pod) -> tuple[list[dict[str, Any]], list[dict[str, Any]
         items = spec.get(field) or []
         if not isinstance(items, list) or not all(isinstance(c, dict) for c in items):
             raise InvalidRequest(f"spec.{field} is not a list of containers")
+        for index, item in enumerate(items):
+            if not isinstance(item.get("resources") or {}, dict):
+                raise InvalidRequest(f"spec.{field}[{index}].resources is not a map")
         out.append(items)
     return out[0], out[1]
 
