@@ -223,6 +223,11 @@ def prepare(options: Options, lib: Any, out: Callable[[str], None] = print) -> R
         return result
     try:
         _prepare_gpus(options, nvml, host, guard, document, result, needs_gpus)
+    except NvmlError as exc:  # a call outside any one device's steps: every device fails
+        if not result.records:
+            result.records = [record for record, _ in records_for(document.layouts[0])]
+        for record in result.records:  # no spec was written
+            record.state, record.error = "failed", record.error or f"NVML: {exc}"
     finally:
         if needs_gpus:
             try:
@@ -264,16 +269,17 @@ def _prepare_gpus(
                 record.fail(f"the VM has {len(gpus)} GPU(s), no GPU {spec.index}")
             continue
         modes[spec.index] = migops.ensure_mode(nvml, gpus[spec.index], enable=bool(spec.mig))
-    if any(m.mode is migops.Mode.CHANGED for m in modes.values()):
+    switched = [
+        spec
+        for spec in layout.gpus
+        if spec.index in modes and modes[spec.index].mode is migops.Mode.CHANGED
+    ]
+    if switched:
         result.changed = True
-        nvml.reinit()
+        nvml.reinit()  # the GPUs were reset: handles (and minor numbers) may have changed
         gpus = nvml.gpus()
-        for spec in layout.gpus:
-            if (
-                modes.get(spec.index, migops.ModeResult(migops.Mode.READY)).mode
-                is migops.Mode.CHANGED
-            ):
-                modes[spec.index] = migops.mode_now(nvml, gpus[spec.index], enable=bool(spec.mig))
+        for spec in switched:
+            modes[spec.index] = migops.mode_now(nvml, gpus[spec.index], enable=bool(spec.mig))
     pending = {i: m.reason for i, m in modes.items() if m.mode is migops.Mode.NEEDS_RESET}
     digest = digest_of(document)
     if pending:
@@ -303,14 +309,13 @@ def _prepare_gpus(
 
     # MIG devices, GPU by GPU
     for spec in layout.gpus:
-        if (
-            spec.mig
-            and modes.get(spec.index, migops.ModeResult(migops.Mode.FAILED)).mode
-            is migops.Mode.READY
-        ):
-            planned = [(entry, record) for record, entry in by_gpu[spec.index] if not record.error]
-            if planned:
-                result.changed |= migops.reconcile(nvml, gpus[spec.index], planned)
+        if not spec.mig or spec.index not in modes:
+            continue
+        if modes[spec.index].mode is not migops.Mode.READY:
+            continue
+        planned = [(entry, record) for record, entry in by_gpu[spec.index] if not record.error]
+        if planned:
+            result.changed |= migops.reconcile(nvml, gpus[spec.index], planned)
 
     # read everything back from a fresh NVML session
     nvml.reinit()

@@ -218,6 +218,25 @@ def test_a_whole_gpu_left_in_mig_mode_is_switched_back(make_vm: Any) -> None:
     assert vm.machine.gpus[0].mig_current == 0 and not vm.machine.gpus[0].gis
 
 
+def test_an_nvml_failure_outside_any_device_fails_them_all_with_a_status(
+    make_vm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vm = make_vm()
+    vm.send(MIXED)
+
+    def broken() -> str:
+        raise fake_nvml.NVMLError(999)
+
+    monkeypatch.setattr(fake_nvml, "nvmlSystemGetDriverVersion", broken)
+    result = vm.prepare()
+    assert result.exit_code == 1 and len(result.failed) == 6
+    assert (
+        vm.status()["devices"][0]["error"]
+        == "NVML: nvmlSystemGetDriverVersion: Unknown Error (NVML 999)"
+    )
+    assert vm.spec_texts() == {}
+
+
 # --- pending MIG mode: one reboot, never a loop ------------------------------------------------
 
 
