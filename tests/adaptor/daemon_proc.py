@@ -64,6 +64,8 @@ class ServeProcess:
     process: asyncio.subprocess.Process | None = None
     logs: list[Path] = field(default_factory=list)
     status_url: str = ""
+    # A network namespace (path) the daemon runs in, as a worker node's daemon (tests/podnet).
+    netns: str = ""
 
     @property
     def socket(self) -> str:
@@ -99,6 +101,7 @@ class ServeProcess:
                 stderr=stderr,
                 cwd=ROOT,
                 env=env,
+                preexec_fn=_enter(self.netns) if self.netns else None,
             )
         assert self.process.stdout is not None
         try:
@@ -151,6 +154,17 @@ class ServeProcess:
         """Read the state database from outside the daemon, as a status tool would."""
         with contextlib.closing(sqlite3.connect(self.state_db)) as db:
             return list(db.execute(query).fetchall())
+
+
+def _enter(netns: str) -> Any:
+    """A preexec_fn moving the child into `netns` before it runs the daemon."""
+
+    def enter() -> None:
+        from pyroute2.netns import setns
+
+        setns(netns, flags=0)
+
+    return enter
 
 
 def exists(path: str | Path) -> bool:
