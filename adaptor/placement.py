@@ -133,7 +133,9 @@ class Placement:
         """The device plan each GPU model among the candidates would get, best candidate first.
 
         The VM is told all of them (a capacity fallback may land on another model, whose MIG
-        profile names and packing differ) and applies the one matching its GPUs.
+        profile names and packing differ) and applies the one matching its GPUs. Types of one
+        model differ only in their RDMA device count, so each model's plan names the most RDMA
+        devices any of its candidates has (their names are a prefix of that list).
         """
         plans: dict[str, DevicePlan] = {}
         if self.catalog is None or intent.gpu.empty:
@@ -141,12 +143,17 @@ class Placement:
         types = self.catalog.by_name()
         for name in candidates:
             known = _attached(types, name)
-            if known is None or known.gpu is None or known.gpu.model in plans:
+            if known is None or known.gpu is None:
                 continue
+            seen = plans.get(known.gpu.model)
             try:
-                plans[known.gpu.model] = plan_devices(None, intent.gpu, known, self.naming)
+                plan = plan_devices(None, intent.gpu, known, self.naming)
             except InvalidRequest:
                 continue
+            if seen is None or len(plan.rdma) > len(seen.rdma):
+                plans[known.gpu.model] = (
+                    plan if seen is None else seen.model_copy(update={"rdma": plan.rdma})
+                )
         return plans
 
     def device_plan(self, intent: VMIntent, instance: Instance) -> DevicePlan:

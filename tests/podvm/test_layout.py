@@ -1,0 +1,44 @@
+"""The layout the adaptor sends: every name CreateContainer may carry, whichever candidate the VM
+turns out to be."""
+
+from __future__ import annotations
+
+from adaptor.placement import Placement
+from adaptor.podvm.layout import Layout, LayoutDocument, parse_document
+from providers import contract
+from providers.base import Instance
+from providers.catalogs import load_snapshot
+
+
+def intent_for(model_field: str, gpus: int = 1) -> contract.VMIntent:
+    return contract.parse_vm_annotations(
+        {
+            contract.SANDBOX_NAME: "p",
+            contract.SANDBOX_NAMESPACE: "default",
+            contract.DEFAULT_GPUS: str(gpus),
+            contract.DEFAULT_GPU_MODEL: model_field,
+        }
+    )
+
+
+def test_the_layout_names_every_rdma_device_any_candidate_of_the_model_has() -> None:
+    placement = Placement(catalog=load_snapshot("aws", "us-east-1"))
+    intent = intent_for("v1:m=h100;rdma=1")
+    candidates = placement.candidates(intent)
+    assert candidates[:2] == ("p5.4xlarge", "p5.48xlarge")  # 1 EFA device, then 32
+    sent = LayoutDocument.from_plans(placement.plans_by_model(intent, candidates).values())
+    (layout,) = sent.layouts
+    for name in candidates:  # a capacity fallback may land on either
+        stored = placement.device_plan(intent, Instance("i", "vm", ("10.0.0.1",), name))
+        assert set(stored.default) <= set(layout.names()), name
+
+
+def test_a_plan_becomes_a_layout_and_back() -> None:
+    placement = Placement(catalog=load_snapshot("aws", "us-east-1"))
+    intent = intent_for("v1:mig=1g.10gb:2,3g.40gb:1", gpus=1)
+    candidates = placement.candidates(intent)
+    plan = placement.device_plan(intent, Instance("i", "vm", ("10.0.0.1",), candidates[0]))
+    layout = Layout.from_plan(plan)
+    assert layout.names() == [*plan.gpus, *(m.name for m in plan.mig), *plan.rdma]
+    doc = LayoutDocument(layouts=(layout,))
+    assert parse_document(doc.to_json(), "apf.json") == doc
