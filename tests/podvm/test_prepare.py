@@ -452,3 +452,25 @@ def test_missing_nvml_bindings_are_one_line(
     )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "no_such_nvml_module" in err
+
+
+def test_nvidia_ctks_spec_is_left_alone_and_a_same_kind_spec_is_warned_about(make_vm: Any) -> None:
+    vm = make_vm()
+    etc = vm.options.other_cdi_dirs[0]
+    etc.mkdir(parents=True)
+    ctk = {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [{"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}],
+    }
+    (etc / "nvidia.json").write_text(json.dumps(ctk))
+    vm.options.cdi_dir.mkdir(parents=True)
+    (vm.options.cdi_dir / "nvidia.json").write_text(json.dumps(ctk))
+    vm.send(MIXED)
+    assert vm.prepare().exit_code == 0
+    assert not [line for line in vm.lines if "warning" in line]
+    assert json.loads((vm.options.cdi_dir / "nvidia.json").read_text()) == ctk
+
+    (etc / "other.json").write_text(json.dumps(dict(ctk, kind="peerpods.io/gpu")))
+    assert vm.prepare().exit_code == 0
+    assert f"podvm: warning: {etc / 'other.json'} also defines kind peerpods.io/gpu" in vm.lines
