@@ -170,7 +170,7 @@ class PreemptionWatcher:
         assert record.instance is not None
         instance = record.instance
         if not await self.manager.mark_preempted(record.id, instance.id, reason):
-            return False  # stopped or restarted meanwhile
+            return False  # stopped meanwhile, or another check got there first
         log.warning("sandbox %s: VM %s lost: %s", record.id, instance.id, reason)
         metrics.PREEMPTIONS.labels(
             provider=self.provider.name, capacity_type=instance.capacity_type
@@ -186,5 +186,5 @@ class PreemptionWatcher:
         else:
             note = f"{reason}; VM {instance.id} and its disks and NICs deleted"
         with contextlib.suppress(PeerpodsError):
-            await self.manager.mark_preempted(record.id, instance.id, note)
+            await self.manager.mark_preempted(record.id, instance.id, note, again=True)
         return True

@@ -411,18 +411,22 @@ class SandboxManager:
         """The agent proxy serving a sandbox now, if any."""
         return self._proxies.get(sandbox_id)
 
-    async def mark_preempted(self, sandbox_id: str, instance_id: str, reason: str) -> bool:
+    async def mark_preempted(
+        self, sandbox_id: str, instance_id: str, reason: str, *, again: bool = False
+    ) -> bool:
         """Record that the cloud took a running sandbox's VM away (adaptor.hypervisor.preemption).
 
-        True when the sandbox runs (or was already marked preempted) on `instance_id`; False when
-        it moved on meanwhile (stopped, stopping, another VM), and then nothing is written. The
+        True when the sandbox ran on `instance_id` and is now preempted (with `again`: was
+        preempted already, and gets the new reason); False when it moved on meanwhile (stopped,
+        stopping, another VM, or another check marked it first), and then nothing is written. The
         VM stays in the record, so the StopVM that follows deletes it again (idempotently).
         """
         async with self._locked(sandbox_id):
             record = await self.store.get(sandbox_id)
             if record is None or record.instance is None or record.instance.id != instance_id:
                 return False
-            if record.state not in (SandboxState.RUNNING, SandboxState.PREEMPTED):
+            wanted = SandboxState.PREEMPTED if again else SandboxState.RUNNING
+            if record.state is not wanted:
                 return False
             await self.store.put(record.evolve(state=SandboxState.PREEMPTED, reason=reason))
             return True

@@ -65,3 +65,24 @@ async def test_no_watcher_for_a_provider_that_cannot_inspect(root: Path) -> None
         assert daemon.watcher is None
     finally:
         await daemon.close()
+
+
+async def test_concurrent_checks_count_a_preemption_once(root: Path) -> None:
+    provider = InspectableFake()
+    daemon = Daemon(daemon_settings(root), provider=provider, proxy_factory=FakeProxies())
+    await daemon.start()
+    try:
+        assert daemon.manager is not None and daemon.watcher is not None
+        await daemon.manager.create_vm("sb1", ANNOTATIONS)
+        await daemon.manager.start_vm("sb1")
+        record = await daemon.manager.store.get("sb1")
+        assert record is not None
+        provider.vms.clear()
+        found = await asyncio.gather(*(daemon.watcher.check(record) for _ in range(3)))
+        assert sorted(found) == [False, False, True]
+        assert len(provider.purged) == 1
+        marked = await daemon.manager.store.get("sb1")
+        assert marked is not None and marked.state is SandboxState.PREEMPTED
+        assert "disks and NICs deleted" in marked.reason
+    finally:
+        await daemon.close()
