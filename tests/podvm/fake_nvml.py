@@ -47,20 +47,23 @@ NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
 NVML_COMPUTE_INSTANCE_PROFILE_COUNT = 0x9
 NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
 
-_TEXT = {
-    1: "Uninitialized",
-    2: "Invalid Argument",
-    3: "Not Supported",
-    6: "Not Found",
-    7: "Insufficient Size",
-    16: "GPU requires restart",
-    19: "In use by another client",
-    23: "Insufficient resources",
+# code -> (pynvml's subclass suffix, the text str() gives; pynvml has none for 19 and 23)
+_ERRORS = {
+    1: ("Uninitialized", "Uninitialized"),
+    2: ("InvalidArgument", "Invalid Argument"),
+    3: ("NotSupported", "Not Supported"),
+    6: ("NotFound", "Not Found"),
+    7: ("InsufficientSize", "Insufficient Size"),
+    9: ("DriverNotLoaded", "Driver Not Loaded"),
+    16: ("ResetRequired", "GPU requires restart"),
+    19: ("InUse", ""),
+    23: ("InsufficientResources", ""),
+    999: ("Unknown", "Unknown Error"),
 }
 
 
 class NVMLError(Exception):
-    """pynvml's error: `value` is the nvmlReturn_t; a subclass per code."""
+    """pynvml's error: `value` is the nvmlReturn_t; a subclass per code, named as pynvml does."""
 
     _classes: dict[int, type[NVMLError]] = {}
 
@@ -73,11 +76,12 @@ class NVMLError(Exception):
         self.value = value
 
     def __str__(self) -> str:
-        return _TEXT.get(self.value, f"Unknown Error {self.value}")
+        text = _ERRORS.get(self.value, ("", ""))[1]
+        return text or f"NVML Error with code {self.value}"
 
 
-for _code, _text in _TEXT.items():
-    _name = "NVMLError_" + re.sub(r"[^A-Za-z]", "", _text.title())
+for _code, (_suffix, _) in _ERRORS.items():
+    _name = "NVMLError_" + _suffix
     NVMLError._classes[_code] = type(_name, (NVMLError,), {})
     globals()[_name] = NVMLError._classes[_code]
 
