@@ -19,7 +19,6 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
@@ -86,10 +85,20 @@ def _jump(chain: str) -> list[dict[str, Any]]:
     return [_expr("immediate", dreg=0, data={"attrs": [("NFTA_DATA_VERDICT", verdict)]})]
 
 
-def _rules(nft: Any, chain: str) -> Iterator[Any]:
+def _ruleset(nft: Any) -> dict[str, list[Any]]:
+    """Rules of table `raw` by chain: one dump, read once per operation (decoding is costly)."""
+    chains: dict[str, list[Any]] = {}
     for rule in nft.get_rules():
-        if rule.get_attr("NFTA_RULE_TABLE") == TABLE and rule.get_attr("NFTA_RULE_CHAIN") == chain:
-            yield rule
+        if rule.get_attr("NFTA_RULE_TABLE") == TABLE:
+            chains.setdefault(rule.get_attr("NFTA_RULE_CHAIN"), []).append(rule)
+    return chains
+
+
+def _ours_rule(rule: Any, vni: int, remote: str) -> bool:
+    return bool(
+        rule.get_attr("NFTA_RULE_USERDATA") == comment(vni)
+        and (not remote or _matches_address(rule, remote))
+    )
 
 
 def _jumps_to(rule: Any, chain: str) -> bool:
@@ -146,10 +155,12 @@ def add(host_netns: str | None, vni: int, remote: str, port: int) -> None:
     with _LOCK:
         try:
             with _netns.nftables(host_netns) as nft:
-                tables = [t.get_attr("NFTA_TABLE_NAME") for t in nft.get_tables()]
-                if TABLE not in tables:
-                    nft.table("add", name=TABLE, userdata=OWNER_COMMENT)
                 chains = _chains(nft)
+                if not chains:
+                    tables = [t.get_attr("NFTA_TABLE_NAME") for t in nft.get_tables()]
+                    if TABLE not in tables:
+                        nft.table("add", name=TABLE, userdata=OWNER_COMMENT)
+                rules = _ruleset(nft) if chains else {}
                 for base, hook, ours, which in CHAINS:
                     if base not in chains:
                         nft.chain(
@@ -163,14 +174,9 @@ def add(host_netns: str | None, vni: int, remote: str, port: int) -> None:
                         )
                     if ours not in chains:
                         nft.chain("add", table=TABLE, name=ours)
-                    if not any(_jumps_to(r, ours) for r in _rules(nft, base)):
+                    if not any(_jumps_to(r, ours) for r in rules.get(base, ())):
                         nft.rule("add", table=TABLE, chain=base, expressions=[_jump(ours)])
-                    present = any(
-                        r.get_attr("NFTA_RULE_USERDATA") == comment(vni)
-                        and _matches_address(r, remote)
-                        for r in _rules(nft, ours)
-                    )
-                    if not present:
+                    if not any(_ours_rule(r, vni, remote) for r in rules.get(ours, ())):
                         nft.rule(
                             "add",
                             table=TABLE,
@@ -185,16 +191,11 @@ def add(host_netns: str | None, vni: int, remote: str, port: int) -> None:
 def present(host_netns: str | None, vni: int, remote: str) -> bool:
     """Whether both of a pod's rules are in place."""
     with _netns.nftables(host_netns) as nft:
-        chains = _chains(nft)
-        for _base, _hook, ours, _which in CHAINS:
-            if ours not in chains:
-                return False
-            if not any(
-                r.get_attr("NFTA_RULE_USERDATA") == comment(vni) and _matches_address(r, remote)
-                for r in _rules(nft, ours)
-            ):
-                return False
-    return True
+        rules = _ruleset(nft)
+    return all(
+        any(_ours_rule(r, vni, remote) for r in rules.get(ours, ()))
+        for _base, _hook, ours, _which in CHAINS
+    )
 
 
 def remove(host_netns: str | None, vni: int, remote: str) -> None:
@@ -203,40 +204,43 @@ def remove(host_netns: str | None, vni: int, remote: str) -> None:
         try:
             with _netns.nftables(host_netns) as nft:
                 chains = _chains(nft)
+                rules = _ruleset(nft) if chains else {}
+                left = len(chains)
                 for base, _hook, ours, _which in CHAINS:
                     if ours not in chains:
                         continue
-                    for rule in list(_rules(nft, ours)):
-                        if rule.get_attr("NFTA_RULE_USERDATA") == comment(vni) and (
-                            not remote or _matches_address(rule, remote)
-                        ):
-                            nft.rule(
-                                "del",
-                                table=TABLE,
-                                chain=ours,
-                                handle=rule.get_attr("NFTA_RULE_HANDLE"),
-                            )
-                    if any(True for _ in _rules(nft, ours)):
+                    remaining = []
+                    for rule in rules.get(ours, ()):
+                        if _ours_rule(rule, vni, remote):
+                            _delete_rule(nft, ours, rule)
+                        else:
+                            remaining.append(rule)
+                    if remaining:
                         continue
-                    for rule in list(_rules(nft, base)):
+                    base_rules = []
+                    for rule in rules.get(base, ()):
                         if _jumps_to(rule, ours):
-                            nft.rule(
-                                "del",
-                                table=TABLE,
-                                chain=base,
-                                handle=rule.get_attr("NFTA_RULE_HANDLE"),
-                            )
+                            _delete_rule(nft, base, rule)
+                        else:
+                            base_rules.append(rule)
                     nft.chain("del", table=TABLE, name=ours)
+                    left -= 1
                     base_chain = chains.get(base)
                     if (
                         base_chain is not None
                         and _ours(base_chain, "NFTA_CHAIN_USERDATA")
-                        and not any(True for _ in _rules(nft, base))
+                        and not base_rules
                     ):
                         nft.chain("del", table=TABLE, name=base)
-                tables = {t.get_attr("NFTA_TABLE_NAME"): t for t in nft.get_tables()}
-                table = tables.get(TABLE)
-                if table is not None and _ours(table, "NFTA_TABLE_USERDATA") and not _chains(nft):
-                    nft.table("del", name=TABLE)
+                        left -= 1
+                if chains and not left:
+                    tables = {t.get_attr("NFTA_TABLE_NAME"): t for t in nft.get_tables()}
+                    table = tables.get(TABLE)
+                    if table is not None and _ours(table, "NFTA_TABLE_USERDATA"):
+                        nft.table("del", name=TABLE)
         except NetlinkError as exc:
             raise TunnelError(f"removing NOTRACK rules of VNI {vni}: {exc}") from None
+
+
+def _delete_rule(nft: Any, chain: str, rule: Any) -> None:
+    nft.rule("del", table=TABLE, chain=chain, handle=rule.get_attr("NFTA_RULE_HANDLE"))

@@ -49,8 +49,14 @@ class Health:
 
 
 def _link(ipr: Any, name: str) -> Any | None:
-    found = ipr.link_lookup(ifname=name)
-    return ipr.get_links(found[0])[0] if found else None
+    """The link called `name` (one RTM_GETLINK by name), or None."""
+    try:
+        links = ipr.link("get", ifname=name)
+    except NetlinkError as exc:
+        if exc.code in (errno.ENODEV, errno.ENOENT):
+            return None
+        raise
+    return links[0] if links else None
 
 
 def _vxlan_info(link: Any) -> dict[str, Any]:
@@ -77,10 +83,12 @@ def _has_redirect(ipr: Any, index: int) -> bool:
     )
 
 
-def _redirect(ipr: Any, index: int, target: int) -> None:
-    if not _has_ingress(ipr, index):
+def _redirect(ipr: Any, index: int, target: int, fresh: bool = False) -> None:
+    """Ingress qdisc plus the match-all redirect; `fresh`: the device has neither (skip looking)."""
+    if fresh or not _has_ingress(ipr, index):
         ipr.tc("add", "ingress", index, "ffff:")
-    if not _has_redirect(ipr, index):
+        fresh = True
+    if fresh or not _has_redirect(ipr, index):
         ipr.tc(
             "add-filter",
             "u32",
@@ -130,6 +138,7 @@ def setup(host_netns: str | None, netns: str, network: PodNetwork, remote: str) 
                     f"{netns} already has a {VXLAN_DEVICE} that is not this pod's tunnel "
                     f"(VNI {network.vxlan_id})"
                 )
+            fresh = vxlan is None
             if vxlan is None:
                 # A redirect left on the pod interface points at the device that is gone.
                 _unredirect(pod, eth["index"])
@@ -138,8 +147,8 @@ def setup(host_netns: str | None, netns: str, network: PodNetwork, remote: str) 
                 if vxlan is None:
                     raise TunnelError(f"{VXLAN_DEVICE} did not appear in {netns}")
             pod.link("set", index=vxlan["index"], state="up")
-            _redirect(pod, eth["index"], vxlan["index"])
-            _redirect(pod, vxlan["index"], eth["index"])
+            _redirect(pod, eth["index"], vxlan["index"], fresh)
+            _redirect(pod, vxlan["index"], eth["index"], fresh)
     except NetlinkError as exc:
         raise TunnelError(f"tunnel VNI {network.vxlan_id} in {netns}: {exc}") from None
 
