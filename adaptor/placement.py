@@ -192,7 +192,7 @@ def _attached(types: Mapping[str, InstanceType], name: str) -> InstanceType | No
     except InvalidRequest:
         return known
     memory = next((a.memory_mib for a in known.attachable_gpus if a.model == model), 0)
-    if not count.isdigit() or int(count) < 1:
+    if not (count.isascii() and count.isdigit() and len(count) <= 9) or int(count) < 1:
         return known
     return known.model_copy(
         update={"gpu": GpuSpec(model=model, count=int(count), memory_mib=memory)}

@@ -142,12 +142,18 @@ def encode_gpu_model(intent: GpuIntent, capacity: CapacityType = CapacityType.ON
     return f"{GPU_MODEL_VERSION}:" + ";".join(fields) if fields else ""
 
 
+def _digits(text: str, most: int = 18) -> bool:
+    """ASCII digits only ('²' and '٣' are digits to str.isdigit), few enough to convert cheaply."""
+    return text.isascii() and text.isdigit() and len(text) <= most
+
+
 def _int_annotation(annotations: Mapping[str, str], key: str) -> int:
     raw = annotations.get(key, "").strip()
     if not raw:
         return 0
-    if not raw.isdigit():
-        raise AnnotationError(key, f"expected a non-negative integer, got {raw!r}")
+    if not _digits(raw):
+        shown = raw if len(raw) <= 40 else raw[:40] + "..."
+        raise AnnotationError(key, f"expected a non-negative integer, got {shown!r}")
     value = int(raw)
     if value > 1 << 20:
         raise AnnotationError(key, f"value {value} is out of range")
@@ -165,7 +171,7 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
             raise AnnotationError(key, f"unsupported encoding version in {value!r}")
         legacy = tuple(m.strip() for m in value.split(",") if m.strip())
         for model in legacy:
-            if not _MODEL.match(model):
+            if not _MODEL.fullmatch(model):
                 raise AnnotationError(key, f"invalid GPU model name {model!r}")
         return GpuIntent(gpus=gpus, models=legacy)
     models: tuple[str, ...] = ()
@@ -179,23 +185,23 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
         name, _, arg = part.partition("=")
         if name == "m" and arg:
             models = tuple(m for m in arg.split("|") if m)
-            if not models or not all(_MODEL.match(m) for m in models):
+            if not models or not all(_MODEL.fullmatch(m) for m in models):
                 raise AnnotationError(key, f"invalid model list {arg!r}")
         elif name == "p" and arg:
             products = tuple(m for m in arg.split("|") if m)
-            if not products or not all(_MODEL.match(m) for m in products):
+            if not products or not all(_MODEL.fullmatch(m) for m in products):
                 raise AnnotationError(key, f"invalid GPU product list {arg!r}")
-        elif name == "mem" and arg.isdigit():
+        elif name == "mem" and _digits(arg):
             memory_mib = int(arg)
         elif name == "mig" and arg:
             for item in arg.split(","):
                 profile, _, count = item.partition(":")
-                if not _PROFILE.match(profile) or not count.isdigit() or int(count) <= 0:
+                if not _PROFILE.fullmatch(profile) or not _digits(count) or int(count) <= 0:
                     raise AnnotationError(key, f"invalid MIG entry {item!r} (want PROFILE:COUNT)")
                 mig[profile] = mig.get(profile, 0) + int(count)
         elif name in ("frac", "rdma") and not arg:
             flags.add(name)
-        elif name == "rdma" and arg.isdigit() and int(arg) >= 1:
+        elif name == "rdma" and _digits(arg) and int(arg) >= 1:
             flags.add(name)
             rdma_devices = int(arg)
         elif name == "cap" and arg in _WRITTEN_CAPACITY:
@@ -279,9 +285,9 @@ def parse_vm_annotations(annotations: Mapping[str, str]) -> VMIntent:
     """Read CreateVM's annotations; every error names the annotation at fault."""
     name = annotations.get(SANDBOX_NAME, "")
     namespace = annotations.get(SANDBOX_NAMESPACE, "")
-    if not name or not _DNS_SUBDOMAIN.match(name):
+    if not name or not _DNS_SUBDOMAIN.fullmatch(name):
         raise AnnotationError(SANDBOX_NAME, f"not a valid pod name: {name!r}")
-    if not namespace or not _DNS_LABEL.match(namespace):
+    if not namespace or not _DNS_LABEL.fullmatch(namespace):
         raise AnnotationError(SANDBOX_NAMESPACE, f"not a valid namespace: {namespace!r}")
     gpus = _int_annotation(annotations, DEFAULT_GPUS)
     machine_type = annotations.get(MACHINE_TYPE, "").strip()
@@ -322,7 +328,7 @@ class DeviceUnit(BaseModel):
 
     @model_validator(mode="after")
     def _profile_only_for_mig(self) -> DeviceUnit:
-        if self.kind == "mig" and not _PROFILE.match(self.profile):
+        if self.kind == "mig" and not _PROFILE.fullmatch(self.profile):
             raise ValueError(f"unit {self.id}: MIG unit needs a profile like 1g.10gb")
         if self.kind != "mig" and self.profile:
             raise ValueError(f"unit {self.id}: only MIG units carry a profile")

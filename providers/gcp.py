@@ -125,7 +125,7 @@ def n1_candidate(machine_type: str, gpu_model: str, count: int) -> str:
 
 def parse_candidate(candidate: str) -> tuple[str, str, int]:
     """(machine type, accelerator type or "", count) of a candidate name."""
-    match = _CANDIDATE.match(candidate)
+    match = _CANDIDATE.fullmatch(candidate)
     if not match:
         raise InvalidRequest(f"not a GCP machine type: {candidate!r}")
     count = int(match["count"] or 0)

@@ -148,7 +148,7 @@ def _limit(item: str, key: str, value: int) -> QuotaLimit:
     if prefix in ("gpus", "gpu"):
         return QuotaLimit("gpus", _model(item, rest), value)
     if prefix in ("family", "vcpus"):
-        if not rest or not _FAMILY_KEY.match(rest):
+        if not rest or not _FAMILY_KEY.fullmatch(rest):
             raise InvalidRequest(f"--gpu-quota item {item!r}: name an instance family")
         return QuotaLimit("family" if prefix == "family" else "vcpus", rest.lower(), value)
     raise InvalidRequest(
@@ -186,7 +186,7 @@ def demand_of_name(name: str, types: Mapping[str, InstanceType]) -> Demand | Non
 
     `types` is the catalog by name; None when it does not know the type (nothing to count).
     """
-    match = _ATTACHED.match(name)
+    match = _ATTACHED.fullmatch(name)
     if match is not None:
         t = types.get(match["type"])
         if t is None:

@@ -179,7 +179,7 @@ def _is_quantity(text: Any) -> celtypes.BoolType:
 
 def _semver(text: Any) -> Semver:
     _charge(_size_cost(text))
-    match = _SEMVER.match(str(text))
+    match = _SEMVER.fullmatch(str(text))
     if not match:
         raise ValueError(f"invalid semver {text!r}")
     return Semver((int(match[1]), int(match[2]), int(match[3])))
@@ -187,7 +187,7 @@ def _semver(text: Any) -> Semver:
 
 def _is_semver(text: Any) -> celtypes.BoolType:
     _charge(_size_cost(text))
-    return celtypes.BoolType(bool(_SEMVER.match(str(text))))
+    return celtypes.BoolType(bool(_SEMVER.fullmatch(str(text))))
 
 
 def _key(value: Any) -> Any:

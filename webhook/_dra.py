@@ -151,7 +151,7 @@ class Translation:
 
 def _checked_name(value: Any, what: str) -> str:
     text = str(value or "")
-    if not _NAME.match(text):
+    if not _NAME.fullmatch(text):
         raise ClaimDenied(f"{what}: {text!r} is not a valid object name")
     return text
 

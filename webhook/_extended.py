@@ -29,7 +29,7 @@ def is_device_resource(name: str) -> bool:
 
 def mig_profile(resource: str) -> str:
     """`nvidia.com/mig-1g.10gb.me` -> `1g.10gb+me`; InvalidRequest for a malformed name."""
-    match = _PROFILE.match(resource[len(MIG_PREFIX) :])
+    match = _PROFILE.fullmatch(resource[len(MIG_PREFIX) :])
     if not match:
         raise InvalidRequest(
             f"resource {resource}: not a MIG profile (like nvidia.com/mig-1g.10gb)"

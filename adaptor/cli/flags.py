@@ -7,8 +7,8 @@ import os
 import re
 from typing import Any
 
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(h|ms|m|s))+$")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(h|ms|m|s))+$", re.ASCII)
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)", re.ASCII)
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 
@@ -44,6 +44,6 @@ def add(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> argparse.A
 def duration(text: str) -> float:
     """A CAA-style duration (`30s`, `5m`, `1h30m`, `250ms`) in seconds."""
     text = text.strip()
-    if not _DURATION.match(text):
+    if not _DURATION.fullmatch(text):
         raise argparse.ArgumentTypeError(f"invalid duration {text!r} (use e.g. 30s, 5m, 1h)")
     return sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(text))

@@ -100,7 +100,7 @@ def machine_type_candidates(intent: VMIntent) -> tuple[str, ...]:
 
 def check_sandbox_id(sandbox_id: str) -> str:
     """A sandbox id must be usable as one path component (it names the socket directory)."""
-    if not _SANDBOX_ID.match(sandbox_id):
+    if not _SANDBOX_ID.fullmatch(sandbox_id):
         raise InvalidRequest(
             f"invalid sandbox id {sandbox_id[:80]!r}: want 1-128 characters of "
             "[A-Za-z0-9_.-] starting with a letter or digit"
