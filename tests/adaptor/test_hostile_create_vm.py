@@ -1,3 +1,4 @@
+# ruff: noqa: E501
 """CreateVM as a tenant can shape it (pod annotations reach it, sandbox ids come from the shim):
 every bad value is INVALID_ARGUMENT with its reason, never INTERNAL, and nothing is recorded."""
 
