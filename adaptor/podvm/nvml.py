@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from providers.errors import PeerpodsError
-
-T = TypeVar("T")
 
 # nvmlReturn_t values used by name (nvml.h)
 NOT_SUPPORTED = 3
@@ -29,6 +26,7 @@ INVALID_ARGUMENT = 2
 NOT_FOUND = 6
 RESET_REQUIRED = 16
 IN_USE = 19
+FUNCTION_NOT_FOUND = 13
 INSUFFICIENT_RESOURCES = 23
 MIG_DISABLE = 0
 MIG_ENABLE = 1
@@ -39,6 +37,7 @@ _ERROR_NAMES = {
     4: "Insufficient Permissions",
     6: "Not Found",
     9: "Driver Not Loaded",
+    13: "Function Not Found",
     16: "GPU requires restart",
     19: "In use by another client",
     23: "Insufficient resources",
@@ -189,8 +188,8 @@ class Nvml:
             try:
                 found = self._call(call, handle)
             except NvmlError as exc:
-                if exc.code in (NOT_SUPPORTED, NOT_FOUND):
-                    continue
+                if exc.code in (NOT_SUPPORTED, NOT_FOUND, FUNCTION_NOT_FOUND):
+                    continue  # an older driver without the call, or no such list
                 raise
             pids += [int(p.pid) for p in found if int(p.pid) not in pids]
         return pids
@@ -373,11 +372,3 @@ class Nvml:
                 )
             )
         return out
-
-
-def guarded(call: Callable[[], T]) -> tuple[T | None, str]:
-    """Run one NVML step; (result, "") or (None, the reason it failed)."""
-    try:
-        return call(), ""
-    except NvmlError as exc:
-        return None, str(exc)
