@@ -98,6 +98,11 @@ class Catalog(BaseModel):
     cloud: Cloud
     region: str
     source: str = Field("", description="how it was made: 'snapshot <date>', 'live', 'moto'")
+    gpu_prices: dict[str, float] = Field(
+        default_factory=dict,
+        description="on-demand USD per hour of one GPU by model, where the cloud prices GPUs "
+        "apart from machines (GCP): what an unpriced type's GPUs are estimated at",
+    )
     types: tuple[InstanceType, ...] = ()
 
     @cached_property

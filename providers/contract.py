@@ -258,12 +258,12 @@ class VMIntent(BaseModel):
         A pod's GPUs are NVIDIA devices: a non-NVIDIA model is refused (InvalidRequest)."""
         from providers.gpus import require_nvidia
 
-        require_nvidia(self.gpu.models)
+        models = require_nvidia(self.gpu.models)
         fields: dict[str, object] = {
             "vcpus": self.vcpus,
             "memory_mib": self.memory_mib,
             "gpus": self.gpu.gpus,
-            "gpu_models": self.gpu.models,
+            "gpu_models": models,
             "gpu_products": self.gpu.products,
             "gpu_memory_mib": self.gpu.memory_mib,
             "mig": dict(self.gpu.mig),

@@ -212,19 +212,27 @@ def models_matching(name: str) -> frozenset[str]:
     return frozenset({resolve_gpu(name).id})
 
 
-def require_nvidia(names: tuple[str, ...]) -> None:
-    """Refuse a pod's GPU model that is not NVIDIA's (AMD MI300X, Radeon, Gaudi): a pod's GPUs
-    are NVIDIA devices end to end (`nvidia.com/gpu`, `gpu.nvidia.com` claims, CDI
-    `nvidia.com/gpu=N`, NVML in the pod VM), so such a type could never serve it."""
+def require_nvidia(names: tuple[str, ...]) -> tuple[str, ...]:
+    """A pod's acceptable GPU models less those not NVIDIA's (AMD MI300X, Radeon, Gaudi): a
+    pod's GPUs are NVIDIA devices end to end (`nvidia.com/gpu`, `gpu.nvidia.com` claims, CDI
+    `nvidia.com/gpu=N`, NVML in the pod VM), so such a type could never serve it. When every
+    model named is another vendor's the pod is refused (InvalidRequest) saying so."""
+    kept: list[str] = []
+    refused: GpuModel | None = None
     for name in names:
         models = [GPU_MODELS[m] for m in models_matching(name)]
         if models and all(m.vendor != "NVIDIA" for m in models):
-            vendor = models[0].vendor
-            raise InvalidRequest(
-                f"GPU model {name!r} is {vendor}'s ({models[0].product_name}): pod GPUs are "
-                "NVIDIA devices (nvidia.com/gpu, CDI nvidia.com/gpu), so no "
-                f"{vendor} instance type can serve this pod"
-            )
+            refused = refused or models[0]
+        else:
+            kept.append(name)
+    if refused is not None and not kept:
+        vendor = refused.vendor
+        raise InvalidRequest(
+            f"GPU model {refused.id!r} is {vendor}'s ({refused.product_name}): pod GPUs are "
+            f"NVIDIA devices (nvidia.com/gpu, CDI nvidia.com/gpu), so no {vendor} instance "
+            "type can serve this pod"
+        )
+    return tuple(kept)
 
 
 def aws_gpu(name: str, memory_mib: int) -> GpuModel:

@@ -249,7 +249,11 @@ def gcp_prices(
         found = _SERIES_SKU.match(description)
         if found:
             series.setdefault((found.group("series").lower(), found.group("what"), usage), price)
-    rows: dict[str, Price] = {}
+    rows: dict[str, Price] = {
+        GPU_ROW_PREFIX + model: Price(price, gpus.get((model, "Preemptible")))
+        for (model, usage), price in sorted(gpus.items())
+        if usage == "OnDemand"
+    }
     for t in catalog.types:
         on_demand = _gcp_type_price(t, series, gpus, "OnDemand")
         spot = _gcp_type_price(t, series, gpus, "Preemptible")
@@ -301,6 +305,11 @@ def fetch_prices(
 
 def priced_catalog(catalog: Catalog, rows: Mapping[str, Price]) -> Catalog:
     """The catalog with these prices set (replacing any it had), types without a row unpriced."""
+    gpu_prices = {
+        name[len(GPU_ROW_PREFIX) :]: row.on_demand
+        for name, row in rows.items()
+        if name.startswith(GPU_ROW_PREFIX) and row.on_demand is not None
+    }
     types = []
     for t in catalog.types:
         row = rows.get(t.name, Price())
@@ -319,4 +328,4 @@ def priced_catalog(catalog: Catalog, rows: Mapping[str, Price]) -> Catalog:
                 for a in t.attachable_gpus
             )
         types.append(t.model_copy(update=update))
-    return catalog.model_copy(update={"types": tuple(types)})
+    return catalog.model_copy(update={"types": tuple(types), "gpu_prices": gpu_prices})

@@ -140,7 +140,14 @@ def with_prices(catalog: Catalog, directory: Path | None = None) -> Catalog:
     if not table:
         return catalog
     types = tuple(_priced(t, table) for t in catalog.types)
-    return catalog.model_copy(update={"types": types})
+    gpu_prices = dict(catalog.gpu_prices)
+    for name, row in table.items():
+        model = name[len(GPU_ROW_PREFIX) :]
+        if name.startswith(GPU_ROW_PREFIX) and row.on_demand is not None:
+            gpu_prices.setdefault(model, row.on_demand)
+    return catalog.model_copy(
+        update={"types": types, "gpu_prices": dict(sorted(gpu_prices.items()))}
+    )
 
 
 def _text(value: float | None) -> str:
@@ -149,7 +156,9 @@ def _text(value: float | None) -> str:
 
 def write_prices(catalog: Catalog, path: Path) -> int:
     """Write a catalog's prices as a price CSV (atomically); returns the rows written."""
-    rows: dict[str, Price] = {}
+    rows: dict[str, Price] = {
+        GPU_ROW_PREFIX + model: Price(price, None) for model, price in catalog.gpu_prices.items()
+    }
     for t in catalog.types:
         if t.price_per_hour is not None or t.spot_price_per_hour is not None:
             rows[t.name] = Price(t.price_per_hour, t.spot_price_per_hour)

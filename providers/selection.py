@@ -27,7 +27,7 @@ from typing import Final, NamedTuple
 
 from providers.catalog import Catalog, InstanceType
 from providers.errors import NoMatch
-from providers.estimates import catalog_gpu_rates, estimate_price
+from providers.estimates import catalog_gpu_rates, estimate_price, gpu_hourly_usd
 from providers.gpus import GPU_MODELS, models_matching
 from providers.mig import MigLayout, pack, profiles_for
 from providers.request import InstanceRequest
@@ -166,7 +166,7 @@ def _index(catalog: Catalog) -> _Index:
     if cached is not None and cached[0]() is catalog:
         return cached[1]
     has_zones = any(t.zones for t in catalog.types)
-    rates = catalog_gpu_rates(catalog.types)
+    rates = {**catalog_gpu_rates(catalog.types), **catalog.gpu_prices}
     rows = tuple(
         (
             t,
@@ -371,7 +371,16 @@ class _Matcher:
             if not fits:
                 worst = max((o for o in options if isinstance(o, Rejection)), key=_stage)
                 return Rejection(t.name, worst.reason, worst.stage, worst.gpu_model, worst.have)
-            fit = min(fits, key=lambda f: (f.gpus, f.gpu_memory_mib, f.gpu_model or ""))
+            # the cheapest GPU to attach (list price, else its reference rate), then the fewest
+            per_gpu = {a.model: a.price_per_hour for a in t.attachable_gpus}
+
+            def attached_cost(f: _Fit) -> tuple[float, int, int, str]:
+                model = f.gpu_model or ""
+                rate = per_gpu.get(model)
+                cost = f.attach * (rate if rate is not None else gpu_hourly_usd(model))
+                return (round(cost, 6), f.gpus, f.gpu_memory_mib, model)
+
+            fit = min(fits, key=attached_cost)
         elif t.gpu is not None and not request.instance_type:  # named explicitly: take it
             return Rejection(t.name, f"has {t.gpu.count} {t.gpu.model}, no GPU requested", NO_GPU)
         if self.products and fit.gpu_model is not None:

@@ -80,6 +80,11 @@ def test_an_amd_gpu_is_never_an_nvidia_answer_and_a_pod_naming_it_is_refused() -
     intent = VMIntent(pod_name="p", pod_namespace="n", gpu=GpuIntent(gpus=8, models=("mi300x",)))
     with pytest.raises(InvalidRequest, match=r"AMD.*NVIDIA devices"):
         intent.to_request()
+    # among alternatives (a DRA selector any GPU memory matches), only the NVIDIA ones remain
+    either = VMIntent(
+        pod_name="p", pod_namespace="n", gpu=GpuIntent(gpus=1, models=("mi300x", "h100"))
+    )
+    assert either.to_request().gpu_models == ("h100",)
 
 
 def test_g7_rtx_pro_4500_loads_and_an_unknown_gpu_is_recorded_not_dropped() -> None:
@@ -138,17 +143,27 @@ def test_gcp_n1_costs_the_machine_plus_its_attached_gpus() -> None:
     assert not chosen.price_estimated
 
 
+def test_gcp_attaches_the_cheapest_gpu_that_serves() -> None:
+    # any NVIDIA GPU, 5 vCPUs, 16.1 GiB: an N1 with one T4 ($0.35/h) beats one P4 ($0.60/h) and
+    # a G2 with its L4 (g2-standard-8 $0.8536/h): n1-standard-8 $0.38 + $0.35
+    chosen = top("gcp", gpus=1, vcpus=5, memory_mib=16512)
+    assert (chosen.name, chosen.gpu_model, chosen.attach_gpus) == ("n1-standard-8", "t4", 1)
+    assert chosen.price_per_hour == pytest.approx(8 * 0.031611 + 30 * 0.004237 + 0.35, abs=1e-5)
+
+
 def test_an_unpriced_type_ranks_by_an_estimate_from_its_gpus_not_last() -> None:
     gcp = catalogs.load_catalog("gcp")
     mega = gcp.by_name()["a3-megagpu-8g"]
     assert mega.price_per_hour is None
-    # estimated at the catalog's own H100 rate (from the priced a3-highgpu-8g): about its price
+    # estimated at the region's own H100 list price (GCP prices GPUs apart from machines)
     selection = select(gcp, InstanceRequest(gpus=8, gpu_models=("h100",)))
     by = {c.name: c for c in selection.candidates}
     assert by["a3-megagpu-8g"].price_estimated
-    estimate = estimate_price(mega, rates=catalog_gpu_rates(gcp.types))
+    rates = {**catalog_gpu_rates(gcp.types), **gcp.gpu_prices}
+    estimate = estimate_price(mega, rates=rates)
     assert by["a3-megagpu-8g"].price_per_hour == estimate
-    assert estimate == pytest.approx(by["a3-highgpu-8g"].price_per_hour or 0, rel=0.01)
+    # GCP's H100 list price per GPU ($9.79655/h) on a host at the reference rates
+    assert estimate == pytest.approx(208 * 0.0315 + 1872 * 0.0042 + 8 * 9.79655, abs=1e-3)
     assert "estimate" in by["a3-megagpu-8g"].reasons[1]
     # Azure's ND H200 v5 has no bundled price: it ranks between priced 8-GPU types by its
     # estimate, not after every priced type
