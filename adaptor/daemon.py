@@ -206,6 +206,7 @@ class Daemon:
             ),
             self.store,
         )
+        await self.podnet.scan()
         self.manager = SandboxManager(
             ManagerConfig(
                 pods_dir=settings.pods_dir,

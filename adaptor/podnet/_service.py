@@ -77,6 +77,22 @@ class PodNet:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="podnet")
         self._allocating = asyncio.Lock()
         self._cursor: int | None = None
+        # VNIs other VXLAN devices on this node use (found by `scan`): never handed out.
+        self._foreign: set[int] = set()
+
+    async def scan(self) -> set[int]:
+        """At start: note VNIs on the tunnel port that no sandbox here holds (devices this
+        daemon did not make, e.g. CAA's on a node taken over live), so none is handed out again
+        (the check CAA added in its #3280)."""
+        in_use = await self._run(_tunnel.vnis_in_use, self.settings.vxlan_port, self._host_netns)
+        held = {int(v) for v in await self._leases.leases(VNI_POOL) if v.isdigit()}
+        self._foreign = in_use - held
+        if self._foreign:
+            log.info(
+                "VNIs already in use on this node by other tunnels, skipped: %s",
+                ", ".join(str(v) for v in sorted(self._foreign)),
+            )
+        return set(self._foreign)
 
     async def close(self) -> None:
         """Stop the worker threads (after the calls in flight)."""
@@ -98,9 +114,15 @@ class PodNet:
                 return mine
             if self._cursor is None:
                 numbers = [int(v) for v in held if v.isdigit() and int(v) >= low]
+                numbers += [v for v in self._foreign if v >= low]
                 self._cursor = max(numbers) + 1 if numbers else low
             start = self._cursor - low
-            window = [str(low + (start + k) % size) for k in range(min(size, len(held) + 1))]
+            span = min(size, len(held) + len(self._foreign) + 1)
+            window = [
+                str(vni)
+                for vni in (low + (start + k) % size for k in range(span))
+                if vni not in self._foreign
+            ]
             chosen = await self._leases.acquire_lease(VNI_POOL, sandbox_id, window)
             if chosen is None:
                 raise VniExhausted(

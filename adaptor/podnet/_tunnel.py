@@ -229,6 +229,42 @@ def teardown(host_netns: str | None, netns: str, network: PodNetwork, remote: st
     _notrack.remove(host_netns, network.vxlan_id, remote)
 
 
+NETNS_DIRS = ("/run/netns", "/var/run/netns")
+
+
+def vnis_in_use(port: int, host_netns: str | None = None) -> set[int]:
+    """VNIs of VXLAN devices on `port` in the worker's netns and in every named netns (where
+    the CRI keeps pods'): tunnels this daemon may not know, e.g. CAA's on a node taken over
+    live. Namespaces that cannot be read are skipped. Blocking."""
+    paths: dict[tuple[int, int], str] = {}
+    for directory in NETNS_DIRS:
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            paths.setdefault((st.st_dev, st.st_ino), path)
+    found: set[int] = set()
+    namespaces: list[str | None] = [host_netns, *paths.values()]
+    for ns in namespaces:
+        if ns is not None and not _netns.netns_exists(ns):
+            continue
+        try:
+            with _netns.iproute(ns) as ipr:
+                for link in ipr.get_links():
+                    info = _vxlan_info(link)
+                    if info.get("port") == port and info.get("id") is not None:
+                        found.add(int(info["id"]))
+        except (PodNetError, NetlinkError, OSError):
+            continue
+    return found
+
+
 def resolve_ipv4(host: str) -> str:
     """The pod VM's IPv4 address (the static provider's endpoints may be names). Blocking."""
     try:

@@ -107,3 +107,50 @@ def test_user_data_carries_the_forwarder_tls_and_the_planned_mig_layout(tmp_path
              for g in layout["gpus"] for m in g.get("mig", [])}  # fmt: skip
     assert named == {m.name: (m.gpu, m.profile, m.start) for m in plan.mig}
     assert [g["name"] for g in layout["gpus"] if g.get("name")] == list(plan.gpus)
+
+
+def test_user_data_carries_the_pod_network_and_keeps_an_operator_copy(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from adaptor.podnet import PodNetwork, Route, Tunnel
+
+    network = PodNetwork(
+        pod_ip="10.244.1.21/24",
+        pod_hw_addr="32:b9:59:6b:f0:d5",
+        interface="eth0",
+        worker_node_ip="10.224.0.5/16",
+        routes=(Route("10.244.1.0/24", "", "eth0", "kernel", "link"),),
+        neighbors=(),
+        mtu=1500,
+        index=2,
+        vxlan_port=4789,
+        vxlan_id=555002,
+    )
+    placement = Placement(catalog=load_snapshot("aws", "us-east-1"))
+    pki = AdaptorPKI.load_or_create(tmp_path / "state")
+    intent = contract.parse_vm_annotations(ANNOTATIONS)
+    pods = tmp_path / "pods"
+    build = user_data_builder("aws", placement, pki, pods)
+    with_net = SandboxRecord(
+        id="sb-net",
+        pod_namespace="default",
+        pod_name="pod-a",
+        pod_network=Tunnel("/var/run/netns/cni-1", network).to_json(),
+    )
+    text = build(with_net, intent, ())
+    files = {f["path"]: f["content"] for f in yaml.safe_load(text)["write_files"]}
+    apf = json.loads(files["/run/peerpod/apf.json"])
+    assert apf["pod-network"] == network.to_json()
+    assert apf["pod-network"]["routes"] == [
+        {"dst": "10.244.1.0/24", "gw": "", "dev": "eth0", "protocol": "kernel", "scope": "link"}
+    ]
+    copy = pods / "sb-net" / "apf.json"
+    assert stat.S_IMODE(os.stat(copy).st_mode) == 0o600
+    assert json.loads(copy.read_text()) == apf
+    # No netns: pod-network null, as CAA sends it.
+    plain = SandboxRecord(id="sb-plain", pod_namespace="default", pod_name="pod-b")
+    files = {
+        f["path"]: f["content"] for f in yaml.safe_load(build(plain, intent, ()))["write_files"]
+    }
+    assert json.loads(files["/run/peerpod/apf.json"])["pod-network"] is None

@@ -254,3 +254,29 @@ async def test_repair_recreates_missing_parts_and_reports_a_gone_netns(
             await podnet.repair(tunnel)
     finally:
         await podnet.close()
+
+
+async def test_vnis_of_tunnels_this_daemon_did_not_make_are_skipped(
+    topo: Topology, store: StateStore
+) -> None:
+    """A node taken over from CAA: its pod already has vxlan1 with VNI 555000 on port 4789."""
+    pod, _ip = await asyncio.to_thread(topo.add_pod)
+
+    def caa_tunnel() -> None:
+        with _netns.iproute(pod) as ipr:
+            ipr.link(
+                "add",
+                ifname="vxlan1",
+                kind="vxlan",
+                vxlan_id=555000,
+                vxlan_group="192.168.1.200",
+                vxlan_port=4789,
+            )
+
+    await asyncio.to_thread(caa_tunnel)
+    podnet = PodNet(PodNetSettings(), store, host_netns=topo.worker)
+    try:
+        assert 555000 in await podnet.scan()
+        assert await podnet.allocate_vni("new") == 555001
+    finally:
+        await podnet.close()

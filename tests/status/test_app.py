@@ -97,3 +97,41 @@ async def test_metrics_count_sandboxes_by_state(tmp_path: Path) -> None:
     finally:
         await client.aclose()
         await store.close()
+
+
+async def test_each_sandbox_shows_its_pod_network(tmp_path: Path) -> None:
+    from adaptor.podnet import PodNetwork, Route, Tunnel, TunnelState
+
+    client, store, _book = await _client(tmp_path)
+    network = PodNetwork(
+        pod_ip="10.244.1.21/24",
+        pod_hw_addr="32:b9:59:6b:f0:d5",
+        interface="eth0",
+        worker_node_ip="10.224.0.5/16",
+        routes=(Route("0.0.0.0/0", "10.244.1.1", "eth0", "boot"),),
+        neighbors=(),
+        mtu=1500,
+        index=2,
+        vxlan_port=4789,
+        vxlan_id=555002,
+    )
+    tunnel = Tunnel("/var/run/netns/cni-1", network, "10.224.0.9", TunnelState.READY)
+    try:
+        await store.put(SandboxRecord("with", "ns", "a", pod_network=tunnel.to_json()))
+        await store.put(SandboxRecord("without", "ns", "b"))
+        body = (await client.get("/v1/sandboxes/with")).json()
+        assert body["pod_network"] == {
+            "pod_ip": "10.244.1.21/24",
+            "interface": "eth0",
+            "vni": 555002,
+            "vxlan_port": 4789,
+            "worker_ip": "10.224.0.5/16",
+            "remote": "10.224.0.9",
+            "netns": "/var/run/netns/cni-1",
+            "state": "ready",
+            "error": "",
+        }
+        assert (await client.get("/v1/sandboxes/without")).json()["pod_network"] is None
+    finally:
+        await client.aclose()
+        await store.close()
