@@ -1,0 +1,155 @@
+"""The sandbox manager's pod network hooks: a failed teardown is retried and visible, never
+dropped; settings refuse bad networking flags. (The real kernel path is tests/podnet.)"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from adaptor.hypervisor import ManagerConfig, SandboxManager
+from adaptor.podnet import PodNetError
+from adaptor.settings import ServeSettings
+from adaptor.state import SandboxRecord, SandboxState, StateStore
+from providers.base import Instance
+from providers.errors import InvalidRequest, PeerpodsError
+from tests.adaptor.fakes import FakeProvider, FakeProxies
+from tests.adaptor.test_sandboxes import ANNOTATIONS
+
+
+def tunnel(sandbox_id: str, state: str) -> str:
+    """A stand-in for adaptor.podnet.Tunnel JSON (the manager only stores it)."""
+    return json.dumps({"sandbox": sandbox_id, "state": state})
+
+
+class Tunnels:
+    """A hook recording calls; `stop` fails while `failures` is positive."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.calls: list[str] = []
+
+    async def created(self, sandbox_id: str, netns: str) -> str:
+        self.calls.append(f"created {netns}")
+        return tunnel(sandbox_id, "inspected") if netns else ""
+
+    async def forget(self, sandbox_id: str, pod_network: str) -> None:
+        self.calls.append("forget")
+
+    async def started(self, record: SandboxRecord, instance: Instance) -> str:
+        self.calls.append(f"started {instance.addresses[0]}")
+        return tunnel(record.id, "ready")
+
+    async def stop(self, record: SandboxRecord) -> str:
+        self.calls.append("stop")
+        if self.failures > 0:
+            self.failures -= 1
+            raise PodNetError("pod network teardown failed: nf_tables said no")
+        return ""
+
+    async def recovered(self, record: SandboxRecord) -> str:
+        self.calls.append("recovered")
+        if json.loads(record.pod_network)["state"] == "teardown":
+            return await self.stop(record)
+        return record.pod_network
+
+    @staticmethod
+    def failed_teardown(record: SandboxRecord, error: str) -> str:
+        return tunnel(record.id, "teardown")
+
+
+@pytest.fixture
+async def parts() -> AsyncIterator[tuple[Path, StateStore]]:
+    with tempfile.TemporaryDirectory(prefix="pp", dir="/tmp") as root:
+        store = await StateStore.open(Path(root) / "state")
+        yield Path(root), store
+        await store.close()
+
+
+def manager(
+    root: Path, store: StateStore, tunnels: Tunnels, provider: FakeProvider
+) -> SandboxManager:
+    return SandboxManager(
+        ManagerConfig(pods_dir=root / "pods", proxy_timeout_seconds=1),
+        store,
+        provider,
+        FakeProxies(),
+        pod_network=tunnels,
+    )
+
+
+async def test_failed_teardown_is_recorded_and_retried(parts: tuple[Path, StateStore]) -> None:
+    root, store = parts
+    tunnels, provider = Tunnels(), FakeProvider()
+    m = manager(root, store, tunnels, provider)
+    try:
+        await m.create_vm("sb", ANNOTATIONS, "/var/run/netns/cni-1")
+        await m.start_vm("sb")
+        record = await store.get("sb")
+        assert record is not None and record.pod_network == tunnel("sb", "ready")
+        tunnels.failures = 1
+        with pytest.raises(PeerpodsError, match=r"teardown failed.*retry StopVM"):
+            await m.stop_vm("sb")
+        record = await store.get("sb")
+        assert record is not None and record.state is SandboxState.FAILED
+        assert "nf_tables said no" in record.reason
+        assert record.pod_network == tunnel("sb", "teardown")
+        assert provider.deleted == ["vm-sb"]  # the VM does not wait for the tunnel
+        await m.stop_vm("sb")  # the retry
+        assert await store.get("sb") is None
+    finally:
+        await m.close(0)
+
+
+async def test_restart_retries_an_owed_teardown(parts: tuple[Path, StateStore]) -> None:
+    root, store = parts
+    tunnels, provider = Tunnels(), FakeProvider()
+    first = manager(root, store, tunnels, provider)
+    await first.create_vm("sb", ANNOTATIONS, "/var/run/netns/cni-1")
+    await first.start_vm("sb")
+    tunnels.failures = 1
+    with pytest.raises(PeerpodsError):
+        await first.stop_vm("sb")
+    await first.close(0)
+    second = manager(root, store, tunnels, provider)
+    try:
+        await second.recover()
+        record = await store.get("sb")
+        assert record is not None and record.pod_network == ""
+    finally:
+        await second.close(0)
+
+
+async def test_no_netns_means_no_tunnel_calls(parts: tuple[Path, StateStore]) -> None:
+    root, store = parts
+    tunnels = Tunnels()
+    m = manager(root, store, tunnels, FakeProvider())
+    try:
+        await m.create_vm("sb", ANNOTATIONS, "")
+        await m.start_vm("sb")
+        await m.stop_vm("sb")
+        assert tunnels.calls == ["created "]
+    finally:
+        await m.close(0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("vxlan_min_id", 0, "vxlan_min_id"),
+        ("vxlan_min_id", 1 << 24, "vxlan_min_id"),
+        ("vxlan_port", 70000, "vxlan_port"),
+        ("pod_subnet_cidrs", "10.96.0.0/12,nope", "'nope' is not an IPv4 CIDR"),
+    ],
+)
+def test_bad_networking_flags_are_refused(field: str, value: object, message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        ServeSettings.build(**{field: value})
+
+
+def test_pod_subnet_cidrs_parse_as_a_list() -> None:
+    settings = ServeSettings.build(pod_subnet_cidrs="10.96.0.0/12, 10.0.0.0/8,")
+    assert settings.pod_subnet_cidrs == ("10.96.0.0/12", "10.0.0.0/8")
