@@ -48,6 +48,7 @@ def product_name(cloud: Cloud | str, instance_type: str, model: str) -> str:
     return _default(model)
 
 
+@lru_cache(maxsize=1024)
 def product_key(product: str) -> str:
     """ "NVIDIA A100 80GB PCIe" -> "nvidia-a100-80gb-pcie" (the annotation's spelling)."""
     return "-".join(t for t in re.split(r"[^a-z0-9]+", product.lower()) if t)
