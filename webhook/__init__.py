@@ -11,6 +11,7 @@ from webhook._dra import ClaimDenied
 from webhook._kube import KubeResolver
 from webhook._mutate import MutationResult, PodIntent, Settings, device_space, mutate_pod
 from webhook._patch import diff
+from webhook._policy import VmChoices
 from webhook._resolver import LookupFailed, MemoryResolver, ObjectNotFound, Resolver
 from webhook._resources import PodResources, pod_resources
 from webhook._server import ServerConfig, TlsFiles, WebhookServer, build_app, running
@@ -33,6 +34,7 @@ __all__ = [
     "ServerConfig",
     "Settings",
     "TlsFiles",
+    "VmChoices",
     "VirtualDevice",
     "WebhookServer",
     "build_app",

@@ -7,7 +7,9 @@ be admitted is a normal review response with `allowed: false`, a code and a mess
 `review` is `parse` then `decide`; the server calls them apart so that a pod whose admission
 evaluates DRA selectors (`needs_selectors`) waits in its own queue, never in front of plain pods.
 Selectors of one admission are bounded together by `cel_timeout_seconds` and evaluated by
-`cel_runner` (the server's worker processes; None: in this thread).
+`cel_runner` (the server's worker processes; None: in this thread). A peer pod's UPDATE may not
+touch its contract annotations, and its VM image and initdata are removed at CREATE unless
+`vm_choices` allows them (`_policy.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from providers.catalog import Catalog
 from providers.errors import InvalidRequest, NoMatch, PeerpodsError
 from webhook._devices import SelectorRunner, selector_limits
 from webhook._mutate import Settings, mutate_pod
+from webhook._patch import diff
+from webhook._policy import VmChoices, protected_changes
 from webhook._resolver import LookupFailed, MemoryResolver, Resolver
 from webhook._reviews import AdmissionReview, parse_review, response
 
@@ -40,12 +44,14 @@ class Admission:
         resolver: Resolver | None = None,
         cel_timeout_seconds: float = 2.0,
         cel_runner: SelectorRunner | None = None,
+        vm_choices: VmChoices | None = None,
     ) -> None:
         self.settings = settings
         self.catalog: CatalogSource = catalog or (lambda: None)
         self.resolver: Resolver = resolver or MemoryResolver()
         self.cel_timeout_seconds = cel_timeout_seconds
         self.cel_runner = cel_runner
+        self.vm_choices = vm_choices or VmChoices()
 
     def review(self, body: bytes) -> dict[str, Any]:
         """The response review for a request body; InvalidRequest when it is not a review."""
@@ -72,6 +78,8 @@ class Admission:
         uid = request.uid
         if request.kind.kind not in ("", "Pod") or request.object is None:
             return response(uid)
+        if request.operation == "UPDATE":
+            return self._update(review)
         if request.operation not in ("", "CREATE"):
             return response(uid)
         pod = request.object
@@ -121,4 +129,53 @@ class Admission:
             reason = f"{type(exc).__name__}: {str(exc)[:200]}"
             message = f"peerpods: the pod cannot be admitted as written ({reason})"
             return response(uid, allowed=False, code=400, message=message)
-        return response(uid, patch=result.patch, warnings=result.warnings)
+        patch, warnings = result.patch, list(result.warnings)
+        if result.intent is not None:  # a peer pod: the operator decides its VM image/initdata
+            annotations = result.pod.get("metadata", {}).get("annotations") or {}
+            refused = self.vm_choices.disallowed(annotations, request.namespace)
+            if refused:
+                for key, why in refused:
+                    del annotations[key]
+                    warnings.append(f"annotation {key} removed: {why} (operator policy)")
+                    log.info("pod %s/%s: %s removed: %s", request.namespace, name, key, why)
+                patch = diff(pod, result.pod)
+        return response(uid, patch=patch, warnings=warnings)
+
+    def _is_peer(self, pod: Any) -> bool:
+        spec = pod.get("spec") if isinstance(pod, dict) else None
+        return isinstance(spec, dict) and spec.get("runtimeClassName") in (
+            self.settings.runtime_classes
+        )
+
+    def _update(self, review: AdmissionReview) -> dict[str, Any]:
+        """A peer pod's contract annotations are fixed at admission: changes are denied."""
+        request = review.request
+        old, new = request.old_object, request.object
+        if not (self._is_peer(old) or self._is_peer(new)):
+            return response(request.uid)
+        try:
+            changed = protected_changes(_pod_annotations(old), _pod_annotations(new))
+        except InvalidRequest as exc:
+            return response(request.uid, allowed=False, code=400, message=str(exc))
+        if not changed:
+            return response(request.uid)
+        message = (
+            f"annotation {', '.join(changed)} of a peer pod cannot change after creation "
+            "(the pod VM is built from what was admitted)"
+        )
+        log.info("denied update of pod %s: %s", request.namespace, message)
+        return response(request.uid, allowed=False, code=403, message=message)
+
+
+def _pod_annotations(pod: Any) -> dict[str, str]:
+    if not isinstance(pod, dict):
+        return {}
+    meta = pod.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    if annotations is None:
+        return {}
+    if not isinstance(annotations, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+    ):
+        raise InvalidRequest("metadata.annotations must map strings to strings")
+    return annotations

@@ -35,6 +35,7 @@ class AdmissionRequest(BaseModel):
     namespace: str = ""
     operation: str = ""
     object: dict[str, Any] | None = None
+    old_object: dict[str, Any] | None = Field(None, alias="oldObject")
     dry_run: bool = Field(False, alias="dryRun")
 
 

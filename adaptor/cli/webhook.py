@@ -104,6 +104,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         parser,
+        "--vm-image-namespaces",
+        type=_names,
+        default=frozenset(),
+        help="comma-separated namespaces whose peer pods may choose their pod VM image and "
+        "initdata (the image and cc_init_data annotations); elsewhere both are removed",
+    )
+    flags.add(
+        parser,
+        "--allowed-vm-images",
+        type=_names,
+        default=frozenset(),
+        help="comma-separated pod VM images any peer pod may choose with the image annotation",
+    )
+    flags.add(
+        parser,
         "--max-connections",
         type=_positive,
         default=256,
@@ -160,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         KubeResolver,
         ServerConfig,
         Settings,
+        VmChoices,
         WebhookServer,
         parse_namespace_policy,
     )
@@ -186,6 +202,10 @@ def run(args: argparse.Namespace) -> int:
         catalog,
         KubeResolver(ttl_seconds=args.cache_ttl),
         cel_timeout_seconds=args.cel_timeout,
+        vm_choices=VmChoices(
+            namespaces=frozenset(args.vm_image_namespaces),
+            images=frozenset(args.allowed_vm_images),
+        ),
     )
     config = ServerConfig(
         host=args.host,

@@ -22,7 +22,7 @@ import pytest
 import trustme
 
 from providers.catalog import Catalog, GpuSpec, InstanceType
-from webhook import Admission, ServerConfig, Settings, WebhookServer
+from webhook import Admission, ServerConfig, Settings, VmChoices, WebhookServer
 from webhook._resolver import Resolver
 
 K8S_VERSION = "1.34"
@@ -131,9 +131,10 @@ def serve(
     settings: Settings,
     catalog: Catalog | None,
     resolver: Resolver | None = None,
+    vm_choices: VmChoices | None = None,
     **config: Any,
 ) -> Iterator[Running]:
-    admission = Admission(settings, lambda: catalog, resolver)
+    admission = Admission(settings, lambda: catalog, resolver, vm_choices=vm_choices)
     cfg = ServerConfig(
         host="127.0.0.1",
         port=0,

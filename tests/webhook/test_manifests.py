@@ -71,3 +71,8 @@ def test_network_policy_admits_only_https_from_outside_the_pod_network() -> None
     assert rule["ports"] == [{"protocol": "TCP", "port": 8443}]
     (peer,) = rule["from"]
     assert peer["ipBlock"]["except"]  # the pod network never reaches /mutate
+
+
+def test_updates_reach_the_webhook() -> None:
+    hook = _one("MutatingWebhookConfiguration")["webhooks"][0]
+    assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
