@@ -42,7 +42,7 @@ class Admission:
         settings: Settings,
         catalog: CatalogSource | None = None,
         resolver: Resolver | None = None,
-        cel_timeout_seconds: float = 2.0,
+        cel_timeout_seconds: float = 5.0,
         cel_runner: SelectorRunner | None = None,
         vm_choices: VmChoices | None = None,
     ) -> None:

@@ -128,11 +128,16 @@ class CelWorkers:
         self._lock = threading.Lock()
         self.kills = 0  # workers killed for running past a deadline (or breaking)
 
-    def start(self) -> None:
-        """Start every worker now (else each starts on first use)."""
+    def start(self, space: DeviceSpace | None = None) -> None:
+        """Start every worker now (else each starts on first use), and with `space` have each
+        build its devices and compile a selector, so no admission pays for that."""
         for worker in self._all:
             if worker.process is None:
                 worker.start()
+        if space is not None:
+            warm = "device.driver == '" + "gpu.nvidia.com" + "'"
+            for worker in self._all:
+                worker.run(space, warm, time.monotonic() + 60)
 
     def __call__(self, space: DeviceSpace, expression: str, deadline: float | None) -> Outcome:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -37,9 +37,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from providers.errors import InvalidRequest
+from providers.errors import InvalidRequest, PeerpodsError
 from webhook._admission import Admission
 from webhook._celworker import CelWorkers
+from webhook._devices import DeviceSpace
+from webhook._mutate import device_space
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +268,15 @@ class WebhookServer:
         self.started = asyncio.Event()
         self._server: uvicorn.Server | None = None
 
+    def _warm_space(self) -> DeviceSpace | None:
+        """The catalog's device space, for the CEL workers to build before the first pod."""
+        try:
+            catalog = self.admission.catalog()
+        except PeerpodsError as exc:
+            log.warning("CEL workers not warmed: %s", exc)
+            return None
+        return device_space(catalog) if catalog is not None else None
+
     def bind(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -291,7 +302,7 @@ class WebhookServer:
         )
         if self.config.cel_workers > 0 and self.admission.cel_runner is None:
             self.cel_workers = CelWorkers(self.config.cel_workers)
-            await asyncio.to_thread(self.cel_workers.start)
+            await asyncio.to_thread(self.cel_workers.start, self._warm_space())
             self.admission.cel_runner = self.cel_workers
         uv_config.load()
         uv_config.ssl = self.tls.context

@@ -142,7 +142,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parser,
         "--cel-timeout",
         type=flags.duration,
-        default=2.0,
+        default=5.0,
         help="wall-clock limit for all DRA selectors of one admission (duration); a pod whose "
         "selectors run longer is denied",
     )
