@@ -1,0 +1,131 @@
+"""`kubectl apply -k config/deploy --dry-run=client`, without kubectl: the kustomization tree is
+built the way kustomize builds it (resources in order, image overrides, namespaces) and every
+object of the result validates against the Kubernetes schema of the version we target. Any
+kustomization field this build does not implement fails the test, so it never silently differs
+from kustomize. The built workloads run the peerpods image of this package's version: the webhook
+as non-root, the adaptor as root with only added capabilities."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "config" / "deploy"
+K8S_VERSION = "1.34"
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+IMAGE = "ghcr.io/peerpods/peerpods"
+CUSTOM_KINDS = {("cert-manager.io/v1", "Certificate"), ("cert-manager.io/v1", "Issuer")}
+SUPPORTED = {"apiVersion", "kind", "resources", "images", "namespace"}
+# What the adaptor's networking may add (docs/install.md): VXLAN and tc in the pod's netns.
+ADAPTOR_CAPABILITIES = {"NET_ADMIN", "SYS_ADMIN"}
+
+
+def _set_image(image: str, overrides: list[dict[str, str]]) -> str:
+    """kustomize's `images` transformer: a matching name gets its new name and tag."""
+    name, tag = image, ""
+    if ":" in image.rsplit("/", 1)[-1]:
+        name, tag = image.rsplit(":", 1)
+    for override in overrides:
+        if override["name"] == name:
+            name = override.get("newName", name)
+            tag = override.get("newTag", tag)
+    return f"{name}:{tag}" if tag else name
+
+
+def _pod_specs(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    if doc["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job"):
+        return [doc["spec"]["template"]["spec"]]
+    if doc["kind"] == "Pod":
+        return [doc["spec"]]
+    return []
+
+
+def build(directory: Path) -> list[dict[str, Any]]:
+    """What `kustomize build directory` prints, for the fields our kustomizations use."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    unsupported = set(kustomization) - SUPPORTED
+    assert not unsupported, f"{directory}: kustomization fields not built here: {unsupported}"
+    documents: list[dict[str, Any]] = []
+    for entry in kustomization.get("resources", []):
+        path = directory / entry
+        assert path.exists(), f"{directory}/kustomization.yaml names missing {entry}"
+        if path.is_dir():
+            documents += build(path)
+        else:
+            documents += [copy.deepcopy(d) for d in yaml.safe_load_all(path.read_text()) if d]
+    for doc in documents:
+        if "namespace" in kustomization and doc["kind"] not in CLUSTER_SCOPED:
+            doc["metadata"]["namespace"] = kustomization["namespace"]
+        for spec in _pod_specs(doc):
+            for container in spec.get("initContainers", []) + spec.get("containers", []):
+                container["image"] = _set_image(container["image"], kustomization.get("images", []))
+    return documents
+
+
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "RuntimeClass",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+}
+BUILT = build(DEPLOY)
+
+
+def _workload(kind: str) -> dict[str, Any]:
+    (found,) = [d for d in BUILT if d["kind"] == kind]
+    return found
+
+
+@pytest.mark.parametrize("doc", BUILT, ids=[f"{d['kind']}/{d['metadata']['name']}" for d in BUILT])
+def test_built_object_validates(doc: dict[str, Any]) -> None:
+    if (doc["apiVersion"], doc["kind"]) in CUSTOM_KINDS:
+        assert doc["metadata"]["name"] and doc["spec"]
+        return
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_namespaced_objects_have_a_namespace() -> None:
+    for doc in BUILT:
+        if doc["kind"] not in CLUSTER_SCOPED:
+            assert doc["metadata"].get("namespace") == "peerpods-system", doc["metadata"]
+
+
+def test_workloads_run_this_versions_image() -> None:
+    for kind in ("DaemonSet", "Deployment"):
+        for container in _workload(kind)["spec"]["template"]["spec"]["containers"]:
+            assert container["image"] == f"{IMAGE}:{VERSION}", (kind, container["image"])
+
+
+def test_image_override_is_applied() -> None:
+    overrides = [{"name": IMAGE, "newName": "registry.example.com/peerpods", "newTag": "9"}]
+    assert _set_image(f"{IMAGE}:0.1.0", overrides) == "registry.example.com/peerpods:9"
+    assert _set_image("registry.k8s.io/kubectl:v1.34.0", overrides) == (
+        "registry.k8s.io/kubectl:v1.34.0"
+    )
+
+
+def test_webhook_runs_as_non_root_with_no_capabilities() -> None:
+    spec = _workload("Deployment")["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    (container,) = spec["containers"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_adaptor_adds_only_what_its_networking_needs() -> None:
+    spec = _workload("DaemonSet")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    context = container["securityContext"]
+    assert not context.get("privileged") and context["allowPrivilegeEscalation"] is False
+    assert spec["securityContext"]["runAsUser"] == 0  # the image's user is 65532
+    added = set(context.get("capabilities", {}).get("add", []))
+    assert added <= ADAPTOR_CAPABILITIES, added
