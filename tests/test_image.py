@@ -1,0 +1,177 @@
+"""The image builds from Containerfile with scripts/build-image and runs `peerpods` as uid 65532.
+
+Registries for base images are out of reach here, so the base is made locally: a minimal Debian
+with python3 from Debian's own packages (mmdebstrap), imported into buildah as an image. Both the
+root file system and the imported image are cached between runs (PEERPODS_TEST_CACHE, default
+~/.cache/peerpods-tests), so a warm run only builds peerpods itself. buildah runs as root with
+the vfs storage driver and chroot isolation: no overlay mounts, no user namespaces, no daemon.
+
+Needs root, buildah and mmdebstrap (tests/run installs the latter two); outside CI it skips when
+they are missing. Slow: minutes, most of it vfs copying layers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+SUITE = "bookworm"  # python3 3.11: the oldest Python peerpods supports
+PACKAGES = ("python3", "python3-venv", "ca-certificates")
+# Leave out what a runtime image never reads: documentation, manual pages, translations.
+EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*")
+# A TLS-inspecting proxy between this machine and PyPI: the base must trust what the host trusts.
+HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _cache() -> Path:
+    default = Path.home() / ".cache" / "peerpods-tests"
+    path = Path(os.environ.get("PEERPODS_TEST_CACHE", default))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def buildah(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The buildah command with this test's storage: vfs under the cache, run state in tmp."""
+    missing = [tool for tool in ("buildah", "mmdebstrap") if shutil.which(tool) is None]
+    if missing or os.geteuid() != 0:
+        reason = f"needs root and {', '.join(missing) or 'buildah, mmdebstrap'}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the image test {reason} (tests/run installs them)")
+        pytest.skip(f"the image test {reason}")
+    runroot = tmp_path_factory.mktemp("buildah-run")
+    return [
+        "buildah",
+        "--storage-driver",
+        "vfs",
+        "--root",
+        str(_cache() / "storage"),
+        "--runroot",
+        str(runroot),
+    ]
+
+
+def run(*command: str, timeout: float = 600, **kwargs: object) -> str:
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, check=False, **kwargs
+    )  # type: ignore[call-overload]
+    assert done.returncode == 0, f"{command}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+    return str(done.stdout)
+
+
+def _key() -> str:
+    parts = [SUITE, *PACKAGES, *EXCLUDES]
+    if HOST_CA.exists():
+        parts.append(hashlib.sha256(HOST_CA.read_bytes()).hexdigest())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def debian_rootfs(key: str) -> Path:
+    """A minimal Debian root file system as a tar file, made once per key."""
+    tar = _cache() / f"debian-{SUITE}-{key}.tar"
+    if tar.exists():
+        return tar
+    partial = tar.with_suffix(".partial")
+    run(
+        "mmdebstrap",
+        "--variant=minbase",
+        "--mode=root",
+        f"--include={','.join(PACKAGES)}",
+        *(f"--dpkgopt=path-exclude={pattern}" for pattern in EXCLUDES),
+        "--format=tar",
+        SUITE,
+        str(partial),
+        timeout=1200,
+    )
+    partial.rename(tar)
+    return tar
+
+
+@pytest.fixture(scope="module")
+def base(buildah: list[str]) -> str:
+    """The locally made Debian base as an image in buildah's storage, imported once per key."""
+    key = _key()
+    name = f"localhost/peerpods-test-base:{key}"
+    known = subprocess.run([*buildah, "inspect", "--type", "image", name], capture_output=True)
+    if known.returncode == 0:
+        return name
+    tar = debian_rootfs(key)
+    container = run(*buildah, "from", "scratch").strip()
+    try:
+        run(*buildah, "add", container, str(tar), "/")
+        env = ["--env", f"PATH={PATH}"]
+        if HOST_CA.exists():
+            run(*buildah, "copy", container, str(HOST_CA), str(HOST_CA))
+            env += ["--env", f"PIP_CERT={HOST_CA}"]
+        run(*buildah, "config", *env, "--cmd", "/bin/sh", container)
+        run(*buildah, "commit", "-q", container, name)
+    finally:
+        subprocess.run([*buildah, "rm", container], capture_output=True)
+    return name
+
+
+@pytest.fixture(scope="module")
+def image(buildah: list[str], base: str) -> Iterator[str]:
+    """peerpods built by scripts/build-image on the local base (no cloud SDK: a smaller image)."""
+    tag = f"localhost/peerpods-test:{uuid.uuid4().hex[:12]}"
+    env = {**os.environ, "ENGINE": "buildah", "ENGINE_OPTS": " ".join(buildah[1:])}
+    printed = run(
+        str(ROOT / "scripts" / "build-image"),
+        "--base", base, "--extras", "", "--tag", tag, "--", "--isolation", "chroot",
+        env=env, timeout=1800,
+    )  # fmt: skip
+    assert printed.strip() == tag
+    try:
+        yield tag
+    finally:
+        subprocess.run([*buildah, "rmi", tag], capture_output=True)
+        subprocess.run([*buildah, "rmi", "--prune"], capture_output=True)  # the build stage
+
+
+def test_image_config(buildah: list[str], image: str) -> None:
+    config = json.loads(run(*buildah, "inspect", "--type", "image", image))["OCIv1"]["config"]
+    assert config["User"] == "65532:65532"
+    assert config["Entrypoint"] == ["peerpods"]
+    assert config["Labels"]["org.opencontainers.image.version"] == VERSION
+    assert any(e.startswith("PATH=/opt/peerpods/bin:") for e in config["Env"])
+
+
+def test_peerpods_runs_in_the_image(buildah: list[str], image: str) -> None:
+    container = run(*buildah, "from", image).strip()
+    try:
+        example = ROOT / "config" / "examples" / "gpu-pod.yaml"
+        run(*buildah, "copy", "--chown", "65532:65532", container, str(example), "/tmp/pod.yaml")
+
+        def inside(*command: str) -> str:
+            return run(*buildah, "run", "--isolation", "chroot", container, "--", *command)
+
+        assert inside("id", "-u").strip() == "65532"
+        assert inside("peerpods", "--version") == f"peerpods {VERSION}\n"
+        # the same decision as the source tree's, on the catalogs the wheel carries
+        plan = json.loads(inside("peerpods", "plan", "/tmp/pod.yaml", "--output", "json"))
+        here = run(
+            sys.executable, "-m", "adaptor.cli.main", "plan", str(example), "--output", "json",
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        assert plan == json.loads(here)
+        assert "CDI devices per container" in inside("peerpods", "plan", "/tmp/pod.yaml")
+        # the installed package, nothing else: the venv's python comes first on PATH
+        where = inside("python3", "-c", "import adaptor; print(adaptor.__file__)")
+        assert where.startswith("/opt/peerpods/lib/"), where
+    finally:
+        subprocess.run([*buildah, "rm", container], capture_output=True)
