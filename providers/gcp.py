@@ -185,10 +185,14 @@ def map_error(exc: BaseException, what: str) -> ProviderError:
 
 
 def make_client() -> Any:
-    """An InstancesClient using Application Default Credentials."""
+    """An InstancesClient using Application Default Credentials (none: one clear error)."""
+    from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import compute_v1
 
-    return compute_v1.InstancesClient()
+    try:
+        return compute_v1.InstancesClient()
+    except DefaultCredentialsError as exc:
+        raise ProviderError(f"gcp provider: no credentials: {exc}") from None
 
 
 class GcpProvider:
@@ -537,11 +541,10 @@ def config_from_args(args: argparse.Namespace) -> GcpConfig:
 def from_args(args: argparse.Namespace, owner_id: str, resolve: Resolver = identity) -> GcpProvider:
     """The provider `peerpods serve --provider gcp` runs."""
     config = config_from_args(args)
-    provider = GcpProvider(config, owner_id, resolve=resolve)  # project and zones first
-    if not config.image:
+    if config.project and config.zones and not config.image:  # a missing project or zones first
         # Refused at start: otherwise the daemon would run and fail every pod's StartVM.
         raise InvalidRequest(
             "gcp provider: no pod VM image (set --gcp-image or --pod-vm-image, "
             "env PEERPODS_POD_VM_IMAGE)"
         )
-    return provider
+    return GcpProvider(config, owner_id, resolve=resolve)

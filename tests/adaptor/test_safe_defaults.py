@@ -25,6 +25,10 @@ def serve(root: Path, args: list[str], env: dict[str, str] | None = None) -> tup
             "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_EC2_METADATA_DISABLED": "true",
             "AWS_CONFIG_FILE": str(root / "none"),
+            # no Application Default Credentials, and no metadata server to ask for them
+            "GOOGLE_APPLICATION_CREDENTIALS": "",
+            "CLOUDSDK_CONFIG": str(root / "none"),
+            "NO_GCE_CHECK": "true",
             "PYTHONPATH": str(ROOT),
         }
     )
@@ -60,12 +64,24 @@ def serve(root: Path, args: list[str], env: dict[str, str] | None = None) -> tup
         ),
         (["--provider", "gcp", "--pod-vm-image", "img"], "--gcp-project and --gcp-zones"),
         (
+            ["--provider", "gcp", "--gcp-project", "p", "--gcp-zones", "z", "--pod-vm-image", "i"],
+            "gcp provider: no credentials",
+        ),
+        (
             ["--provider", "azure", "--azure-region", "eastus"],
             "azure provider: no pod VM image (set --azure-image-id or --pod-vm-image",
         ),
         (["--provider", "azure", "--pod-vm-image", "img"], "--azure-subscription-id is required"),
     ],
-    ids=["aws-image", "aws-region", "gcp-image", "gcp-project", "azure-image", "azure-settings"],
+    ids=[
+        "aws-image",
+        "aws-region",
+        "gcp-image",
+        "gcp-project",
+        "gcp-credentials",
+        "azure-image",
+        "azure-settings",
+    ],
 )
 def test_serve_refuses_a_provider_that_cannot_create_a_vm(
     root: Path, args: list[str], expected: str
