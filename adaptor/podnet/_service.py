@@ -190,7 +190,18 @@ class PodNet:
     async def setup(self, tunnel: Tunnel, addresses: Sequence[str]) -> Tunnel:
         """StartVM: the worker end towards the VM; the tunnel, ready."""
         remote = await self._run(_tunnel.resolve_ipv4, self.remote_for(tunnel, addresses))
-        await self._run(_tunnel.setup, self._host_netns, tunnel.netns, tunnel.network, remote)
+        try:
+            await self._run(_tunnel.setup, self._host_netns, tunnel.netns, tunnel.network, remote)
+        except BaseException as exc:
+            # Whatever part was made goes again, so a failed StartVM leaves nothing behind.
+            undo = self._run(
+                _tunnel.teardown, self._host_netns, tunnel.netns, tunnel.network, remote
+            )
+            try:
+                await asyncio.shield(undo)
+            except Exception as undo_exc:
+                log.error("tunnel VNI %d: undoing a failed setup failed: %s", tunnel.vni, undo_exc)
+            raise exc from None
         log.info("tunnel VNI %d to %s ready in %s", tunnel.vni, remote, tunnel.netns)
         return tunnel.evolve(remote=remote, state=TunnelState.READY, error="")
 

@@ -219,7 +219,8 @@ def teardown(host_netns: str | None, netns: str, network: PodNetwork, remote: st
                 eth = _link(pod, network.interface)
                 vxlan = _link(pod, VXLAN_DEVICE)
                 ours = vxlan is not None and _vxlan_info(vxlan).get("id") == network.vxlan_id
-                if eth is not None:
+                # A vxlan1 of another tunnel owns the redirect on the pod interface: leave both.
+                if eth is not None and (vxlan is None or ours):
                     _unredirect(pod, eth["index"])
                 if vxlan is not None and ours:
                     _unredirect(pod, vxlan["index"])

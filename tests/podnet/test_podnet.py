@@ -16,6 +16,7 @@ from adaptor.podnet import (
     PodNet,
     PodNetSettings,
     Tunnel,
+    TunnelError,
     TunnelState,
     VniExhausted,
     _netns,
@@ -278,5 +279,31 @@ async def test_vnis_of_tunnels_this_daemon_did_not_make_are_skipped(
     try:
         assert 555000 in await podnet.scan()
         assert await podnet.allocate_vni("new") == 555001
+    finally:
+        await podnet.close()
+
+
+async def test_a_failed_setup_leaves_nothing_behind(topo: Topology, store: StateStore) -> None:
+    """The worker netns already has a VXLAN device with the VNI (unknown to this daemon, no scan
+    ran): the kernel refuses ours, and the NOTRACK rules setup had added go again."""
+    pod, _ip = await asyncio.to_thread(topo.add_pod)
+    _vm, _podns, vm_ip = await asyncio.to_thread(topo.add_vm)
+
+    def foreign() -> None:
+        with _netns.iproute(topo.worker) as ipr:
+            ipr.link("add", ifname="other", kind="vxlan", vxlan_id=555000, vxlan_port=4789)
+
+    await asyncio.to_thread(foreign)
+    worker, pod_before = await asyncio.gather(
+        asyncio.to_thread(snapshot, topo.worker), asyncio.to_thread(snapshot, pod)
+    )
+    podnet = PodNet(PodNetSettings(), store, host_netns=topo.worker)
+    try:
+        tunnel = await podnet.inspect("sb", pod)
+        assert tunnel is not None
+        with pytest.raises(TunnelError, match="VNI 555000 on UDP port 4789 is already used"):
+            await podnet.setup(tunnel, (vm_ip,))
+        assert await asyncio.to_thread(snapshot, topo.worker) == worker
+        assert await asyncio.to_thread(snapshot, pod) == pod_before
     finally:
         await podnet.close()
