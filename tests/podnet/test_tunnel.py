@@ -4,8 +4,11 @@ the pod VM side emulated from apf.json, real TCP and UDP both ways."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from pathlib import Path
+
+import pytest
 
 from adaptor.podnet import PodNet, PodNetSettings, Tunnel, TunnelState
 from adaptor.state import StateStore
@@ -65,6 +68,10 @@ async def test_one_pod_tcp_and_udp_both_ways(topo: Topology, tmp_path: Path) -> 
             await asyncio.to_thread(udp_roundtrip, peer_path, PEER, podns, payload, df=True)
             == payload
         )
+        # One byte more does not fit the pod VM's interface: with DF it is refused, not split.
+        with pytest.raises(OSError) as refused:
+            await asyncio.to_thread(udp_roundtrip, peer_path, PEER, podns, payload + b"m", df=True)
+        assert refused.value.errno == errno.EMSGSIZE
         await podnet.teardown(tunnel)
         assert await asyncio.to_thread(snapshot, topo.worker) == worker_before
         assert await asyncio.to_thread(snapshot, pod) == pod_before
