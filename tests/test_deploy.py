@@ -73,7 +73,7 @@ def test_daemonset_has_what_pod_networking_needs_and_no_more() -> None:
     adaptor = next(c for c in pod["containers"] if c["name"] == "adaptor")
     security = adaptor["securityContext"]
     assert security["privileged"] is False
-    assert security["capabilities"] == {"add": ["NET_ADMIN", "SYS_ADMIN"]}
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "SYS_ADMIN"]}
     mounts = {m["mountPath"]: m for m in adaptor["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     for path in ("/run/netns", "/var/run/netns"):
