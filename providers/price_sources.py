@@ -4,7 +4,8 @@
   (`https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonEC2/current/<region>/index.json`,
   no credentials): `products` by SKU with their attributes, `terms.OnDemand` by SKU with the hourly
   rate. Linux, shared tenancy, no pre-installed software, capacity status "Used" is the list price
-  of a plain instance. AWS publishes no Spot list price (Spot is a market): none is read here.
+  of a plain instance. AWS Spot is a market, not a list: its current price per zone comes from
+  EC2's DescribeSpotPriceHistory (credentials needed), the cheapest zone's for each type.
 - Azure: the Retail Prices API (`https://prices.azure.com/api/retail/prices`, no credentials),
   filtered to Virtual Machines consumption meters in the region, paged by `NextPageLink`. Linux
   meters are those whose product is not a Windows one; `... Spot` SKUs are the Spot price, `...
@@ -30,7 +31,7 @@ from typing import Any
 from providers.catalog import Catalog, InstanceType
 from providers.errors import CatalogError, InvalidRequest
 from providers.gpus import resolve_gpu
-from providers.loaders._common import Progress, report
+from providers.loaders._common import Progress, import_sdk, report
 from providers.prices import GPU_ROW_PREFIX, Price
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "GCP_COMPUTE_SERVICE",
     "GCP_SKUS_URL",
     "aws_prices",
+    "aws_spot_prices",
     "azure_prices",
     "fetch_prices",
     "gcp_prices",
@@ -124,6 +126,41 @@ def aws_prices(
                     found[name] = Price(price, None)
     report(progress, "AWS Price List products", len(products))
     return found
+
+
+def aws_spot_prices(client: Any, *, progress: Progress | None = None) -> dict[str, float]:
+    """The current Linux Spot price of each type in the client's region: the cheapest zone's
+    latest `DescribeSpotPriceHistory` entry (StartTime now returns the price in effect)."""
+    import datetime
+
+    latest: dict[tuple[str, str], tuple[Any, float]] = {}
+    request: dict[str, Any] = {
+        "ProductDescriptions": ["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
+        "StartTime": datetime.datetime.now(datetime.UTC),
+        "MaxResults": 1000,
+    }
+    for _ in range(_MAX_PAGES):
+        page = client.describe_spot_price_history(**request)
+        history = page.get("SpotPriceHistory", [])
+        report(progress, "EC2 Spot price history", len(history))
+        for entry in history:
+            price = _usd(entry.get("SpotPrice"))
+            name, zone = entry.get("InstanceType"), entry.get("AvailabilityZone", "")
+            if price is None or not name:
+                continue
+            key = (name, zone)
+            stamp = entry.get("Timestamp")
+            known = latest.get(key)
+            if known is None or (stamp is not None and known[0] is not None and stamp > known[0]):
+                latest[key] = (stamp, price)
+        token = page.get("NextToken")
+        if not token:
+            break
+        request["NextToken"] = token
+    spot: dict[str, float] = {}
+    for (name, _zone), (_stamp, price) in latest.items():
+        spot[name] = min(spot.get(name, price), price)
+    return spot
 
 
 # --- Azure --------------------------------------------------------------------------------------
@@ -294,10 +331,25 @@ def fetch_prices(
     session: Any = None,
     progress: Progress | None = None,
     gcp_api_key: str = "",
+    ec2_client: Any = None,
 ) -> dict[str, Price]:
-    """The cloud's public prices for this catalog's region."""
+    """The cloud's public prices for this catalog's region (AWS Spot prices when an EC2 client
+    for the region is given)."""
     if catalog.cloud == "aws":
-        return aws_prices(catalog.region, session=session, progress=progress)
+        rows = aws_prices(catalog.region, session=session, progress=progress)
+        if ec2_client is None:
+            return rows
+        botocore = import_sdk("botocore.exceptions", "aws")
+        try:
+            spot = aws_spot_prices(ec2_client, progress=progress)
+        except (botocore.BotoCoreError, botocore.ClientError) as exc:
+            log.warning("aws %s: no Spot prices: %s", catalog.region, exc)
+            return rows
+        known = {t.name for t in catalog.types}
+        return {
+            name: Price(rows.get(name, Price()).on_demand, spot.get(name))
+            for name in sorted({*rows, *(n for n in spot if n in known)})
+        }
     if catalog.cloud == "azure":
         return azure_prices(catalog.region, session=session, progress=progress)
     return gcp_prices(catalog, api_key=gcp_api_key, session=session, progress=progress)

@@ -52,6 +52,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         refresh,
+        "--aws-spot",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="aws: also read current Spot prices (EC2 DescribeSpotPriceHistory, credentials "
+        "needed; skipped with a warning when they are missing)",
+    )
+    flags.add(
+        refresh,
         "--no-progress",
         action="store_true",
         default=False,
@@ -67,9 +75,25 @@ def _bar(args: argparse.Namespace, label: str) -> Any:
     return tqdm(desc=label, unit=" items", file=sys.stderr, leave=False)
 
 
+def _ec2_client(region: str, client: Any) -> Any:
+    """The EC2 client Spot prices are read with, or None (with a warning) without credentials."""
+    if client is not None:
+        return client
+    try:
+        import boto3
+
+        session = boto3.Session(region_name=region)
+        if session.get_credentials() is None:
+            raise LookupError("no AWS credentials")
+        return session.client("ec2")
+    except Exception as exc:  # ImportError, LookupError, botocore errors: Spot prices are extra
+        print(f"peerpods catalog refresh: no Spot prices ({exc})", file=sys.stderr)
+        return None
+
+
 def run(args: argparse.Namespace, *, session: Any = None, client: Any = None) -> int:
     """Refresh one snapshot. `session` (HTTP, for the price source) and `client` (the cloud SDK
-    client, for live types) are for tests."""
+    client: live types, and AWS Spot prices) are for tests."""
     from providers import prices
     from providers.catalogs import (
         DEFAULT_REGIONS,
@@ -98,8 +122,13 @@ def run(args: argparse.Namespace, *, session: Any = None, client: Any = None) ->
             catalog = load(cloud, region, client=client, progress=progress)
         else:
             catalog = load_live(cloud, region, progress=progress)
+        ec2 = _ec2_client(region, client) if cloud == "aws" and args.aws_spot else None
         rows = fetch_prices(
-            catalog, session=session, progress=progress, gcp_api_key=args.gcp_api_key.strip()
+            catalog,
+            session=session,
+            progress=progress,
+            gcp_api_key=args.gcp_api_key.strip(),
+            ec2_client=ec2,
         )
     finally:
         if bar is not None:

@@ -66,7 +66,7 @@ def _refresh(
 def test_aws_refresh_writes_types_and_price_list_prices(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, written = _refresh(monkeypatch, _fake(), tmp_path, "--provider", "aws")
+    code, written = _refresh(monkeypatch, _fake(), tmp_path, "--provider", "aws", "--no-aws-spot")
     assert code == 0
     by = written.by_name()
     # Linux, shared tenancy, no software, "Used" capacity: the list price; Windows, Dedicated
@@ -83,6 +83,34 @@ def test_aws_refresh_writes_types_and_price_list_prices(
     assert "AWS Price List" in captured.err  # the progress bar's stage
     # the written snapshot is what --catalog-dir reads
     assert catalogs.load_snapshot("aws", "us-east-1", tmp_path).by_name()["p5.4xlarge"]
+
+
+def test_aws_spot_prices_come_from_the_spot_price_history(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import boto3
+    from moto import mock_aws
+
+    import adaptor.cli.catalog as cli
+
+    real_run = cli.run
+    fake = _fake()
+    with mock_aws():
+        ec2 = boto3.client(
+            "ec2", region_name="us-east-1", aws_access_key_id="t", aws_secret_access_key="t"
+        )
+        history = ec2.describe_spot_price_history(InstanceTypes=["p5.4xlarge"])
+        moto_price = min(float(e["SpotPrice"]) for e in history["SpotPriceHistory"])
+        monkeypatch.setattr(
+            cli, "run", lambda args: real_run(args, session=_session(fake), client=ec2)
+        )
+        argv = ["--types", "snapshot", "--out", str(tmp_path), "--no-progress"]
+        assert main(["catalog", "refresh", "--provider", "aws", *argv]) == 0
+    written = catalogs.load_snapshot("aws", "us-east-1", tmp_path).by_name()["p5.4xlarge"]
+    # the Price List's on-demand rate, and the cheapest zone's Spot price EC2 reports
+    assert (written.price_per_hour, written.spot_price_per_hour) == (6.88, moto_price)
+    row = prices.price_table("aws", "us-east-1", tmp_path / "prices")["p5.4xlarge"]
+    assert row == prices.Price(6.88, moto_price)
 
 
 def test_azure_refresh_reads_every_page_linux_and_spot(
