@@ -8,6 +8,9 @@ the combination whose chosen type ranks first (price, then size: `Candidate.rank
 keeps the preferred alternatives (listed first). Combinations whose claims contradict each other
 (two GPU models, MIG devices that cannot share a parent) are skipped.
 
+Each request's rank is remembered per catalog (the same pods recur: every replica of a
+Deployment), so a repeated admission costs the building of its requests, not their selection.
+
 Many requests with many alternatives each are not enumerated: past `EXHAUSTIVE` combinations one
 request at a time is improved with the others held (a pass in request order), which finds the
 cheapest alternative of each independent request.
@@ -16,6 +19,9 @@ cheapest alternative of each independent request.
 from __future__ import annotations
 
 import itertools
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from providers.catalog import Catalog
@@ -30,6 +36,34 @@ __all__ = ["EXHAUSTIVE", "choose"]
 EXHAUSTIVE = 64
 
 Rank = tuple[float, int, int, int, int, int, str]
+
+_REMEMBERED = 4096  # request ranks kept per catalog, least recently used dropped first
+_ranks: dict[int, tuple[weakref.ref[Catalog], OrderedDict[str, Rank | None]]] = {}
+_lock = threading.Lock()
+
+
+def _rank(catalog: Catalog, request: InstanceRequest) -> Rank | None:
+    """The rank of the type selection picks for `request` (None: no type), remembered."""
+    key = request.model_dump_json()
+    with _lock:
+        found = _ranks.get(id(catalog))
+        if found is None or found[0]() is not catalog:
+            ident = id(catalog)
+            found = (weakref.ref(catalog, lambda _r: _ranks.pop(ident, None)), OrderedDict())
+            _ranks[ident] = found
+        memo = found[1]
+        if key in memo:
+            memo.move_to_end(key)
+            return memo[key]
+    try:
+        rank: Rank | None = select(catalog, request).selected.rank
+    except NoMatch:
+        rank = None
+    with _lock:
+        memo[key] = rank
+        if len(memo) > _REMEMBERED:
+            memo.popitem(last=False)
+    return rank
 
 
 def choose(
@@ -59,10 +93,7 @@ def choose(
         except InvalidRequest as exc:
             result = exc
         else:
-            try:
-                result = (select(catalog, request).selected.rank, units)
-            except NoMatch:
-                result = (None, units)
+            result = (_rank(catalog, request), units)
         cache[picks] = result
         return result
 
