@@ -43,6 +43,10 @@ def instance_types(draw: st.DrawFn, index: int) -> InstanceType:
         if draw(st.integers(0, 5))
         else (),
         price_per_hour=price,
+        # some shapes are sold only as Spot or Flex-start (GCP's small A3 High)
+        provisioning=draw(
+            st.sampled_from([("on-demand", "spot"), ("on-demand", "spot"), ("spot", "flex-start")])
+        ),
     )
 
 
@@ -92,6 +96,8 @@ def satisfies(t: InstanceType, r: InstanceRequest, catalog_has_zones: bool) -> b
     if r.rdma and not t.rdma:
         return False
     if catalog_has_zones and not t.zones:
+        return False
+    if r.provisioning not in t.provisioning:
         return False
     if r.zone and t.zones and r.zone not in t.zones:
         return False
