@@ -16,12 +16,14 @@ someone else keeps it exactly as it was.
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 import threading
 from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.nfnetlink.nftsocket import NFT_MSG_GETRULE, nft_rule_msg
 
 from adaptor.podnet import _netns
 from adaptor.podnet._errors import TunnelError
@@ -85,13 +87,17 @@ def _jump(chain: str) -> list[dict[str, Any]]:
     return [_expr("immediate", dreg=0, data={"attrs": [("NFTA_DATA_VERDICT", verdict)]})]
 
 
-def _ruleset(nft: Any) -> dict[str, list[Any]]:
-    """Rules of table `raw` by chain: one dump, read once per operation (decoding is costly)."""
-    chains: dict[str, list[Any]] = {}
-    for rule in nft.get_rules():
-        if rule.get_attr("NFTA_RULE_TABLE") == TABLE:
-            chains.setdefault(rule.get_attr("NFTA_RULE_CHAIN"), []).append(rule)
-    return chains
+def _rules_in(nft: Any, chain: str) -> list[Any]:
+    """The rules of one chain of table `raw`: a dump the kernel filters, so an operation decodes
+    only the chains it reads (decoding is what costs, and peerpod chains grow with pods)."""
+    msg = nft_rule_msg()
+    msg["attrs"] = [("NFTA_RULE_TABLE", TABLE), ("NFTA_RULE_CHAIN", chain)]
+    try:
+        return list(nft.request_get(msg, NFT_MSG_GETRULE))
+    except NetlinkError as exc:
+        if exc.code == errno.ENOENT:
+            return []
+        raise
 
 
 def _ours_rule(rule: Any, vni: int, remote: str) -> bool:
@@ -160,7 +166,6 @@ def add(host_netns: str | None, vni: int, remote: str, port: int) -> None:
                     tables = [t.get_attr("NFTA_TABLE_NAME") for t in nft.get_tables()]
                     if TABLE not in tables:
                         nft.table("add", name=TABLE, userdata=OWNER_COMMENT)
-                rules = _ruleset(nft) if chains else {}
                 for base, hook, ours, which in CHAINS:
                     if base not in chains:
                         nft.chain(
@@ -174,9 +179,11 @@ def add(host_netns: str | None, vni: int, remote: str, port: int) -> None:
                         )
                     if ours not in chains:
                         nft.chain("add", table=TABLE, name=ours)
-                    if not any(_jumps_to(r, ours) for r in rules.get(base, ())):
+                    base_rules = _rules_in(nft, base) if base in chains else []
+                    if not any(_jumps_to(r, ours) for r in base_rules):
                         nft.rule("add", table=TABLE, chain=base, expressions=[_jump(ours)])
-                    if not any(_ours_rule(r, vni, remote) for r in rules.get(ours, ())):
+                    our_rules = _rules_in(nft, ours) if ours in chains else []
+                    if not any(_ours_rule(r, vni, remote) for r in our_rules):
                         nft.rule(
                             "add",
                             table=TABLE,
@@ -191,11 +198,10 @@ def add(host_netns: str | None, vni: int, remote: str, port: int) -> None:
 def present(host_netns: str | None, vni: int, remote: str) -> bool:
     """Whether both of a pod's rules are in place."""
     with _netns.nftables(host_netns) as nft:
-        rules = _ruleset(nft)
-    return all(
-        any(_ours_rule(r, vni, remote) for r in rules.get(ours, ()))
-        for _base, _hook, ours, _which in CHAINS
-    )
+        return all(
+            any(_ours_rule(r, vni, remote) for r in _rules_in(nft, ours))
+            for _base, _hook, ours, _which in CHAINS
+        )
 
 
 def remove(host_netns: str | None, vni: int, remote: str) -> None:
@@ -204,13 +210,12 @@ def remove(host_netns: str | None, vni: int, remote: str) -> None:
         try:
             with _netns.nftables(host_netns) as nft:
                 chains = _chains(nft)
-                rules = _ruleset(nft) if chains else {}
                 left = len(chains)
                 for base, _hook, ours, _which in CHAINS:
                     if ours not in chains:
                         continue
                     remaining = []
-                    for rule in rules.get(ours, ()):
+                    for rule in _rules_in(nft, ours):
                         if _ours_rule(rule, vni, remote):
                             _delete_rule(nft, ours, rule)
                         else:
@@ -218,7 +223,7 @@ def remove(host_netns: str | None, vni: int, remote: str) -> None:
                     if remaining:
                         continue
                     base_rules = []
-                    for rule in rules.get(base, ()):
+                    for rule in _rules_in(nft, base) if base in chains else []:
                         if _jumps_to(rule, ours):
                             _delete_rule(nft, base, rule)
                         else:
