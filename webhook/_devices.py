@@ -244,8 +244,8 @@ class DeviceSpace:
                 g = itype.gpu
                 gpus.append((g.model, g.memory_mib, g.count, g.fraction))
             for model, mib, count, fraction in gpus:
-                if model not in GPU_MODELS:
-                    continue
+                if model not in GPU_MODELS or GPU_MODELS[model].vendor != "NVIDIA":
+                    continue  # unknown, AMD, Habana: no gpu.nvidia.com device a pod can get
                 product = product_name(catalog.cloud, itype.name, model)
                 mib = mib or GPU_MODELS[model].memory_mib
                 if fraction < 1:

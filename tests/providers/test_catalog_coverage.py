@@ -87,6 +87,17 @@ def test_an_amd_gpu_is_never_an_nvidia_answer_and_a_pod_naming_it_is_refused() -
     assert either.to_request().gpu_models == ("h100",)
 
 
+def test_a_gpu_nvidia_com_claim_never_matches_the_amd_type() -> None:
+    from adaptor.planning import plan_manifest
+    from tests.providers.test_gpu_skus import _claim_pod
+
+    # the MI300X (192 GB, AMD) is Azure's only GPU with 190Gi: no gpu.nvidia.com device has it
+    selector = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('190Gi')) >= 0"
+    report = plan_manifest(_claim_pod(selector, 1), "azure")
+    assert report.failure is not None and report.failure.stage == "admission"
+    assert "no catalog device matches" in report.failure.message
+
+
 def test_g7_rtx_pro_4500_loads_and_an_unknown_gpu_is_recorded_not_dropped() -> None:
     # DescribeInstanceTypes record shape; G7's GPU is the RTX PRO 4500 Blackwell Server Edition
     # with 32 GB (AWS's G7 announcement), the name AWS reports for it as in the G7e's case.
