@@ -159,3 +159,22 @@ def test_products_round_trip_the_annotation_contract() -> None:
     assert decode_gpu_model(encoded, 2) == intent
     with pytest.raises(AnnotationError, match="product"):
         decode_gpu_model("v1:p=NVIDIA A100", 1)
+
+
+def test_createvm_reads_the_form_and_selection_enforces_it() -> None:
+    # what the adaptor does at CreateVM/StartVM with the webhook's annotations
+    from providers.contract import DEFAULT_GPU_MODEL, DEFAULT_GPUS, parse_vm_annotations
+
+    annotations = {
+        "io.kubernetes.cri.sandbox-name": "p",
+        "io.kubernetes.cri.sandbox-namespace": "default",
+        DEFAULT_GPUS: "2",
+        DEFAULT_GPU_MODEL: "v1:m=a100-80gb;p=nvidia-a100-80gb-pcie",
+    }
+    request = parse_vm_annotations(annotations).to_request()
+    assert request.gpu_products == ("nvidia-a100-80gb-pcie",)
+    selection = select(load_catalog("azure", "eastus"), request)
+    assert [c.name for c in selection.candidates][:1] == ["Standard_NC48ads_A100_v4"]
+    assert all(product_name("azure", c.name, "a100-80gb") == PCIE for c in selection.candidates)
+    sxm = next(r for r in selection.rejections if r.name == "Standard_ND96amsr_A100_v4")
+    assert "NVIDIA A100-SXM4-80GB" in sxm.reason
