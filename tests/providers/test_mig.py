@@ -236,3 +236,30 @@ def test_packer_agrees_with_brute_force(case: tuple[str, dict[str, int]]) -> Non
     assert pack(model, counts, gpus=expected) is not None
     if expected > 1:
         assert pack(model, counts, gpus=expected - 1) is None
+
+
+# The new tables reach selection on every cloud selling the part (AWS G7e and GCP G4 carry the
+# RTX PRO 6000 Blackwell Server Edition, AWS P6e-GB200, Azure ND GB200 v6 and GCP A4X the GB200,
+# AWS P6-B300 the B300; GB200 hosts are Arm): the profile names are the MIG guide's.
+@pytest.mark.parametrize(
+    ("cloud", "region", "mig", "arch", "model"),
+    [
+        ("aws", "us-east-1", {"1g.24gb": 2}, "x86_64", "rtx-pro-6000"),
+        ("gcp", "us-central1", {"1g.24gb": 2}, "x86_64", "rtx-pro-6000"),
+        ("aws", "us-east-1", {"3g.93gb": 2}, "arm64", "gb200"),
+        ("azure", "eastus", {"3g.93gb": 2}, "arm64", "gb200"),
+        ("gcp", "us-central1", {"3g.93gb": 2}, "arm64", "gb200"),
+        ("aws", "us-east-1", {"2g.67gb": 3}, "x86_64", "b300"),
+    ],
+)
+def test_new_tables_select_on_the_clouds(
+    cloud: str, region: str, mig: dict[str, int], arch: str, model: str
+) -> None:
+    from providers.catalogs import load_catalog
+    from providers.request import InstanceRequest
+    from providers.selection import select
+
+    request = InstanceRequest.model_validate({"mig": mig, "arch": arch})
+    chosen = select(load_catalog(cloud, region), request).selected  # type: ignore[arg-type]
+    assert chosen.gpu_model == model
+    assert chosen.mig_layout is not None and chosen.mig_layout.gpus_used == 1
