@@ -44,6 +44,7 @@ from adaptor.status import DeviceBook, build_app
 from adaptor.status.app import refresh_sandbox_gauge
 from adaptor.status.server import StatusServer
 from adaptor.ttrpc.server import Server
+from adaptor.vmpolicy import VmPolicy
 from adaptor.wiring import (
     CLOUDS,
     container_hooks,
@@ -229,6 +230,9 @@ class Daemon:
                 else None
             ),
             pod_network=SandboxPodNetwork(self.podnet, settings.pods_dir),
+            vm_policy=VmPolicy(
+                frozenset(settings.allowed_machine_types), frozenset(settings.allowed_images)
+            ).check,
         )
         await self.manager.recover()
         if isinstance(provider, Inspectable):

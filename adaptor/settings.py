@@ -72,6 +72,8 @@ class ServeSettings(BaseModel):
     catalog_dir: str = Field("", description="catalog snapshots (default: the bundled ones)")
     gpu_quota: str = Field("", description="GPU quota pool, e.g. 'h100=8,vcpus:p5=192'; '': off")
     agent_tls: AgentTls = Field(default_factory=AgentTls)
+    allowed_machine_types: tuple[str, ...] = Field((), description="types a pod may pin")
+    allowed_images: tuple[str, ...] = Field((), description="pod VM images a pod may choose")
     # Pod networking, CAA's flags with CAA's defaults.
     vxlan_min_id: int = Field(555000, ge=1, le=(1 << 24) - 1, description="first VNI")
     vxlan_port: int = Field(4789, ge=1, le=65535, description="VXLAN UDP port")

@@ -83,6 +83,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         parser,
+        "--allowed-machine-types",
+        default="",
+        help="comma-separated instance types a pod may pin with the machine_type annotation "
+        "(empty: none; a pod pinning another is refused at CreateVM)",
+    )
+    flags.add(
+        parser,
+        "--allowed-images",
+        default="",
+        help="comma-separated pod VM images a pod may choose with the image annotation "
+        "(empty: none; the node's image is used)",
+    )
+    flags.add(
+        parser,
         "--gc-interval",
         type=flags.duration,
         default="5m",
@@ -159,6 +173,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     registry.add_flags(parser)
 
 
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate the settings, then serve until SIGTERM/SIGINT."""
     from adaptor.daemon import serve
@@ -181,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
         status_address=args.status_address,
         catalog_dir=args.catalog_dir,
         gpu_quota=args.gpu_quota,
+        allowed_machine_types=_csv(args.allowed_machine_types),
+        allowed_images=_csv(args.allowed_images),
         vxlan_min_id=args.vxlan_min_id,
         vxlan_port=args.vxlan_port,
         pod_subnet_cidrs=args.pod_subnet_cidrs,

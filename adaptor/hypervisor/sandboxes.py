@@ -136,8 +136,11 @@ class SandboxManager:
         release: Releaser | None = None,
         candidate_zones: ZoneRestrictions | None = None,
         pod_network: PodNetworkHook | None = None,
+        vm_policy: Callable[[VMIntent], None] | None = None,
     ) -> None:
         self.config = config
+        # the node's own limits on a pod's VM choices (adaptor.vmpolicy), at CreateVM and StartVM
+        self._vm_policy = vm_policy or (lambda _intent: None)
         self.store = store
         self.provider = provider
         self._proxy_factory = proxy_factory
@@ -202,6 +205,7 @@ class SandboxManager:
         """Validate and durably record a sandbox; the agent socket path it will be served on."""
         check_sandbox_id(sandbox_id)
         intent = parse_vm_annotations(annotations)
+        self._vm_policy(intent)
         bind_sandbox(sandbox_id, f"{intent.pod_namespace}/{intent.pod_name}")
         path = str(self.socket_path(sandbox_id))
         if len(path.encode()) > MAX_SOCKET_PATH_BYTES:
@@ -250,6 +254,7 @@ class SandboxManager:
 
     async def _start_locked(self, record: SandboxRecord) -> None:
         intent = parse_vm_annotations(record.annotations)
+        self._vm_policy(intent)
         if self._reserve_candidates is not None:
             candidates = await self._reserve_candidates(intent, record.id)
         else:

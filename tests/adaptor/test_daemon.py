@@ -28,7 +28,12 @@ async def test_fake_cloud_with_resolver_and_failed_delete(root: Path, pod_vm: Go
         resolved.append(instance)
         return pod_vm.host, pod_vm.port  # the VM's 10.0.0.7 is reached through loopback
 
-    settings = daemon_settings(root, proxy_timeout_seconds=5, shutdown_grace_seconds=1)
+    settings = daemon_settings(
+        root,
+        proxy_timeout_seconds=5,
+        shutdown_grace_seconds=1,
+        allowed_machine_types=("g5.2xlarge",),
+    )
     daemon = Daemon(settings, provider=provider, resolve_endpoint=resolve)
     await daemon.start()
     socket = str(settings.socket)

@@ -55,3 +55,37 @@ async def test_ids_are_matched_in_full(serve: ServeProcess) -> None:
         assert answer["code"] == 3, (repr(bad), answer)
     assert serve.rows("SELECT id FROM sandboxes") == []
     assert (await serve.create_vm(SID))["code"] == 0
+
+
+async def test_vm_choices_need_the_nodes_allowlists(serve: ServeProcess) -> None:
+    """A pod that reaches CreateVM with a pinned type or its own image (the webhook bypassed, or
+    the annotations changed after admission) is refused unless this node allows the choice."""
+    pinned = {**ANNOTATIONS, HV + "machine_type": "p5.48xlarge"}
+    answer = await serve.create_vm(SID, pinned)
+    assert answer["code"] == 3 and HV + "machine_type" in answer["message"]
+    assert "--allowed-machine-types: none" in answer["message"]
+    imaged = {**ANNOTATIONS, HV + "image": "ami-tenant"}
+    answer = await serve.create_vm(SID, imaged)
+    assert answer["code"] == 3 and "--allowed-images: none" in answer["message"]
+    assert serve.rows("SELECT id FROM sandboxes") == []
+
+
+async def test_allowed_vm_choices_pass() -> None:
+    with tempfile.TemporaryDirectory(prefix="pp", dir="/tmp") as directory:
+        proc = ServeProcess(
+            Path(directory),
+            ["--provider", "static", "--static-endpoints", "127.0.0.1:1", "--no-agent-tls",
+             "--allowed-machine-types", "p5.48xlarge", "--allowed-images", "ami-approved"],
+        )  # fmt: skip
+        await proc.start()
+        try:
+            chosen = {
+                **ANNOTATIONS,
+                HV + "machine_type": "p5.48xlarge",
+                HV + "image": "ami-approved",
+            }
+            assert (await proc.create_vm(SID, chosen))["code"] == 0, proc.log()
+            other = {**ANNOTATIONS, HV + "image": "ami-tenant"}
+            assert (await proc.create_vm("8d" * 32, other))["code"] == 3
+        finally:
+            await proc.kill()
