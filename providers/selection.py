@@ -23,9 +23,9 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, get_args
 
-from providers.catalog import Catalog, InstanceType
+from providers.catalog import Catalog, InstanceType, Provisioning
 from providers.errors import NoMatch
 from providers.estimates import catalog_gpu_rates, estimate_price, gpu_hourly_usd
 from providers.gpus import GPU_MODELS, models_matching
@@ -145,6 +145,8 @@ class _Index:
         default_factory=dict
     )
     rates: Mapping[str, float] = field(default_factory=dict)  # per-GPU rates for estimates
+    # provisioning model -> names of the types not sold that way (usually none)
+    not_sold: Mapping[str, frozenset[str]] = field(default_factory=dict)
     cloud: str = ""
 
 
@@ -191,6 +193,10 @@ def _index(catalog: Catalog) -> _Index:
         gpu_rows=tuple(r for r in rows if r[7] is not None or r[9]),
         rates=rates,
         cloud=catalog.cloud,
+        not_sold={
+            sold: frozenset(t.name for t in catalog.types if sold not in t.provisioning)
+            for sold in get_args(Provisioning)
+        },
     )
     key = id(catalog)
     _INDEXES[key] = (weakref.ref(catalog, lambda _ref: _INDEXES.pop(key, None)), index)
@@ -736,6 +742,7 @@ def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
     allow, deny = matcher.allow, matcher.deny
     fits: list[tuple[InstanceType, _Fit]] = []
     if not matcher.wants_gpu:
+        not_sold = index.not_sold.get(sold_as, frozenset())
         # Every condition of `check` for a request without GPUs, inline.
         for t, vc, mem, a, rd, zones, offered, model, _count, _attach in index.rows:
             if (
@@ -746,11 +753,12 @@ def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
                 and offered
                 and (rd or not rdma)
                 and (nics <= 1 or rdma_devices(t) >= nics)
-                and sold_as in t.provisioning
                 and (not zone or not zones or zone in zones)
                 and (deny is None or not deny.match(t.name))
                 and (allow is None or allow.match(t.name))
             ):
+                if not_sold and t.name in not_sold:
+                    continue
                 fits.append((t, _NO_FIT))
         if sold_as == "spot":  # the index is in on-demand order
             rates = index.rates
