@@ -210,8 +210,7 @@ class GcpProvider:
     ) -> None:
         if not owner_id:
             raise InvalidRequest("gcp provider: an owner id is required")
-        if not config.project or not config.zones:
-            raise InvalidRequest("gcp provider: --gcp-project and --gcp-zones are required")
+        _require_location(config)
         if config.confidential_type not in ("", *CONFIDENTIAL_GPU_TYPES):
             raise InvalidRequest(
                 f"gcp provider: unknown confidential type {config.confidential_type!r}"
@@ -536,6 +535,11 @@ def config_from_args(args: argparse.Namespace) -> GcpConfig:
         confidential_type=args.gcp_confidential_type.upper(),
         use_public_ip=str(args.gcp_use_public_ip).lower() in ("1", "true", "yes", "on"),
     )
+
+
+def _require_location(config: GcpConfig) -> None:
+    if not config.project or not config.zones:
+        raise InvalidRequest("gcp provider: --gcp-project and --gcp-zones are required")
 
 
 def from_args(args: argparse.Namespace, owner_id: str, resolve: Resolver = identity) -> GcpProvider:
