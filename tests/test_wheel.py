@@ -74,6 +74,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dic
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = [name for name in PACKAGE_DATA if name not in names]
     assert not missing, f"the wheel lacks {missing}"
+    # every file the packages track, data included: a new kind of data file needs package-data
+    tracked = subprocess.run(
+        ["git", "ls-files", "adaptor", "providers", "webhook"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    left_out = sorted(set(tracked) - names)
+    assert not left_out, f"tracked package files not in the wheel: {left_out}"
     assert not any(n.startswith(("tests/", "config/", "scripts/")) for n in names)
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
