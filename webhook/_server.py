@@ -42,6 +42,7 @@ from webhook._admission import Admission
 from webhook._celworker import CelWorkers
 from webhook._devices import DeviceSpace
 from webhook._mutate import device_space
+from webhook._reviews import AdmissionReview
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,13 @@ def build_app(
     max_request_bytes = limits.max_request_bytes
     pools = _Pools(limits)
 
+    def plain(body: bytes) -> tuple[AdmissionReview, dict[str, Any] | None]:
+        """Parse, and decide at once unless the pod needs the selector pool (one thread hop)."""
+        review = admission.parse(body)
+        if admission.needs_selectors(review):
+            return review, None
+        return review, admission.decide(review)
+
     async def mutate(request: Request) -> Response:
         try:
             async with asyncio.timeout(limits.body_timeout_seconds):
@@ -116,9 +124,9 @@ def build_app(
             )
         loop = asyncio.get_running_loop()
         try:
-            review = await loop.run_in_executor(pools.plain, admission.parse, body)
-            pool = pools.selectors if admission.needs_selectors(review) else pools.plain
-            answer: dict[str, Any] = await loop.run_in_executor(pool, admission.decide, review)
+            review, answer = await loop.run_in_executor(pools.plain, plain, body)
+            if answer is None:  # the pod evaluates selectors: it waits in their own queue
+                answer = await loop.run_in_executor(pools.selectors, admission.decide, review)
         except InvalidRequest as exc:
             return PlainTextResponse(f"{exc}\n", status_code=400)
         except Exception:
