@@ -91,3 +91,11 @@ def test_linked_files_exist() -> None:
     for link in links:
         if "://" not in link:
             assert (INSTALL.parent / link).resolve().exists(), link
+
+
+def test_readme_points_a_cluster_install_at_these_docs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    deploy = readme[readme.index("Deploy to a cluster") :].split("kubectl apply -k")[0]
+    assert "[docs/install.md](docs/install.md)" in deploy
+    for need in ("scripts/build-image", "Kata", "pod VM image", "config/permissions/"):
+        assert need in deploy, need
