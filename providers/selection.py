@@ -50,7 +50,8 @@ OFFERED: Final = 10
 POLICY: Final = 11
 STAGE_NAMES: Final = (
     "GPU presence", "GPU model", "GPU memory", "fractional GPU", "MIG profile", "GPU count",
-    "architecture", "RDMA", "vCPUs", "memory", "zone/region offering", "allow/deny lists",
+    "architecture", "RDMA", "vCPUs", "memory", "offering (zone, region, provisioning)",
+    "allow/deny lists",
 )  # fmt: skip
 
 _GIB = 1024
