@@ -102,16 +102,22 @@ def _import(name: str, entry: Entry, target_path: str) -> Callable[..., Any]:
 def create(name: str, options: ProviderOptions) -> Provider:
     """Build the named provider from `options`."""
     target = load(name)
-    if PROVIDERS[name].style == "args":
-        if options.args is None:
-            raise InvalidRequest(f"provider {name!r} is configured by `peerpods serve` flags")
-        if options.resolve is not None:
-            provider = target(options.args, options.owner_id, options.resolve)
+    entry = PROVIDERS[name]
+    try:
+        if entry.style == "args":
+            if options.args is None:
+                raise InvalidRequest(f"provider {name!r} is configured by `peerpods serve` flags")
+            if options.resolve is not None:
+                provider = target(options.args, options.owner_id, options.resolve)
+            else:
+                provider = target(options.args, options.owner_id)
         else:
-            provider = target(options.args, options.owner_id)
-    else:
-        factory = getattr(target, "from_options", target)
-        provider = factory(options)
+            factory = getattr(target, "from_options", target)
+            provider = factory(options)
+    except ModuleNotFoundError as exc:
+        # The SDK is imported when the provider builds its client, not when its module loads.
+        hint = f": pip install 'peerpods[{entry.extra}]'" if entry.extra else ""
+        raise InvalidRequest(f"provider {name!r} needs the {exc.name} package{hint}") from None
     if not isinstance(provider, Provider):
         raise InvalidRequest(f"provider {name!r} does not implement the provider interface")
     return provider

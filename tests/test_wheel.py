@@ -182,3 +182,20 @@ def test_daemons_parse_their_flags(
 ) -> None:
     done = peerpods(installed, command, "--help")
     assert done.returncode == 0 and "--provider" in done.stdout, done.stderr
+
+
+@pytest.mark.slow
+def test_a_cloud_without_its_sdk_says_which_extra(
+    installed: tuple[Path, Path, dict[str, str]],
+) -> None:
+    """Installed without extras: serving a cloud names its extra in one line, writing nothing."""
+    _, elsewhere, _ = installed
+    state = elsewhere / "serve"
+    done = peerpods(
+        installed, "serve", "--provider", "aws", "--aws-region", "us-east-1",
+        "--pod-vm-image", "ami-0a1b2c3d4e5f60718", f"--socket={state}/h.sock",
+        f"--pods-dir={state}/pods", f"--state-dir={state}/state", "--status-address=",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "pip install 'peerpods[aws]'" in done.stderr
+    assert not state.exists()

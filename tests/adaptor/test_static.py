@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,19 @@ def test_registry_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     with pytest.raises(InvalidRequest, match=r"pip install 'peerpods\[aws\]'"):
         registry.load("aws")
+
+
+def test_registry_hint_when_the_sdk_is_missing_at_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    from adaptor.cli.main import build_parser
+
+    args = build_parser().parse_args(
+        ["serve", "--provider", "aws", "--aws-region", "us-east-1", "--pod-vm-image", "ami-1"]
+    )
+    monkeypatch.setitem(sys.modules, "boto3", None)  # `import boto3` fails as if not installed
+    with pytest.raises(
+        InvalidRequest, match=r"needs the boto3 package: pip install 'peerpods\[aws\]'"
+    ):
+        registry.create("aws", registry.ProviderOptions(args=args, owner_id="node-1"))
 
 
 def test_registry_builds_a_cloud_provider_from_serve_flags(monkeypatch: pytest.MonkeyPatch) -> None:
