@@ -3,6 +3,7 @@ half-sent headers, half-sent bodies, many idle connections, reviews aimed at ano
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import time
@@ -67,10 +68,8 @@ def test_half_sent_headers_are_dropped(bounded: Running, ca: trustme.CA) -> None
     # nor even starts TLS: the handshake has the same deadline
     with socket.create_connection(("127.0.0.1", bounded.server.port), timeout=10) as raw:
         raw.settimeout(10)
-        try:
+        with contextlib.suppress(ConnectionResetError):  # a reset is a close too
             assert raw.recv(1024) == b""
-        except ConnectionResetError:
-            pass
 
 
 def test_half_sent_body_is_408(bounded: Running, ca: trustme.CA) -> None:
