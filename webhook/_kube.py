@@ -2,7 +2,8 @@
 
 The official client's CustomObjectsApi reads `resource.k8s.io/v1` objects as plain JSON, so
 fields the generated models do not know yet (consumable capacity, firstAvailable) survive. Found
-objects are cached for `ttl_seconds`; misses and errors are not cached, so a claim created a
+objects are cached for `ttl_seconds`, `max_cached` of them at most (the oldest dropped first:
+tenants choose how many templates exist); misses and errors are not cached, so a claim created a
 moment later is seen. Calls block: the server runs admission in a worker thread.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 from webhook._resolver import LookupFailed, ObjectNotFound
@@ -22,12 +24,17 @@ class KubeResolver:
     """DRA objects from the API server."""
 
     def __init__(
-        self, ttl_seconds: float = 30.0, timeout_seconds: float = 3.0, api_client: Any = None
+        self,
+        ttl_seconds: float = 30.0,
+        timeout_seconds: float = 3.0,
+        api_client: Any = None,
+        max_cached: int = 4096,
     ) -> None:
         self.ttl_seconds = ttl_seconds
         self.timeout_seconds = timeout_seconds
+        self.max_cached = max_cached
         self._client = api_client
-        self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._cache: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def _api(self) -> Any:
@@ -71,6 +78,9 @@ class KubeResolver:
             raise LookupFailed(f"reading {what}: not an object")
         with self._lock:
             self._cache[path] = (now + self.ttl_seconds, obj)
+            self._cache.move_to_end(path)
+            while len(self._cache) > self.max_cached:
+                self._cache.popitem(last=False)
         return obj
 
     def claim(self, namespace: str, name: str) -> dict[str, Any]:

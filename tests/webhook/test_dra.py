@@ -278,3 +278,20 @@ def test_lookups_are_cached(dra: Running, kube: tuple[FakeKube, Path]) -> None:
     before = len(fake.requests)
     _admitted(dra, claim_pod(("g", "hopper")))
     assert len(fake.requests) == before
+
+
+def test_lookup_cache_is_bounded(kube: tuple[FakeKube, Path]) -> None:
+    """Tenants choose how many templates exist: the cache keeps the most recent few only."""
+    from kubernetes import config
+
+    fake, kubeconfig = kube
+    resolver = KubeResolver(
+        ttl_seconds=60, api_client=config.new_client_from_config(str(kubeconfig)), max_cached=2
+    )
+    for name in ("one-gpu", "hopper", "big-memory"):
+        resolver.claim_template("default", name)
+    before = len(fake.requests)
+    resolver.claim_template("default", "big-memory")  # recent: cached
+    assert len(fake.requests) == before
+    resolver.claim_template("default", "one-gpu")  # dropped: read again
+    assert len(fake.requests) == before + 1
