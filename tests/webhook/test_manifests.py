@@ -76,3 +76,12 @@ def test_network_policy_admits_only_https_from_outside_the_pod_network() -> None
 def test_updates_reach_the_webhook() -> None:
     hook = _one("MutatingWebhookConfiguration")["webhooks"][0]
     assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+
+
+def test_cel_workers_can_start_on_a_read_only_root() -> None:
+    spec = _one("Deployment")["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]  # the forkserver's socket directory
