@@ -354,7 +354,14 @@ class WebhookServer:
         )
         if self.config.cel_workers > 0 and self.admission.cel_runner is None:
             self.cel_workers = CelWorkers(self.config.cel_workers)
-            await asyncio.to_thread(self.cel_workers.start, self._warm_space())
+            try:
+                await asyncio.to_thread(self.cel_workers.start, self._warm_space())
+            except (OSError, EOFError) as exc:
+                await asyncio.to_thread(self.cel_workers.close)
+                raise PeerpodsError(
+                    f"cannot start the CEL worker processes (--cel-workers; they need a writable "
+                    f"temporary directory): {exc}"
+                ) from None
             self.admission.cel_runner = self.cel_workers
         uv_config.load()
         server = uvicorn.Server(uv_config)
