@@ -3,14 +3,16 @@
     python scripts/gen_permissions.py           # (re)write config/permissions/*
     python scripts/gen_permissions.py --check   # exit 1 when a file is not what the code needs
 
-The calls are found by reading the providers' source (an AST scan of providers/aws.py, azure.py,
-gcp.py and providers/loaders/), checked against each SDK's own list of operations, never listed by
-hand. What *is* written by hand is the table saying which permissions one call needs (a launch
-also tags, a VM PUT also creates its NIC and disk): a call found in the code with no entry in it,
-or an entry no call uses, is an error, so the files change whenever the calls do.
+The calls are found by reading the source (an AST scan: the providers, the catalog loaders, the
+price sources and anything else that calls a cloud), checked against each SDK's own list of
+operations, never listed by hand. What *is* written by hand is the table saying which permissions
+one call needs (a launch also tags, a VM PUT also creates its NIC and disk): a call found in the
+code with no entry in it, or an entry no call uses, is an error, so the files change whenever the
+calls do.
 
-Found per cloud:
-- AWS: any name in the module (an attribute or a string, since calls go through
+Found per cloud, in every module of adaptor/, providers/ and webhook/ (GCP: the modules that make
+compute_v1 clients):
+- AWS: any name in a module (an attribute or a string, since calls go through
   `getattr(client, "run_instances")`) that is an EC2 operation in botocore's service model.
 - Azure: attribute chains `<x>.<operation group>.<method>` whose group is one of the compute or
   network management clients' operation groups and whose method that group has.
@@ -37,15 +39,24 @@ from providers.base import TAG_OWNER  # noqa: E402
 
 OUT = ROOT / "config" / "permissions"
 FILES = {"aws": "aws-iam-policy.json", "azure": "azure-role.json", "gcp": "gcp-role.yaml"}
-MODULES = {
-    cloud: (f"providers/{cloud}.py", f"providers/loaders/{cloud}.py")
-    for cloud in ("aws", "azure", "gcp")
-}
+PACKAGES = ("adaptor", "providers", "webhook")
+
+
+def package_modules() -> tuple[str, ...]:
+    """Every module of the three packages (generated protobuf code aside)."""
+    found = (p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py")))
+    return tuple(str(p.relative_to(ROOT)) for p in found if "/gen/" not in p.as_posix())
+
+
+# AWS and Azure calls have names no other code uses, so every module is read; GCP's (`get`,
+# `list`) need the receiver, so only the modules that construct compute_v1 clients (RECEIVERS).
+MODULES = {"aws": package_modules(), "azure": package_modules()}
 
 # --- which permissions each call needs (the only hand-written part) ----------------------------
 
 AWS: dict[str, tuple[str, ...]] = {
     "DeleteVolume": ("ec2:DeleteVolume",),  # a purged VM's volumes, when EC2 left them
+    "DescribeSpotPriceHistory": ("ec2:DescribeSpotPriceHistory",),  # catalog refresh
     "DescribeInstanceTypeOfferings": ("ec2:DescribeInstanceTypeOfferings",),
     "DescribeInstanceTypes": ("ec2:DescribeInstanceTypes",),
     "DescribeInstances": ("ec2:DescribeInstances",),
@@ -227,19 +238,35 @@ def _gcp_methods(class_name: str) -> set[str]:
 
 
 def _constructed(tree: ast.AST) -> set[str]:
-    """compute_v1 client classes the module constructs: `compute_v1.InstancesClient()`."""
+    """compute_v1 client classes the module constructs: `compute_v1.InstancesClient()` (or
+    `compute.RegionsClient()`, the module imported under another name)."""
     return {
         node.func.attr
         for node in ast.walk(tree)
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
         and node.func.attr.endswith("Client")
+        and node.func.attr in _gcp_clients()
     }
 
 
+@cache
+def _gcp_clients() -> frozenset[str]:
+    from google.cloud import compute_v1
+
+    return frozenset(name for name in dir(compute_v1) if name.endswith("Client"))
+
+
 def gcp_calls() -> set[str]:
+    makers = {m for m in package_modules() if _constructed(_tree(m))}
+    if makers != set(RECEIVERS):
+        raise ScanError(
+            f"gcp: modules making compute_v1 clients {sorted(makers)} "
+            f"but RECEIVERS covers {sorted(RECEIVERS)}"
+        )
     found = set()
-    for module in MODULES["gcp"]:
+    for module in RECEIVERS:
         tree = _tree(module)
         receivers = RECEIVERS.get(module, {})
         made = _constructed(tree)
