@@ -67,10 +67,7 @@ class Admission:
         pod = review.request.object
         if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
             return False
-        spec = pod["spec"]
-        return spec.get("runtimeClassName") in self.settings.runtime_classes and bool(
-            spec.get("resourceClaims")
-        )
+        return self._is_peer(pod) and bool(pod["spec"].get("resourceClaims"))
 
     def decide(self, review: AdmissionReview) -> dict[str, Any]:
         """The response review for a parsed request."""
@@ -143,9 +140,8 @@ class Admission:
 
     def _is_peer(self, pod: Any) -> bool:
         spec = pod.get("spec") if isinstance(pod, dict) else None
-        return isinstance(spec, dict) and spec.get("runtimeClassName") in (
-            self.settings.runtime_classes
-        )
+        runtime_class = spec.get("runtimeClassName") if isinstance(spec, dict) else None
+        return isinstance(runtime_class, str) and runtime_class in self.settings.runtime_classes
 
     def _update(self, review: AdmissionReview) -> dict[str, Any]:
         """A peer pod's contract annotations are fixed at admission: changes are denied."""

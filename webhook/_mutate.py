@@ -382,7 +382,8 @@ def mutate_pod(
     settings = settings or Settings()
     if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
         raise InvalidRequest("not a pod: no spec")
-    if pod["spec"].get("runtimeClassName") not in settings.runtime_classes:
+    runtime_class = pod["spec"].get("runtimeClassName")
+    if not isinstance(runtime_class, str) or runtime_class not in settings.runtime_classes:
         return MutationResult(patch=[], pod=pod)
     annotations = _annotations(pod)
     namespace = namespace or str((pod.get("metadata") or {}).get("namespace") or "default")

@@ -85,3 +85,14 @@ def test_extreme_quantities_are_capped_as_kubernetes_caps_them(
 ) -> None:
     answer = post(running, review(pod(container("c", limits={"cpu": quantity}))))
     assert answer["allowed"] is True or 400 <= answer["status"]["code"] < 500, answer
+
+
+@pytest.mark.parametrize("runtime_class", [["kata-remote"], {"a": 1}, 7])
+def test_a_runtime_class_that_is_not_a_string_is_not_a_peer_pod(
+    running: Running, runtime_class: Any
+) -> None:
+    p = pod(container("c", limits={"nvidia.com/gpu": "1"}), runtime=None)
+    p["spec"]["runtimeClassName"] = runtime_class
+    p["spec"]["resourceClaims"] = [{"name": "x", "resourceClaimTemplateName": "long"}]
+    answer = post(running, review(p))  # HTTP 200, not 500
+    assert answer["allowed"] is True and "patch" not in answer
