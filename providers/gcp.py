@@ -27,6 +27,7 @@ from providers.capacity import (
     ON_DEMAND,
     SPOT,
     TAG_CAPACITY_TYPE,
+    CapacityType,
     VMCondition,
     create_in_markets,
 )
@@ -53,6 +54,7 @@ from providers.fallback import (
     sandbox_hash,
     sdk_call,
 )
+from providers.loaders.gcp import SPOT_OR_FLEX_ONLY
 
 log = logging.getLogger(__name__)
 
@@ -395,7 +397,15 @@ class GcpProvider:
             async def one(placement: Placement) -> Instance:
                 return await attempt(placement, spot)
 
-            return await create_with_fallback(what, order, one, self.config.policy, self.name)
+            # spot-or-on-demand's on-demand pass skips the shapes GCP sells only as Spot or
+            # Flex-start (its Spot ranking may hold them): creating one on-demand is refused,
+            # not short of capacity. An on-demand pod never has them (selection).
+            fallback = not spot and spec.capacity_type is CapacityType.SPOT_OR_ON_DEMAND
+            sold = [p for p in order if not fallback or p.instance_type not in SPOT_OR_FLEX_ONLY]
+            if not sold:
+                names = ", ".join(dict.fromkeys(p.instance_type for p in order))
+                raise CapacityError(f"{what}: {names} cannot be created on-demand (Spot only)")
+            return await create_with_fallback(what, sold, one, self.config.policy, self.name)
 
         return await create_in_markets(what, spec.capacity_type, in_market)
 

@@ -47,7 +47,7 @@ _ARM_FAMILIES = frozenset({"t2a", "c4a", "a4x"})
 _ROCE_PREFIXES = ("a3-ultragpu-", "a4-highgpu-", "a4x-highgpu-")
 # Shapes GCP sells only as Spot or Flex-start VMs (accelerator-optimized machine docs, A3 High:
 # "a3-highgpu-1g, -2g and -4g ... only with Spot VMs or Flex-start VMs").
-_SPOT_OR_FLEX_ONLY = frozenset({"a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g"})
+SPOT_OR_FLEX_ONLY = frozenset({"a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g"})
 _GONE = frozenset({"OBSOLETE", "DELETED"})
 
 
@@ -141,7 +141,7 @@ def instance_type(
         attachable_gpus=attach,
         rdma="roce" if name.startswith(_ROCE_PREFIXES) else "",
         zones=zones,
-        provisioning=("spot", "flex-start") if name in _SPOT_OR_FLEX_ONLY else DEFAULT_PROVISIONING,
+        provisioning=("spot", "flex-start") if name in SPOT_OR_FLEX_ONLY else DEFAULT_PROVISIONING,
         family=family,
     )
 

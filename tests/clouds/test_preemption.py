@@ -206,7 +206,7 @@ def gcp_cloud(policy: RetryPolicy, go: GoServer) -> Cloud:
 
     return Cloud(
         gcp,
-        "a3-highgpu-1g",
+        "a3-highgpu-8g",
         take,
         lambda: [f"{z}/{n}" for z, n in gce.instances],
         refuse_spot,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from providers.capacity import TAG_CAPACITY_TYPE, CapacityType, NoSpotCapacity
+from providers.errors import CapacityError
 from providers.fallback import FallbackExhausted, RetryPolicy
 from tests.clouds.fake_gce import FakeGce, quota_exceeded, stockout
 from tests.clouds.test_gcp import INSERT, provider, spec
@@ -13,6 +14,9 @@ from tests.clouds.test_gcp import INSERT, provider, spec
 @pytest.fixture
 def gce() -> FakeGce:
     return FakeGce()
+
+
+BOTH_WAYS = ("a3-highgpu-8g", "a2-ultragpu-1g")  # sold on-demand and as Spot
 
 
 def sent(gce: FakeGce) -> list[tuple[str, str, str]]:
@@ -61,13 +65,14 @@ async def test_spot_or_on_demand_tries_every_spot_placement_first(
         return None
 
     gce.faults.append(no_spot)  # type: ignore[arg-type]
-    vm = await provider(gce, policy).create(spec(3, capacity_type=CapacityType.SPOT_OR_ON_DEMAND))
+    either = CapacityType.SPOT_OR_ON_DEMAND
+    vm = await provider(gce, policy).create(spec(3, capacity_type=either, candidates=BOTH_WAYS))
     assert sent(gce) == [
-        ("a3-highgpu-1g", "us-central1-a", "SPOT"),
-        ("a3-highgpu-1g", "us-central1-b", "SPOT"),
+        ("a3-highgpu-8g", "us-central1-a", "SPOT"),
+        ("a3-highgpu-8g", "us-central1-b", "SPOT"),
         ("a2-ultragpu-1g", "us-central1-a", "SPOT"),
         ("a2-ultragpu-1g", "us-central1-b", "SPOT"),
-        ("a3-highgpu-1g", "us-central1-a", "STANDARD"),
+        ("a3-highgpu-8g", "us-central1-a", "STANDARD"),
     ]
     assert vm.capacity_type == "on-demand" and len(gce.instances) == 1
 
@@ -95,3 +100,26 @@ async def test_vm_stopped_by_the_cloud_is_reported_and_deleted(
     gone = await gcp.inspect(vm.id)
     assert not gone.alive and "no longer exists" in gone.reason
     await gcp.purge(vm)
+
+
+async def test_on_demand_fallback_skips_shapes_sold_only_as_spot(
+    gce: FakeGce, policy: RetryPolicy
+) -> None:
+    # a3-highgpu-1g is Spot or Flex-start only: the fallback never asks for it on-demand.
+    gce.faults.append(
+        lambda action, zone, body: (
+            stockout(zone)
+            if action == "insert"
+            and (body.get("scheduling") or {}).get("provisioningModel") == "SPOT"
+            else None
+        )
+    )
+    either = CapacityType.SPOT_OR_ON_DEMAND
+    vm = await provider(gce, policy).create(spec(6, capacity_type=either))
+    assert [m for _, _, m in sent(gce)] == ["SPOT"] * 4 + ["STANDARD"]
+    assert sent(gce)[-1][0] == "a2-ultragpu-1g" and vm.capacity_type == "on-demand"
+    with pytest.raises(CapacityError, match="cannot be created on-demand"):
+        await provider(gce, policy).create(
+            spec(7, capacity_type=either, candidates=("a3-highgpu-1g",))
+        )
+    assert gce.instances.keys() == {(vm.zone, vm.name)}
