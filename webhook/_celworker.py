@@ -32,8 +32,12 @@ __all__ = ["CelWorkers"]
 
 log = logging.getLogger(__name__)
 
-_GRACE_SECONDS = 0.05  # past the deadline, for a worker's own time-out answer to arrive
+# Past the deadline, for a worker's own time-out answer to arrive (it checks its deadline every
+# few hundred steps; a loaded node delays it): only a worker stuck in one call is killed.
+_GRACE_SECONDS = 0.5
+_TOO_LATE_SECONDS = 0.05  # an admission with less time left than this gets no worker
 _SPACES_PER_WORKER = 4
+_WARM_SELECTOR = "device.driver == 'gpu.nvidia.com'"
 
 
 def _main(conn: multiprocessing.connection.Connection) -> None:
@@ -126,18 +130,34 @@ class CelWorkers:
         for worker in self._all:
             self._idle.put(worker)
         self._lock = threading.Lock()
+        self._revivals: set[threading.Thread] = set()
+        self._warm_space: DeviceSpace | None = None
         self.kills = 0  # workers killed for running past a deadline (or breaking)
 
     def start(self, space: DeviceSpace | None = None) -> None:
         """Start every worker now (else each starts on first use), and with `space` have each
         build its devices and compile a selector, so no admission pays for that."""
+        self._warm_space = space
         for worker in self._all:
-            if worker.process is None:
-                worker.start()
-        if space is not None:
-            warm = "device.driver == '" + "gpu.nvidia.com" + "'"
-            for worker in self._all:
-                worker.run(space, warm, time.monotonic() + 60)
+            self._warm(worker)
+
+    def _warm(self, worker: _Worker) -> None:
+        if worker.process is None:
+            worker.start()
+        if self._warm_space is not None:
+            worker.run(self._warm_space, _WARM_SELECTOR, time.monotonic() + 60)
+
+    def _revive(self, worker: _Worker) -> None:
+        """Start a killed worker again, warmed, before any admission may use it."""
+        try:
+            self._warm(worker)
+        except (OSError, EOFError, ValueError) as exc:
+            log.error("CEL worker %d not restarted (retried on use): %s", worker.index, exc)
+            worker.stop()
+        finally:
+            with self._lock:
+                self._revivals.discard(threading.current_thread())
+            self._idle.put(worker)
 
     def __call__(self, space: DeviceSpace, expression: str, deadline: float | None) -> Outcome:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -145,17 +165,27 @@ class CelWorkers:
             worker = self._idle.get(timeout=left)
         except queue.Empty:
             return Outcome(busy=True)
-        try:
-            outcome = worker.run(space, expression, deadline)
-        finally:
+        if deadline is not None and deadline - time.monotonic() <= _TOO_LATE_SECONDS:
+            self._idle.put(worker)  # too late to start: never kill a worker for that
+            return Outcome(busy=True)
+        outcome = worker.run(space, expression, deadline)
+        if outcome is not None:
             self._idle.put(worker)
-        if outcome is None:
-            with self._lock:
-                self.kills += 1
-            log.warning("CEL worker stopped: selector ran past its deadline or broke it")
-            return Outcome(timed_out=True)
-        return outcome
+            return outcome
+        with self._lock:
+            self.kills += 1
+            reviving = threading.Thread(
+                target=self._revive, args=(worker,), name=f"cel-revive-{worker.index}"
+            )
+            self._revivals.add(reviving)
+        log.warning("CEL worker killed: a selector ran past its deadline; restarting it")
+        reviving.start()
+        return Outcome(timed_out=True)
 
     def close(self) -> None:
+        with self._lock:
+            revivals = list(self._revivals)
+        for thread in revivals:
+            thread.join(70)
         for worker in self._all:
             worker.stop()

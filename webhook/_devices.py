@@ -342,7 +342,7 @@ class DeviceSpace:
                 outcome = runner(self, expression, limits.deadline)
             else:
                 outcome = self.evaluate(expression, limits.deadline)
-            if not outcome.timed_out:  # a time-out depends on load; anything else is final
+            if not (outcome.timed_out or outcome.busy):  # load-dependent; the rest is final
                 with self._lock:
                     self._cache[expression] = outcome
                     while len(self._cache) > SELECTOR_CACHE_SIZE:

@@ -96,7 +96,7 @@ def test_healthz_and_plain_pods_answer_while_hostile_selectors_run(
             reply = client.post(hostile.url + "/mutate", json=body)
             answers.append((time.monotonic() - start, reply.json()["response"]))
 
-    attackers = [threading.Thread(target=attack) for _ in range(4)]  # more than the workers
+    attackers = [threading.Thread(target=attack) for _ in range(8)]  # as in the report; 2 workers
     for thread in attackers:
         thread.start()
     try:
@@ -113,7 +113,7 @@ def test_healthz_and_plain_pods_answer_while_hostile_selectors_run(
     finally:
         for thread in attackers:
             thread.join(60)
-    assert len(answers) == 4
+    assert len(answers) == 8
     assert any(a["status"]["code"] == 400 for _, a in answers)
     for took, answer in answers:
         assert answer["allowed"] is False
@@ -159,7 +159,8 @@ def test_cost_budget_is_metered_per_device(catalog: Catalog) -> None:
 
 def test_a_stuck_worker_is_killed_and_replaced(catalog: Catalog) -> None:
     """A worker that cannot answer (stopped here with SIGSTOP, as a builtin call that never
-    returns would leave it) is killed at the deadline; the next selector gets a fresh one."""
+    returns would leave it) is killed at the deadline and restarted before anyone uses it again;
+    the next selector gets the fresh one."""
     space = DeviceSpace(catalog)
     workers = CelWorkers(1)
     try:
@@ -170,7 +171,6 @@ def test_a_stuck_worker_is_killed_and_replaced(catalog: Catalog) -> None:
         os.kill(pid, signal.SIGSTOP)
         stuck = workers(space, "device.driver == 'gpu.nvidia.com'", time.monotonic() + 0.5)
         assert stuck.timed_out and workers.kills == 1
-        assert worker.process is None  # killed and reaped
         again = workers(space, "device.driver == 'gpu.nvidia.com'", time.monotonic() + 30)
         assert again.accepted == first.accepted | {d.id for d in space.devices if d.kind == "mig"}
         assert worker.process is not None and worker.process.pid != pid
