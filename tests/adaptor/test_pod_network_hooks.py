@@ -3,10 +3,12 @@ dropped; settings refuse bad networking flags. (The real kernel path is tests/po
 
 from __future__ import annotations
 
+import inspect
 import json
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,16 +71,24 @@ async def parts() -> AsyncIterator[tuple[Path, StateStore]]:
         await store.close()
 
 
+def pod_network_manager(
+    config: ManagerConfig, store: StateStore, provider: Any, proxies: Any, hook: Any
+) -> SandboxManager:
+    """A manager with the pod network hook, whether or not it takes a placement (the typed
+    StartVM plan moves selection into a `placement` argument; these tests need none)."""
+    make: Any = SandboxManager
+    if "placement" in inspect.signature(SandboxManager).parameters:
+        from adaptor.placement import Placement
+
+        return make(config, store, provider, Placement(), proxies, pod_network=hook)  # type: ignore[no-any-return]
+    return make(config, store, provider, proxies, pod_network=hook)  # type: ignore[no-any-return]
+
+
 def manager(
     root: Path, store: StateStore, tunnels: Tunnels, provider: FakeProvider
 ) -> SandboxManager:
-    return SandboxManager(
-        ManagerConfig(pods_dir=root / "pods", proxy_timeout_seconds=1),
-        store,
-        provider,
-        FakeProxies(),
-        pod_network=tunnels,
-    )
+    config = ManagerConfig(pods_dir=root / "pods", proxy_timeout_seconds=1)
+    return pod_network_manager(config, store, provider, FakeProxies(), tunnels)
 
 
 async def test_failed_teardown_is_recorded_and_retried(parts: tuple[Path, StateStore]) -> None:

@@ -17,6 +17,7 @@ from adaptor.state import StateStore
 from providers.base import Instance, VMSpec
 from providers.errors import InvalidRequest
 from tests.adaptor.fakes import FakeProxies
+from tests.adaptor.test_pod_network_hooks import pod_network_manager
 from tests.podnet.caa_decode import decode_apf
 from tests.podnet.snapshot import snapshot
 from tests.podnet.topology import Topology, link_index, podvm_setup, udp_roundtrip
@@ -54,12 +55,12 @@ class VmPool:
 
 def manager(root: Path, store: StateStore, pool: VmPool, worker: str) -> SandboxManager:
     podnet = PodNet(PodNetSettings(), store, host_netns=worker)
-    return SandboxManager(
+    return pod_network_manager(
         ManagerConfig(pods_dir=root / "pods", proxy_timeout_seconds=1),
         store,
-        pool,  # type: ignore[arg-type]
+        pool,
         FakeProxies(),
-        pod_network=SandboxPodNetwork(podnet, root / "pods"),
+        SandboxPodNetwork(podnet, root / "pods"),
     )
 
 
