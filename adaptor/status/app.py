@@ -138,4 +138,5 @@ async def refresh_sandbox_gauge(source: SandboxSource) -> None:
     counts: dict[str, int] = {}
     for record in await source.records():
         counts[record.state.value] = counts.get(record.state.value, 0) + 1
+    counts["quarantined"] = len(await source.quarantined())  # unreadable records, kept aside
     metrics.set_sandbox_counts(counts)

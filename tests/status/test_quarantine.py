@@ -68,6 +68,8 @@ async def test_bad_rows_are_quarantined_and_the_rest_served(root: Path) -> None:
                     assert one["state"] == "quarantined"
                     assert f"sandbox '{sandbox_id}' quarantined" in second.log()
                 assert "exploded" in listed["bad-state"]["reason"]
+                scrape = (await http.get("/metrics")).text
+                assert 'peerpods_sandboxes{state="quarantined"} 3.0' in scrape
             # the valid sandbox is still served: it stops cleanly
             assert (await second.stop_vm(GOOD))["code"] == 0, second.log()
             # a quarantined one is refused with its reason, and left in place
