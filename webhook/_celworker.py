@@ -168,7 +168,11 @@ class CelWorkers:
         if deadline is not None and deadline - time.monotonic() <= _TOO_LATE_SECONDS:
             self._idle.put(worker)  # too late to start: never kill a worker for that
             return Outcome(busy=True)
-        outcome = worker.run(space, expression, deadline)
+        try:
+            outcome = worker.run(space, expression, deadline)
+        except BaseException:
+            self._idle.put(worker)  # whatever happened, the pool keeps its worker
+            raise
         if outcome is not None:
             self._idle.put(worker)
             return outcome
