@@ -22,7 +22,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "prepare",
         help="create the planned MIG devices and write the CDI specs for their names",
         description="Create the planned MIG devices through NVML and write the CDI specs "
-        "binding each name the adaptor injects to the device created.",
+        "binding each name the adaptor injects to the device created. Exit status: 0 every "
+        "planned device is ready; 1 one could not be created (one line on stderr says which and "
+        "why); 2 bad input; 3 rebooting once for a pending MIG mode change.",
     )
     flags.add(
         prep,
