@@ -27,10 +27,9 @@ from adaptor.gc import GarbageCollector
 from adaptor.hypervisor.preemption import PreemptionWatcher
 from adaptor.hypervisor.sandboxes import (
     AgentProxyHandle,
-    CandidateChooser,
-    EndpointResolver,
     ManagerConfig,
     ProxyFactory,
+    SandboxHook,
     SandboxManager,
 )
 from adaptor.hypervisor.service import HypervisorService
@@ -38,6 +37,7 @@ from adaptor.pki import AdaptorPKI
 from adaptor.placement import Placement
 from adaptor.podnet import PodNet, PodNetSettings, SandboxPodNetwork
 from adaptor.proxy import CreateContainerHook
+from adaptor.reaper import Reaper
 from adaptor.settings import ServeSettings
 from adaptor.state import SandboxRecord, StateStore
 from adaptor.status import DeviceBook, build_app
@@ -47,17 +47,18 @@ from adaptor.ttrpc.server import Server
 from adaptor.vmpolicy import VmPolicy
 from adaptor.wiring import (
     CLOUDS,
+    ForgetDevices,
     container_hooks,
     count_capacity_fallback,
     count_proxy_call,
     placement_for,
     user_data_builder,
 )
-from providers import registry
-from providers.base import Provider
+from providers import registry, sdk
+from providers.base import Instance, Provider
 from providers.capacity import Inspectable
 from providers.errors import PeerpodsError
-from providers.fallback import observe_capacity_fallbacks
+from providers.retry import observe_capacity_fallbacks
 
 log = logging.getLogger(__name__)
 
@@ -93,20 +94,27 @@ def agent_tls_context(
 
 # A sandbox (with its VM) -> the CreateContainer rewrite for its proxy, or None to pass through.
 ContainerHookFactory = Callable[[SandboxRecord], CreateContainerHook | None]
+# A VM -> the (host, port) its forwarder is dialled at, instead of the VM's own address (tests).
+EndpointResolver = Callable[[Instance], tuple[str, int]]
 
 
 def agent_proxy_factory(
     tls: ssl.SSLContext | None,
     container_hooks: ContainerHookFactory | None = None,
+    resolve_endpoint: EndpointResolver | None = None,
     on_upstream_lost: Callable[[str], None] | None = None,
     check_sandbox: bool = False,
 ) -> ProxyFactory:
     """Builds each sandbox's AgentProxy dialing its forwarder (over mTLS when `tls` is set;
     with `check_sandbox`, the forwarder's certificate must name the sandbox, as the adaptor's
-    own CA issues them); `on_upstream_lost(sandbox id)` hears of each dropped connection."""
+    own CA issues them); `resolve_endpoint` overrides where a VM's forwarder is dialled (tests),
+    and `on_upstream_lost(sandbox id)` hears of each dropped connection."""
 
     def make(record: SandboxRecord, socket_path: str, host: str, port: int) -> AgentProxyHandle:
         from adaptor.proxy import AgentProxy, tcp_dialer
+
+        if resolve_endpoint is not None and record.instance is not None:
+            host, port = resolve_endpoint(record.instance)
 
         proxy: AgentProxyHandle = AgentProxy(
             socket_path,
@@ -132,22 +140,22 @@ class Daemon:
         *,
         provider: Provider | None = None,
         proxy_factory: ProxyFactory | None = None,
-        choose_candidates: CandidateChooser | None = None,
         resolve_endpoint: EndpointResolver | None = None,
         container_hooks: ContainerHookFactory | None = None,
         provider_args: argparse.Namespace | None = None,
         cdi: CdiConfig | None = None,
         placement: Placement | None = None,
+        hooks: Sequence[SandboxHook] = (),
     ) -> None:
         self.settings = settings
         self._provider = provider
         self._proxy_factory = proxy_factory
-        self._choose_candidates = choose_candidates
         self._resolve_endpoint = resolve_endpoint
         self._container_hooks = container_hooks
         self._provider_args = provider_args
         self._cdi = cdi or CdiConfig("annotations", CdiNaming(), None)
         self._placement = placement
+        self._hooks = tuple(hooks)
         self.devices = DeviceBook()
         self.status: StatusServer | None = None
         self._unobserve: Callable[[], None] | None = None
@@ -156,6 +164,7 @@ class Daemon:
         self.manager: SandboxManager | None = None
         self.server: Server | None = None
         self.gc: GarbageCollector | None = None
+        self.reaper: Reaper | None = None
         self.podnet: PodNet | None = None
         self.watcher: PreemptionWatcher | None = None
 
@@ -192,6 +201,7 @@ class Daemon:
         proxy_factory = self._proxy_factory or agent_proxy_factory(
             tls,
             self._container_hooks or container_hooks(self._cdi, self.devices),
+            self._resolve_endpoint,
             on_upstream_lost=self._upstream_lost,
             # the adaptor's CA issues each cloud VM its own certificate (in its user data);
             # pre-provisioned pools (static) keep the certificate they were given once
@@ -208,27 +218,21 @@ class Daemon:
             self.store,
         )
         await self.podnet.scan()
+        if provider.name in CLOUDS and placement.user_data is None:
+            placement.user_data = user_data_builder(provider.name, pki, settings.pods_dir)
         self.manager = SandboxManager(
             ManagerConfig(
                 pods_dir=settings.pods_dir,
                 forwarder_port=settings.forwarder_port,
                 proxy_timeout_seconds=settings.proxy_timeout_seconds,
+                start_timeout_seconds=settings.start_timeout_seconds,
+                stop_wait_seconds=settings.stop_wait_seconds,
             ),
             self.store,
             provider,
+            placement,
             proxy_factory,
-            choose_candidates=self._choose_candidates or placement.candidates,
-            resolve_endpoint=self._resolve_endpoint,
-            plan_devices=lambda intent, instance: placement.device_plan(intent, instance).to_json(),
-            on_stopped=self.devices.forget,
-            reserve=placement.reserve if self._choose_candidates is None else None,
-            release=placement.release,
-            candidate_zones=placement.zones_for,
-            user_data=(
-                user_data_builder(provider.name, placement, pki, settings.pods_dir)
-                if provider.name in CLOUDS
-                else None
-            ),
+            hooks=(*self._hooks, ForgetDevices(self.devices)),
             pod_network=SandboxPodNetwork(self.podnet, settings.pods_dir),
             vm_policy=VmPolicy(
                 frozenset(settings.allowed_machine_types), frozenset(settings.allowed_images)
@@ -255,6 +259,9 @@ class Daemon:
                 provider, owner_id, known, interval_seconds=settings.gc_interval_seconds
             )
             self.gc.start()
+        if settings.reap_grace_seconds > 0:
+            self.reaper = Reaper(self.manager, grace_seconds=settings.reap_grace_seconds)
+            self.reaper.start()
         if settings.status_address:
             store = self.store
             app = build_app(
@@ -283,6 +290,9 @@ class Daemon:
         if self.gc is not None:
             await self.gc.stop()
             self.gc = None
+        if self.reaper is not None:
+            await self.reaper.stop()
+            self.reaper = None
         if self.watcher is not None:
             await self.watcher.stop()
             self.watcher = None
@@ -295,6 +305,8 @@ class Daemon:
         if self.manager is not None:
             await _graceful(self.manager.close, grace)
             self.manager = None
+        # The cloud SDK calls' pool and the deletes of failed creates it runs in the background.
+        await _graceful(sdk.shutdown, grace)
         if self.podnet is not None:
             await self.podnet.close()
             self.podnet = None

@@ -47,6 +47,24 @@ GC_DELETIONS = Counter(
     ["provider"],
     registry=REGISTRY,
 )
+START_FAILURES = Counter(
+    "peerpods_start_failures_total",
+    "StartVM calls that failed, by reason category (quota, selection, capacity, cloud, ...).",
+    ["reason"],
+    registry=REGISTRY,
+)
+VM_DELETE_FAILURES = Counter(
+    "peerpods_vm_delete_failures_total",
+    "VM deletes that failed and are retried (StopVM's teardown, the reaper).",
+    ["provider"],
+    registry=REGISTRY,
+)
+REAPED_VMS = Counter(
+    "peerpods_reaped_vms_total",
+    "VMs of failed or stopping sandboxes the reaper deleted after the grace period.",
+    ["provider"],
+    registry=REGISTRY,
+)
 
 PREEMPTIONS = Counter(
     "peerpods_sandboxes_preempted_total",

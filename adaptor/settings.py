@@ -62,6 +62,13 @@ class ServeSettings(BaseModel):
     owner_id: str = Field("", description="this node's owner tag value on its VMs")
     forwarder_port: int = Field(15150, ge=1, le=65535)
     proxy_timeout_seconds: float = Field(300.0, gt=0, description="StartVM's forwarder wait")
+    start_timeout_seconds: float = Field(900.0, gt=0, description="StartVM's own limit")
+    stop_wait_seconds: float = Field(
+        60.0, ge=0, description="StopVM's wait for the delete (no deadline given)"
+    )
+    reap_grace_seconds: float = Field(
+        600.0, ge=0, description="failed/stopping sandboxes' VMs deleted after this; 0: off"
+    )
     shutdown_grace_seconds: float = Field(10.0, ge=0, description="in-flight calls at exit")
     gc_interval_seconds: float = Field(300.0, ge=0, description="orphan VM sweeps; 0: off")
     preemption_check_interval_seconds: float = Field(

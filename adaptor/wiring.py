@@ -12,8 +12,9 @@ from pathlib import Path
 from adaptor import metrics, userdata
 from adaptor.devices import CdiConfig, DevicePlan, make_hook
 from adaptor.devices.hook import OutcomeObserver
+from adaptor.hypervisor.sandboxes import SandboxHook
 from adaptor.pki import AdaptorPKI
-from adaptor.placement import Placement
+from adaptor.placement import Placement, Plan
 from adaptor.podnet import pod_network_section, write_apf_copy
 from adaptor.podvm.layout import LayoutDocument
 from adaptor.proxy import Completion, CreateContainerHook
@@ -22,7 +23,6 @@ from adaptor.status import DeviceBook, DeviceState
 from adaptor.ttrpc import Code
 from adaptor.userdata import GpuSetup, PodVMConfig
 from providers.base import Provider
-from providers.contract import VMIntent
 from providers.errors import CatalogError
 
 log = logging.getLogger(__name__)
@@ -77,26 +77,15 @@ def count_proxy_call(service: str, method: str, code: int) -> None:
     metrics.PROXY_CALLS.labels(method=f"{service}/{method}", code=str(code)).inc()
 
 
-def provider_region(provider: Provider) -> str:
-    """The region a cloud provider creates VMs in (its catalog's region)."""
-    config = getattr(provider, "config", None)
-    for attribute in ("region", "location"):
-        value = getattr(config, attribute, "") or getattr(provider, attribute, "")
-        if value:
-            return str(value)
-    zones = getattr(config, "zones", ()) or ()
-    zone = str(zones[0]) if zones else str(getattr(config, "zone", "") or "")
-    return zone.rsplit("-", 1)[0] if zone.count("-") >= 2 else ""
-
-
 def placement_for(provider: Provider, cdi: CdiConfig, catalog_dir: str = "") -> Placement:
-    """Selection over the provider's catalog (none for static and local): the bundled snapshot
-    of its region, or, for a region without one, the cloud's own listing. Blocking IO."""
+    """Selection as the provider declares it (region, zones, allowed types, default type) over
+    its catalog (none for static and local): the bundled snapshot of its region, or, for a
+    region without one, the cloud's own listing. Blocking IO."""
     if provider.name not in CLOUDS:
-        return Placement(naming=cdi.naming)
+        return Placement.for_provider(provider, None, cdi.naming)
     from providers.catalogs import load_catalog
 
-    region = provider_region(provider)
+    region = provider.region
     directory = Path(catalog_dir) if catalog_dir else None
     try:
         catalog = load_catalog(provider.name, region, catalog_dir=directory)
@@ -109,24 +98,21 @@ def placement_for(provider: Provider, cdi: CdiConfig, catalog_dir: str = "") -> 
                 f"cannot select instance types for {provider.name} {region}: {missing}; "
                 f"and the live listing failed: {exc}"
             ) from None
-    config = getattr(provider, "config", None)
-    allowed = tuple(getattr(config, "allowed_instance_types", ()) or ())
-    zones = tuple(str(z) for z in getattr(config, "zones", ()) or ())
-    return Placement(catalog=catalog, allowed=allowed, naming=cdi.naming, zones=zones)
+    return Placement.for_provider(provider, catalog, cdi.naming)
 
 
 def user_data_builder(
-    cloud: str, placement: Placement, pki: AdaptorPKI | None, pods_dir: Path | None = None
-) -> Callable[[SandboxRecord, VMIntent, tuple[str, ...]], str]:
+    cloud: str, pki: AdaptorPKI | None, pods_dir: Path | None = None
+) -> Callable[[SandboxRecord, Plan], str]:
     """The pod VM's user data: apf.json with the pod network (CAA's `pod-network`), a server
     certificate from the adaptor's CA (when agent TLS is on) and the device layout for each GPU
     model the candidates may land on. With `pods_dir`, the operator's copy of the apf.json is
     kept at <pods-dir>/<id>/apf.json (mode 0600), as CAA keeps one."""
 
-    def build(record: SandboxRecord, intent: VMIntent, candidates: tuple[str, ...]) -> str:
+    def build(record: SandboxRecord, plan: Plan) -> str:
         pair = pki.issue_server(record.id) if pki is not None else None
-        plans = placement.plans_by_model(intent, candidates)
-        setups = [GpuSetup.from_plan(plan) for plan in plans.values()]
+        plans = plan.devices_by_model()
+        setups = [GpuSetup.from_plan(devices) for devices in plans.values()]
         extra = tuple(
             (
                 f"/run/peerpod/devices.{setup.model}.json",
@@ -153,3 +139,13 @@ def user_data_builder(
         return built
 
     return build
+
+
+class ForgetDevices(SandboxHook):
+    """Drops a stopped sandbox's containers from the device book."""
+
+    def __init__(self, book: DeviceBook) -> None:
+        self.book = book
+
+    async def sandbox_gone(self, sandbox_id: str) -> None:
+        self.book.forget(sandbox_id)

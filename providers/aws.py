@@ -4,7 +4,7 @@ Every instance is tagged at launch (TagSpecifications, so no untagged moment exi
 sandbox, pod and owner. A create first looks for an instance already tagged with the sandbox, and
 each RunInstances carries a ClientToken derived from the sandbox and placement, so a retried
 create finds the VM instead of launching a second. botocore's own retries are off: one bounded,
-jittered retry policy (providers.fallback) owns them and reports what it tried.
+jittered retry policy (providers.retry) owns them and reports what it tried.
 
 Spot VMs (VMSpec.capacity_type) are one-time Spot requests whose interruption behaviour is
 terminate, so a preempted VM bills nothing more; `inspect` tells the adaptor a VM is gone and
@@ -23,7 +23,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from providers.base import TAG_OWNER, TAG_POD_NAME, TAG_POD_NAMESPACE, TAG_SANDBOX, Instance, VMSpec
+from providers.base import (
+    TAG_OWNER,
+    TAG_POD_NAME,
+    TAG_POD_NAMESPACE,
+    TAG_SANDBOX,
+    Instance,
+    Resolver,
+    VMSpec,
+    identity,
+)
 from providers.capacity import (
     ON_DEMAND,
     SPOT,
@@ -38,21 +47,9 @@ from providers.errors import (
     ProviderError,
     TransientError,
 )
-from providers.fallback import (
-    Placement,
-    Resolver,
-    RetryPolicy,
-    add_common_flags,
-    add_flag,
-    choose_candidates,
-    create_with_fallback,
-    csv,
-    discard,
-    identity,
-    placements,
-    retry_transient,
-    sdk_call,
-)
+from providers.flags import add_common_flags, add_flag, csv, truthy
+from providers.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
+from providers.sdk import discard, sdk_call
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +161,7 @@ def make_client(config: AwsConfig) -> Any:
     return boto3.session.Session().client("ec2", **kwargs)
 
 
-def client_token(sandbox_id: str, placement: Placement, spot: bool = False) -> str:
+def client_token(sandbox_id: str, placement: Site, spot: bool = False) -> str:
     """Idempotency token: one per sandbox, placement and market (RunInstances allows 64 ASCII
     chars); a Spot and an on-demand launch of one placement are different requests."""
     key = f"{sandbox_id}|{placement.instance_type}|{placement.zone}" + ("|spot" if spot else "")
@@ -209,11 +206,23 @@ class AwsProvider:
         self.resolve = resolve
         self._subnet_zones: dict[str, str] | None = None
 
-    # --- configuration ---------------------------------------------------------------------
+    # --- what selection needs ----------------------------------------------------------------
 
-    @staticmethod
-    def add_flags(parser: argparse.ArgumentParser) -> None:
-        add_flags(parser)
+    @property
+    def region(self) -> str:
+        return self.config.region
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        return self.config.zones
+
+    @property
+    def allowed_types(self) -> tuple[str, ...]:
+        return self.config.allowed_instance_types
+
+    @property
+    def default_type(self) -> str:
+        return self.config.instance_type
 
     async def _call(self, what: str, method: str, **kwargs: Any) -> Any:
         return await sdk_call(what, map_error, getattr(self.client, method), **kwargs)
@@ -242,18 +251,15 @@ class AwsProvider:
                 f"{what}: user data is {len(spec.user_data.encode())} bytes, "
                 f"over the EC2 limit of {USER_DATA_LIMIT_BYTES}"
             )
-        candidates = choose_candidates(
-            spec.candidates, self.config.instance_type, self.config.allowed_instance_types
-        )
         existing = await self._find(spec.sandbox_id)
         if existing is not None:
             log.info("%s: adopting existing instance %s", what, existing["InstanceId"])
             return await self._finish(what, existing["InstanceId"])
         zones = await self._zones()
         subnet_of = dict(zones)
-        order = placements(candidates, [z for z, _ in zones], spec.zones)
+        order = sites(spec.candidates, [z for z, _ in zones])
 
-        async def attempt(placement: Placement, spot: bool) -> Instance:
+        async def attempt(placement: Site, spot: bool) -> Instance:
             tags = tags_for(spec, self.owner_id, spot)
             tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
             request: dict[str, Any] = {
@@ -294,7 +300,7 @@ class AwsProvider:
             return await self._finish(what, instance_id)
 
         async def in_market(spot: bool) -> Instance:
-            async def one(placement: Placement) -> Instance:
+            async def one(placement: Site) -> Instance:
                 return await attempt(placement, spot)
 
             return await create_with_fallback(what, order, one, self.config.policy, self.name)
@@ -488,7 +494,7 @@ def config_from_args(args: argparse.Namespace) -> AwsConfig:
         security_group_ids=csv(args.aws_security_group_ids),
         key_name=args.aws_key_name,
         endpoint_url=args.aws_endpoint_url,
-        use_public_ip=str(args.aws_use_public_ip).lower() in ("1", "true", "yes", "on"),
+        use_public_ip=truthy(args.aws_use_public_ip),
     )
 
 

@@ -20,7 +20,17 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from providers.base import TAG_OWNER, TAG_POD_NAME, TAG_POD_NAMESPACE, TAG_SANDBOX, Instance, VMSpec
+from providers.base import (
+    TAG_OWNER,
+    TAG_POD_NAME,
+    TAG_POD_NAMESPACE,
+    TAG_SANDBOX,
+    Instance,
+    Resolver,
+    VMSpec,
+    identity,
+    sandbox_hash,
+)
 from providers.capacity import (
     ON_DEMAND,
     SPOT,
@@ -35,22 +45,9 @@ from providers.errors import (
     ProviderError,
     TransientError,
 )
-from providers.fallback import (
-    Placement,
-    Resolver,
-    RetryPolicy,
-    add_common_flags,
-    add_flag,
-    choose_candidates,
-    create_with_fallback,
-    csv,
-    discard,
-    identity,
-    placements,
-    retry_transient,
-    sandbox_hash,
-    sdk_call,
-)
+from providers.flags import add_common_flags, add_flag, csv
+from providers.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
+from providers.sdk import discard, sdk_call
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +166,24 @@ class AzureProvider:
         self.network = network
         self.resolve = resolve
 
+    # --- what selection needs ----------------------------------------------------------------
+
+    @property
+    def region(self) -> str:
+        return self.config.location
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        return self.config.zones
+
+    @property
+    def allowed_types(self) -> tuple[str, ...]:
+        return self.config.allowed_instance_types
+
+    @property
+    def default_type(self) -> str:
+        return self.config.instance_size
+
     async def _call(self, what: str, fn: Any, *args: Any) -> Any:
         return await sdk_call(what, map_error, fn, *args)
 
@@ -185,7 +200,7 @@ class AzureProvider:
         )
         return tags
 
-    def _body(self, spec: VMSpec, image: str, placement: Placement, spot: bool = False) -> Any:
+    def _body(self, spec: VMSpec, image: str, placement: Site, spot: bool = False) -> Any:
         """The VM resource in ARM's JSON shape (the SDK model accepts the mapping as is)."""
         from azure.mgmt.compute import models as m
 
@@ -264,9 +279,6 @@ class AzureProvider:
                 f"{what}: custom data is {encoded} bytes base64, over the Azure limit of "
                 f"{CUSTOM_DATA_LIMIT_BYTES}"
             )
-        candidates = choose_candidates(
-            spec.candidates, self.config.instance_size, self.config.allowed_instance_types
-        )
         name = vm_name(spec.sandbox_id)
         rg = self.config.resource_group
         existing = await self._get(name)
@@ -276,7 +288,7 @@ class AzureProvider:
         if existing is not None:  # a Failed leftover of an earlier try: start clean
             await self.delete(name)
 
-        async def attempt(placement: Placement, spot: bool) -> Instance:
+        async def attempt(placement: Site, spot: bool) -> Instance:
             body = self._body(spec, image, placement, spot)
 
             def put() -> Any:
@@ -295,10 +307,10 @@ class AzureProvider:
                 raise
             return await self._finish(what, vm)
 
-        order = placements(candidates, self.config.zones, spec.zones)
+        order = sites(spec.candidates, self.config.zones)
 
         async def in_market(spot: bool) -> Instance:
-            async def one(placement: Placement) -> Instance:
+            async def one(placement: Site) -> Instance:
                 return await attempt(placement, spot)
 
             return await create_with_fallback(what, order, one, self.config.policy, self.name)

@@ -86,7 +86,7 @@ async def create_in_markets(
 ) -> Instance:
     """Run `create(spot)` for each pass of `capacity`; a pass exhausted on capacity moves on.
 
-    `create` walks every candidate type and zone (providers.fallback) and raises CapacityError
+    `create` walks every candidate type and zone (providers.retry) and raises CapacityError
     only when all of them failed on capacity; any other error ends the create at once.
     """
     failures: list[str] = []

@@ -4,8 +4,9 @@ Names are deterministic (`podvm-<hash of the sandbox id>`), so a retried create 
 meets 409 and adopts the VM, and a create first looks the name up in every zone. Labels carry
 ownership in GCP's label alphabet (lowercase, 63 characters); the exact sandbox id, pod and owner
 are also kept in metadata, which is what list_owned reports. GPU VMs get
-`on_host_maintenance=TERMINATE`; N1 candidates carry their attached GPUs as
-`n1-standard-8+nvidia-tesla-t4:2`. An instance id is `<zone>/<name>`.
+`on_host_maintenance=TERMINATE`; an N1 candidate carries its attached GPUs as a typed
+`Accelerator` (selection's model id, mapped here to GCP's accelerator type). An instance id is
+`<zone>/<name>`.
 
 A Spot VM (VMSpec.capacity_type) has provisioning model SPOT and termination action DELETE: a
 preempted VM is deleted with its boot disk (auto-delete), never left TERMINATED holding disks.
@@ -22,7 +23,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from providers.base import TAG_OWNER, TAG_POD_NAME, TAG_POD_NAMESPACE, TAG_SANDBOX, Instance, VMSpec
+from providers.base import (
+    TAG_OWNER,
+    TAG_POD_NAME,
+    TAG_POD_NAMESPACE,
+    TAG_SANDBOX,
+    Instance,
+    Resolver,
+    VMCandidate,
+    VMSpec,
+    identity,
+    sandbox_hash,
+)
 from providers.capacity import (
     ON_DEMAND,
     SPOT,
@@ -38,23 +50,10 @@ from providers.errors import (
     ProviderError,
     TransientError,
 )
-from providers.fallback import (
-    Placement,
-    Resolver,
-    RetryPolicy,
-    add_common_flags,
-    add_flag,
-    choose_candidates,
-    create_with_fallback,
-    csv,
-    discard,
-    identity,
-    placements,
-    retry_transient,
-    sandbox_hash,
-    sdk_call,
-)
+from providers.flags import add_common_flags, add_flag, csv, truthy
 from providers.loaders.gcp import SPOT_OR_FLEX_ONLY
+from providers.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
+from providers.sdk import discard, sdk_call
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,6 @@ N1_ACCELERATORS = {
     "p4": "nvidia-tesla-p4",
 }
 _LABEL_BAD = re.compile(r"[^a-z0-9_-]")
-_CANDIDATE = re.compile(r"^(?P<type>[a-z0-9-]+)(?:\+(?P<acc>[a-z0-9-]+):(?P<count>[0-9]+))?$")
 
 
 @dataclass(frozen=True)
@@ -119,21 +117,12 @@ def vm_name(sandbox_id: str) -> str:
     return f"podvm-{sandbox_hash(sandbox_id, 20)}"
 
 
-def n1_candidate(machine_type: str, gpu_model: str, count: int) -> str:
-    """The candidate spelling for an N1 type with attached GPUs (selection's model ids)."""
-    accelerator = N1_ACCELERATORS.get(gpu_model, gpu_model)
-    return f"{machine_type}+{accelerator}:{count}"
-
-
-def parse_candidate(candidate: str) -> tuple[str, str, int]:
-    """(machine type, accelerator type or "", count) of a candidate name."""
-    match = _CANDIDATE.fullmatch(candidate)
-    if not match:
-        raise InvalidRequest(f"not a GCP machine type: {candidate!r}")
-    count = int(match["count"] or 0)
-    if match["acc"] and not 1 <= count <= 16:
-        raise InvalidRequest(f"{candidate}: accelerator count must be 1..16")
-    return match["type"], match["acc"] or "", count
+def accelerator_type(candidate: VMCandidate) -> tuple[str, int]:
+    """GCP's accelerator type and count of a candidate's attached GPUs ("", 0 when none)."""
+    if candidate.accelerator is None:
+        return "", 0
+    model = candidate.accelerator.model
+    return N1_ACCELERATORS.get(model, model), candidate.accelerator.count
 
 
 def has_gpu(machine_type: str, accelerator: str) -> bool:
@@ -222,6 +211,26 @@ class GcpProvider:
         self.client = client if client is not None else make_client()
         self.resolve = resolve
 
+    # --- what selection needs ----------------------------------------------------------------
+
+    @property
+    def region(self) -> str:
+        """The zones' region (us-central1-a -> us-central1)."""
+        zone = self.config.zones[0]
+        return zone.rsplit("-", 1)[0] if zone.count("-") >= 2 else zone
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        return self.config.zones
+
+    @property
+    def allowed_types(self) -> tuple[str, ...]:
+        return self.config.allowed_instance_types
+
+    @property
+    def default_type(self) -> str:
+        return self.config.machine_type
+
     async def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
         return await sdk_call(what, map_error, fn, **kwargs)
 
@@ -249,10 +258,13 @@ class GcpProvider:
         )
         return labels
 
-    def _body(self, spec: VMSpec, image: str, candidate: str, zone: str, spot: bool = False) -> Any:
+    def _body(
+        self, spec: VMSpec, image: str, candidate: VMCandidate, zone: str, spot: bool = False
+    ) -> Any:
         from google.cloud import compute_v1
 
-        machine_type, accelerator, count = parse_candidate(candidate)
+        machine_type = candidate.instance_type
+        accelerator, count = accelerator_type(candidate)
         gpu = has_gpu(machine_type, accelerator)
         metadata = [
             ("user-data", spec.user_data),
@@ -316,7 +328,7 @@ class GcpProvider:
             )
         return instance
 
-    def _usable(self, candidates: tuple[str, ...]) -> tuple[str, ...]:
+    def _usable(self, candidates: tuple[VMCandidate, ...]) -> tuple[VMCandidate, ...]:
         """Drop GPU candidates a confidential VM cannot take (SEV: none; TDX: a3-highgpu-1g)."""
         confidential = self.config.confidential_type
         if not confidential:
@@ -324,7 +336,8 @@ class GcpProvider:
         allowed = CONFIDENTIAL_GPU_TYPES[confidential]
         usable = []
         for candidate in candidates:
-            machine_type, accelerator, _ = parse_candidate(candidate)
+            machine_type = candidate.instance_type
+            accelerator, _ = accelerator_type(candidate)
             if has_gpu(machine_type, accelerator) and (accelerator or machine_type not in allowed):
                 log.info(
                     "%s: skipped, a %s confidential VM cannot take its GPUs",
@@ -336,7 +349,7 @@ class GcpProvider:
         if not usable:
             raise InvalidRequest(
                 f"no candidate can run as a {confidential} confidential VM with GPUs "
-                f"(tried {', '.join(candidates)})"
+                f"(tried {', '.join(str(c) for c in candidates)})"
             )
         return tuple(usable)
 
@@ -353,12 +366,7 @@ class GcpProvider:
                 f"{what}: user data is {size} bytes, over the GCP metadata value limit of "
                 f"{USER_DATA_LIMIT_BYTES}"
             )
-        candidates = choose_candidates(
-            spec.candidates, self.config.machine_type, self.config.allowed_instance_types
-        )
-        for candidate in candidates:
-            parse_candidate(candidate)
-        candidates = self._usable(candidates)
+        candidates = self._usable(spec.candidates)
         name = vm_name(spec.sandbox_id)
         for zone in self.config.zones:
             existing = await self._get(zone, name)
@@ -366,9 +374,9 @@ class GcpProvider:
                 log.info("%s: adopting existing instance %s/%s", what, zone, name)
                 return await self._finish(what, zone, name)
 
-        async def attempt(placement: Placement, spot: bool) -> Instance:
+        async def attempt(placement: Site, spot: bool) -> Instance:
             zone = placement.zone
-            body = self._body(spec, image, placement.instance_type, zone, spot)
+            body = self._body(spec, image, placement.candidate, zone, spot)
             market = "Spot" if spot else "on-demand"
             try:
                 await self._run_operation(
@@ -391,10 +399,10 @@ class GcpProvider:
                 raise
             return await self._finish(what, zone, name)
 
-        order = placements(candidates, self.config.zones, spec.zones)
+        order = sites(candidates, self.config.zones)
 
         async def in_market(spot: bool) -> Instance:
-            async def one(placement: Placement) -> Instance:
+            async def one(placement: Site) -> Instance:
                 return await attempt(placement, spot)
 
             # spot-or-on-demand's on-demand pass skips the shapes GCP sells only as Spot or
@@ -543,7 +551,7 @@ def config_from_args(args: argparse.Namespace) -> GcpConfig:
         subnetwork=args.gcp_subnetwork,
         disk_type=args.gcp_disk_type,
         confidential_type=args.gcp_confidential_type.upper(),
-        use_public_ip=str(args.gcp_use_public_ip).lower() in ("1", "true", "yes", "on"),
+        use_public_ip=truthy(args.gcp_use_public_ip),
     )
 
 

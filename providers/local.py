@@ -15,6 +15,11 @@ class LocalProvider:
     """Maps every sandbox to one fixed endpoint; remembers which sandboxes it handed out."""
 
     name = "local"
+    # One local forwarder: no region, zones or instance types to choose.
+    region = ""
+    zones: tuple[str, ...] = ()
+    allowed_types: tuple[str, ...] = ()
+    default_type = ""
 
     def __init__(self, endpoint: Endpoint | None) -> None:
         if endpoint is None:

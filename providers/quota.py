@@ -47,8 +47,6 @@ Kind = Literal["gpus", "family", "vcpus"]
 # Sandboxes absent from the mapping hold nothing (stopped, or failed without a VM).
 Holdings = Callable[[], Awaitable[Mapping[str, str]]]
 
-# GCP N1 candidates carry their attached GPUs: n1-standard-8+nvidia-tesla-t4:2.
-_ATTACHED = re.compile(r"^(?P<type>[^+]+)\+(?P<acc>[^:]+):(?P<count>[0-9]+)$")
 _FAMILY_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]*$")
 
 
@@ -182,20 +180,11 @@ def demand_of_type(t: InstanceType, attached: tuple[str, int] | None = None) -> 
 
 
 def demand_of_name(name: str, types: Mapping[str, InstanceType]) -> Demand | None:
-    """What a VM of this instance type takes (N1 spelling with attached GPUs understood).
+    """What a VM of this instance type takes, as a VM reports its type (an N1 VM: its machine
+    type alone; its attached GPUs are counted by the reservation that chose them).
 
     `types` is the catalog by name; None when it does not know the type (nothing to count).
     """
-    match = _ATTACHED.fullmatch(name)
-    if match is not None:
-        t = types.get(match["type"])
-        if t is None:
-            return None
-        try:
-            model = resolve_gpu(match["acc"]).id
-        except InvalidRequest:
-            return demand_of_type(t)
-        return demand_of_type(t, (model, int(match["count"])))
     t = types.get(name)
     return demand_of_type(t) if t is not None else None
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from providers.base import Instance, Provider
@@ -28,9 +28,6 @@ class ProviderOptions:
 
     static_endpoints: tuple[Endpoint, ...] = ()
     leases: LeaseBook | None = None
-    region: str = ""
-    # Provider-specific settings (`--provider-option KEY=VALUE` style), never credentials.
-    extra: Mapping[str, str] = field(default_factory=dict)
     # For "args" style providers: the parsed `serve` flags, this node's owner tag value, and the
     # hook mapping a VM to the addresses the adaptor dials (tests map private ones to loopback).
     args: argparse.Namespace | None = None

@@ -113,6 +113,11 @@ class StaticProvider:
     name = "static"
     # The pool and its leases are this node's own, so every leased endpoint is ours to sweep.
     owner_id = "peerpods-static"
+    # Pre-provisioned VMs: no region, zones or instance types to choose.
+    region = ""
+    zones: tuple[str, ...] = ()
+    allowed_types: tuple[str, ...] = ()
+    default_type = ""
 
     def __init__(
         self, endpoints: Sequence[Endpoint], leases: LeaseBook | None = None, pool: str = POOL

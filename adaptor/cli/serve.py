@@ -76,6 +76,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         parser,
+        "--start-timeout",
+        type=flags.duration,
+        default="15m",
+        help="StartVM's own limit, whatever the caller's deadline (runtime-rs gives ~10000s)",
+    )
+    flags.add(
+        parser,
+        "--stop-wait",
+        type=flags.duration,
+        default="1m",
+        help="how long StopVM waits for the cloud to confirm the delete before answering (a "
+        "caller's nearer deadline wins); the delete goes on, retried, until confirmed",
+    )
+    flags.add(
+        parser,
+        "--reap-grace",
+        type=flags.duration,
+        default="10m",
+        help="a failed or stopping sandbox whose VM still runs this long after its last change "
+        "gets its VM deleted (0s: never)",
+    )
+    flags.add(
+        parser,
         "--shutdown-grace",
         type=flags.duration,
         default="10s",
@@ -192,6 +215,9 @@ def run(args: argparse.Namespace) -> int:
         owner_id=args.owner_id,
         forwarder_port=args.forwarder_port,
         proxy_timeout_seconds=args.proxy_timeout,
+        start_timeout_seconds=args.start_timeout,
+        stop_wait_seconds=args.stop_wait,
+        reap_grace_seconds=args.reap_grace,
         shutdown_grace_seconds=args.shutdown_grace,
         gc_interval_seconds=args.gc_interval,
         preemption_check_interval_seconds=args.preemption_check_interval,

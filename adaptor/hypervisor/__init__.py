@@ -2,24 +2,26 @@
 
 from adaptor.hypervisor.sandboxes import (
     AgentProxyHandle,
-    CandidateChooser,
-    EndpointResolver,
     ManagerConfig,
+    Planner,
     ProxyFactory,
     SandboxBusy,
+    SandboxHook,
     SandboxManager,
     SandboxNotFound,
-    machine_type_candidates,
+    StartAborted,
+    StartTimeout,
 )
 
 __all__ = [
     "AgentProxyHandle",
-    "CandidateChooser",
-    "EndpointResolver",
     "ManagerConfig",
+    "Planner",
     "ProxyFactory",
     "SandboxBusy",
+    "SandboxHook",
     "SandboxManager",
     "SandboxNotFound",
-    "machine_type_candidates",
+    "StartAborted",
+    "StartTimeout",
 ]

@@ -4,7 +4,18 @@ CreateVM records, StartVM creates the VM and its agent proxy, StopVM tears both 
 is written to the state store before it is acted on or answered, so a restarted daemon knows
 which VMs exist; a VM that was created is either recorded or deleted, whatever fails.
 
-Calls for one sandbox are serialized by a per-sandbox lock; different sandboxes run concurrently.
+The manager has three collaborators: the provider (VMs), the placement (the typed plan: which
+candidates, what devices, the pod VM's user data) and the state store. StartVM and StopVM are
+small steps in order (`_plan`, `_create`, `_record_devices`, hooks, `_serve`; `_stop_proxy`,
+hooks, `_delete_vm`, `_forget`); a `SandboxHook` adds a step after the VM exists and at stop
+(e.g. the pod network) without touching the rest.
+
+Calls for one sandbox are serialized by a per-sandbox lock, with one exception: StopVM never
+waits behind StartVM. It cancels a start in flight, records that the sandbox is stopping, and
+hands the teardown to a task the manager owns; it answers once the cloud confirms the delete or
+when the caller's deadline (runtime-rs gives 1 s) is near, whichever comes first, while the
+deletion goes on, retried, until the cloud confirms it. StartVM enforces its own limit whatever
+the caller's deadline (runtime-rs gives about 10,000 s).
 """
 
 from __future__ import annotations
@@ -15,24 +26,37 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from adaptor import metrics
 from adaptor.logs import bind_sandbox, sandbox_context
+from adaptor.placement import Plan
 from adaptor.state import SandboxRecord, SandboxState, StateStore
-from providers.base import Instance, Provider, VMSpec
+from providers.base import TAG_OWNER, TAG_SANDBOX, Instance, Provider
 from providers.contract import VMIntent, parse_vm_annotations
-from providers.errors import InstanceNotFound, InvalidRequest, PeerpodsError, ProviderError
+from providers.errors import (
+    CapacityError,
+    InstanceNotFound,
+    InvalidRequest,
+    NoMatch,
+    PeerpodsError,
+    ProviderError,
+    QuotaExhausted,
+    TransientError,
+)
 
 log = logging.getLogger(__name__)
 
 AGENT_SOCKET_NAME = "agent.ttrpc"
 # sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
-_SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# The reaper's bounds per sandbox and sweep (the next sweep tries again).
+REAP_DELETE_ATTEMPTS = 3
+REAP_WAIT_SECONDS = 120.0
 
 
 class SandboxNotFound(PeerpodsError):
@@ -41,6 +65,14 @@ class SandboxNotFound(PeerpodsError):
 
 class SandboxBusy(PeerpodsError):
     """The sandbox is in a state where this call cannot proceed (the message says why)."""
+
+
+class StartAborted(PeerpodsError):
+    """StartVM gave way to a StopVM of the same sandbox."""
+
+
+class StartTimeout(PeerpodsError):
+    """StartVM ran past the daemon's own limit (--start-timeout)."""
 
 
 class AgentProxyHandle(Protocol):
@@ -78,24 +110,42 @@ class PodNetworkHook(Protocol):
 
 # (sandbox record, agent socket path, forwarder host, forwarder port) -> an unstarted proxy
 ProxyFactory = Callable[[SandboxRecord, str, str, int], AgentProxyHandle]
-# The intent -> instance types to try, best first.
-CandidateChooser = Callable[[VMIntent], tuple[str, ...]]
-# A VM -> the (host, port) its forwarder is reached at.
-EndpointResolver = Callable[[Instance], tuple[str, int]]
-# The intent and the VM it got -> the sandbox's device plan (JSON), stored with the record.
-DevicePlanner = Callable[[VMIntent, Instance], str]
-# Candidates reserved against the quota pool for a sandbox, and the release of that reservation.
-Reserver = Callable[[VMIntent, str], Awaitable[tuple[str, ...]]]
-Releaser = Callable[[str], None]
-# Candidates -> the zones each is restricted to (VMSpec.zones).
-ZoneRestrictions = Callable[[tuple[str, ...]], Mapping[str, tuple[str, ...]]]
-# The record, its intent and the candidates -> the pod VM's user data.
-UserDataBuilder = Callable[[SandboxRecord, VMIntent, tuple[str, ...]], str]
 
 
-def machine_type_candidates(intent: VMIntent) -> tuple[str, ...]:
-    """The default chooser: the explicit machine_type annotation, else let the provider decide."""
-    return (intent.machine_type,) if intent.machine_type else ()
+class Planner(Protocol):
+    """What StartVM needs of placement (adaptor.placement.Placement is the one)."""
+
+    async def plan(self, intent: VMIntent, sandbox_id: str) -> Plan:
+        """The typed plan: candidates best first, reserved against the quota pool."""
+        ...
+
+    def release(self, sandbox_id: str) -> None:
+        """Forget the sandbox's reservation (its start failed, or it stopped)."""
+        ...
+
+    def user_data_for(self, record: SandboxRecord, plan: Plan) -> str:
+        """The pod VM's user data for the sandbox and its plan."""
+        ...
+
+
+class SandboxHook:
+    """A step added to StartVM and StopVM; every method here does nothing.
+
+    `vm_created` runs once the VM exists and is recorded, before the forwarder is dialled (an
+    error fails the start, which then deletes the VM and calls `vm_stopping`); `vm_stopping`
+    runs at StopVM (and when a started VM is torn down) after the proxy stopped and before the
+    VM is deleted, and must be idempotent (it may run again after a restart); `sandbox_gone`
+    runs once the sandbox is forgotten. Hooks run in the order given.
+    """
+
+    async def vm_created(self, record: SandboxRecord) -> None:
+        """After the VM exists (record.instance is set)."""
+
+    async def vm_stopping(self, record: SandboxRecord) -> None:
+        """Before the VM is deleted."""
+
+    async def sandbox_gone(self, sandbox_id: str) -> None:
+        """After the sandbox is forgotten."""
 
 
 def check_sandbox_id(sandbox_id: str) -> str:
@@ -115,6 +165,25 @@ class ManagerConfig:
     pods_dir: Path
     forwarder_port: int = 15150
     proxy_timeout_seconds: float = 300.0
+    # StartVM's own limit, whatever the caller's deadline.
+    start_timeout_seconds: float = 900.0
+    # How long StopVM waits for the cloud to confirm the delete before it answers anyway (the
+    # deletion goes on); a caller's nearer deadline shortens it.
+    stop_wait_seconds: float = 60.0
+    # Backoff between retries of a VM delete that failed (doubling up to the cap).
+    delete_retry_seconds: float = 1.0
+    delete_retry_max_seconds: float = 30.0
+
+
+@dataclass
+class _Stop:
+    """A teardown in flight: done when the sandbox is forgotten; `failed` once a delete failed
+    (its reason in `error`), for StopVM's answer."""
+
+    task: asyncio.Task[None] | None = None
+    error: str = ""
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    failed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class SandboxManager:
@@ -125,16 +194,10 @@ class SandboxManager:
         config: ManagerConfig,
         store: StateStore,
         provider: Provider,
-        proxy_factory: ProxyFactory,
+        placement: Planner,
+        proxies: ProxyFactory,
         *,
-        choose_candidates: CandidateChooser = machine_type_candidates,
-        resolve_endpoint: EndpointResolver | None = None,
-        plan_devices: DevicePlanner | None = None,
-        user_data: UserDataBuilder | None = None,
-        on_stopped: Callable[[str], None] | None = None,
-        reserve: Reserver | None = None,
-        release: Releaser | None = None,
-        candidate_zones: ZoneRestrictions | None = None,
+        hooks: Sequence[SandboxHook] = (),
         pod_network: PodNetworkHook | None = None,
         vm_policy: Callable[[VMIntent], None] | None = None,
     ) -> None:
@@ -143,18 +206,14 @@ class SandboxManager:
         self._vm_policy = vm_policy or (lambda _intent: None)
         self.store = store
         self.provider = provider
-        self._proxy_factory = proxy_factory
-        self._choose_candidates = choose_candidates
-        self._resolve_endpoint = resolve_endpoint or self.default_endpoint
-        self._plan_devices = plan_devices
-        self._user_data = user_data
-        self._on_stopped = on_stopped
-        self._reserve_candidates = reserve
-        self._release = release or (lambda _sandbox_id: None)
-        self._candidate_zones = candidate_zones
+        self.placement = placement
+        self.hooks = tuple(hooks)
         self._pod_network = pod_network
+        self._proxy_factory = proxies
         self._proxies: dict[str, AgentProxyHandle] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._starts: dict[str, set[asyncio.Task[None]]] = {}
+        self._stops: dict[str, _Stop] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
 
@@ -197,7 +256,11 @@ class SandboxManager:
         bind_sandbox(record.id, f"{record.pod_namespace}/{record.pod_name}")
         return record
 
-    # --- the API ---------------------------------------------------------------------------------
+    async def _hooks(self, step: str, *args: Any) -> None:
+        for hook in self.hooks:
+            await getattr(hook, step)(*args)
+
+    # --- CreateVM --------------------------------------------------------------------------------
 
     async def create_vm(
         self, sandbox_id: str, annotations: Mapping[str, str], network_namespace: str = ""
@@ -210,6 +273,8 @@ class SandboxManager:
         path = str(self.socket_path(sandbox_id))
         if len(path.encode()) > MAX_SOCKET_PATH_BYTES:
             raise InvalidRequest(f"agent socket path {path} is too long for a unix socket")
+        if sandbox_id in self._stops:
+            raise SandboxBusy(f"sandbox {sandbox_id} is stopping")
         async with self._locked(sandbox_id):
             existing = await self.store.get(sandbox_id)
             if existing is not None:
@@ -238,8 +303,33 @@ class SandboxManager:
         )
         return path
 
+    # --- StartVM ---------------------------------------------------------------------------------
+
     async def start_vm(self, sandbox_id: str) -> None:
-        """Create the VM, connect its forwarder and serve the agent socket."""
+        """Create the VM, connect its forwarder and serve the agent socket.
+
+        Runs as a task the manager owns, so a StopVM can cancel it (StartAborted), within the
+        daemon's own limit (StartTimeout); a caller giving up cancels it too.
+        """
+        check_sandbox_id(sandbox_id)
+        if sandbox_id in self._stops:
+            raise SandboxBusy(f"sandbox {sandbox_id} is stopping")
+        task = self._spawn(self._start(sandbox_id), name=f"start-{sandbox_id}")
+        self._starts.setdefault(sandbox_id, set()).add(task)
+        try:
+            await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the caller itself gave up (its deadline, or shutdown)
+            raise StartAborted(f"sandbox {sandbox_id}: StartVM aborted by StopVM") from None
+        finally:
+            tasks = self._starts.get(sandbox_id, set())
+            tasks.discard(task)
+            if not tasks:
+                self._starts.pop(sandbox_id, None)
+
+    async def _start(self, sandbox_id: str) -> None:
         async with self._locked(sandbox_id):
             record = await self._require(sandbox_id)
             if record.state is SandboxState.RUNNING and sandbox_id in self._proxies:
@@ -250,142 +340,246 @@ class SandboxManager:
                     + (f" ({record.reason})" if record.reason else "")
                     + "; stop it first"
                 )
-            await self._start_locked(record)
+            limit = self.config.start_timeout_seconds
+            try:
+                async with asyncio.timeout(limit):
+                    await self._start_steps(record)
+            except TimeoutError:
+                raise StartTimeout(
+                    f"sandbox {sandbox_id}: StartVM did not finish within {limit:g}s"
+                ) from None
 
-    async def _start_locked(self, record: SandboxRecord) -> None:
-        intent = parse_vm_annotations(record.annotations)
-        self._vm_policy(intent)
-        if self._reserve_candidates is not None:
-            candidates = await self._reserve_candidates(intent, record.id)
-        else:
-            candidates = self._choose_candidates(intent)
+    async def _start_steps(self, record: SandboxRecord) -> None:
+        plan = await self._plan(record)
+        record, instance = await self._create(record, plan)
+        proxy: AgentProxyHandle | None = None
         try:
-            spec = self._vm_spec(record, intent, candidates)
-        except BaseException:
-            self._release(record.id)
+            record = await self._record_devices(record, plan, instance)
+            record = await self._start_pod_network(record, instance)
+            await self._hooks("vm_created", record)
+            proxy = await self._serve(record, instance)
+            record = await self.store.put(record.evolve(state=SandboxState.RUNNING))
+        except BaseException as exc:
+            await self._abort_start(record, instance, proxy, exc)
             raise
-        await self._create_and_serve(record, spec, intent)
+        self._proxies[record.id] = proxy
+        log.info("sandbox %s running, agent socket %s", record.id, record.agent_socket)
 
-    def _vm_spec(
-        self, record: SandboxRecord, intent: VMIntent, candidates: tuple[str, ...]
-    ) -> VMSpec:
-        return VMSpec(
-            sandbox_id=record.id,
-            pod_namespace=record.pod_namespace,
-            pod_name=record.pod_name,
-            candidates=candidates,
-            user_data=self._user_data(record, intent, candidates) if self._user_data else "",
-            image=intent.image,
-            vcpus=intent.vcpus,
-            memory_mib=intent.memory_mib,
-            gpus=intent.gpu.gpus,
-            zones=dict(self._candidate_zones(candidates)) if self._candidate_zones else {},
-            capacity_type=intent.capacity_type,
-        )
+    async def _plan(self, record: SandboxRecord) -> Plan:
+        """Step 1: the typed plan (selection, quota). A refusal leaves the sandbox failed."""
+        try:
+            intent = parse_vm_annotations(record.annotations)
+            self._vm_policy(intent)
+            return await self.placement.plan(intent, record.id)
+        except BaseException as exc:
+            self.placement.release(record.id)
+            await self._failed(record, "selection", exc)
+            raise
 
-    async def _create_and_serve(
-        self, record: SandboxRecord, spec: VMSpec, intent: VMIntent
-    ) -> None:
+    async def _create(self, record: SandboxRecord, plan: Plan) -> tuple[SandboxRecord, Instance]:
+        """Step 2: the VM, recorded the moment the provider returns it."""
         record = await self.store.put(record.evolve(state=SandboxState.STARTING, reason=""))
         started = time.monotonic()
         try:
+            spec = plan.vm_spec(self.placement.user_data_for(record, plan))
             instance = await self.provider.create(spec)
         except BaseException as exc:
-            self._release(record.id)
-            await asyncio.shield(
-                self.store.put(record.evolve(state=SandboxState.FAILED, reason=_why("create", exc)))
-            )
+            self.placement.release(record.id)
+            await self._failed(record, "create", exc)
             raise
         metrics.VM_CREATE_SECONDS.labels(provider=self.provider.name).observe(
             time.monotonic() - started
         )
         log.info("sandbox %s: VM %s (%s) created", record.id, instance.id, instance.instance_type)
-        proxy: AgentProxyHandle | None = None
+        record = await asyncio.shield(self.store.put(record.evolve(instance=instance)))
+        return record, instance
+
+    async def _record_devices(
+        self, record: SandboxRecord, plan: Plan, instance: Instance
+    ) -> SandboxRecord:
+        """Step 3: the device plan of the VM it got, stored for CreateContainer."""
+        devices = plan.devices_for(instance)
+        return await self.store.put(record.evolve(device_plan=devices.to_json()))
+
+    async def _start_pod_network(self, record: SandboxRecord, instance: Instance) -> SandboxRecord:
+        """Step 4: the pod's tunnel to the VM (when the pod has a network namespace)."""
+        if self._pod_network is None or not record.pod_network:
+            return record
+        tunnel = await self._pod_network.started(record, instance)
+        return await self.store.put(record.evolve(pod_network=tunnel))
+
+    async def _serve(self, record: SandboxRecord, instance: Instance) -> AgentProxyHandle:
+        """Step 5: dial the forwarder, then serve the agent socket."""
+        host, port = self.default_endpoint(instance)
+        socket = Path(record.agent_socket)
+        await asyncio.to_thread(_prepare_socket_dir, socket)
+        proxy = self._proxy_factory(record, str(socket), host, port)
         try:
-            record = await self.store.put(record.evolve(instance=instance))
-            if self._plan_devices is not None:
-                plan = self._plan_devices(intent, instance)
-                record = await self.store.put(record.evolve(device_plan=plan))
-            if self._pod_network is not None and record.pod_network:
-                tunnel = await self._pod_network.started(record, instance)
-                record = await self.store.put(record.evolve(pod_network=tunnel))
-            host, port = self._resolve_endpoint(instance)
-            socket = Path(record.agent_socket)
-            await asyncio.to_thread(_prepare_socket_dir, socket)
-            proxy = self._proxy_factory(record, str(socket), host, port)
             await proxy.connect(self.config.proxy_timeout_seconds)
             await proxy.start()
-            record = await self.store.put(record.evolve(state=SandboxState.RUNNING))
-        except BaseException as exc:
-            cleanup = self._spawn(
-                self._abort_start(record, instance, proxy, _why("start", exc)),
-                name=f"abort-start-{record.id}",
-            )
-            await asyncio.shield(cleanup)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await proxy.stop()
             raise
-        self._proxies[record.id] = proxy
-        log.info("sandbox %s running, agent socket %s", record.id, record.agent_socket)
+        return proxy
+
+    async def _failed(self, record: SandboxRecord, step: str, exc: BaseException) -> None:
+        """A start refused before any VM exists: state, reason, one log line, a metric."""
+        reason = _why(step, exc)
+        if not isinstance(exc, asyncio.CancelledError):
+            log.warning("sandbox %s: StartVM failed: %s", record.id, reason)
+        metrics.START_FAILURES.labels(reason=failure_category(exc)).inc()
+        await asyncio.shield(
+            self.store.put(record.evolve(state=SandboxState.FAILED, reason=reason))
+        )
 
     async def _abort_start(
         self,
         record: SandboxRecord,
         instance: Instance,
         proxy: AgentProxyHandle | None,
+        exc: BaseException,
+    ) -> None:
+        """Undo a StartVM that failed after the VM existed: the VM is deleted (by the teardown
+        task, which a cancelled start does not wait for) and the sandbox left failed."""
+        reason = _why("start", exc)
+        log.warning(
+            "sandbox %s: StartVM failed: %s; deleting VM %s", record.id, reason, instance.id
+        )
+        metrics.START_FAILURES.labels(reason=failure_category(exc)).inc()
+        self.placement.release(record.id)
+        teardown = self._spawn(
+            self._teardown_failed(record, instance, proxy, reason), name=f"abort-{record.id}"
+        )
+        await asyncio.shield(teardown)
+
+    async def _teardown_failed(
+        self,
+        record: SandboxRecord,
+        instance: Instance,
+        proxy: AgentProxyHandle | None,
         reason: str,
     ) -> None:
-        """Undo a StartVM that failed after the VM existed: stop the proxy, delete the VM."""
-        log.warning("sandbox %s: %s; deleting VM %s", record.id, reason, instance.id)
-        self._release(record.id)
         if proxy is not None:
             with contextlib.suppress(Exception):
                 await proxy.stop()
+        record = await self.store.put(record.evolve(state=SandboxState.FAILED, reason=reason))
         record, owed = await self._stop_pod_network(record)
         if owed:
             reason = f"{reason}; {owed}"
+            record = await self.store.put(record.evolve(reason=reason))
         try:
+            await self._hooks("vm_stopping", record)
             await self.provider.delete(instance.id)
         except InstanceNotFound:
             pass
         except Exception as exc:
-            await self.store.put(
-                record.evolve(state=SandboxState.FAILED, reason=f"{reason}; {_why('delete', exc)}")
-            )
+            # The record keeps the VM: StopVM (or the reaper) deletes it.
+            await self.store.put(record.evolve(reason=f"{reason}; {_why('delete', exc)}"))
             return
+        if record.id in self._stops:
+            return  # the StopVM in flight forgets the sandbox
         await asyncio.to_thread(_remove_socket_dir, Path(record.agent_socket))
-        await self.store.put(record.evolve(state=SandboxState.FAILED, reason=reason, instance=None))
+        await self.store.put(record.evolve(instance=None))
 
-    async def stop_vm(self, sandbox_id: str) -> None:
-        """Stop the proxy, delete the VM and forget the sandbox; a failed delete stays owed."""
-        async with self._locked(sandbox_id):
+    # --- StopVM ----------------------------------------------------------------------------------
+
+    async def stop_vm(self, sandbox_id: str, deadline_seconds: float | None = None) -> None:
+        """Tear the sandbox down: cancel a start in flight, stop the proxy, delete the VM,
+        forget the sandbox.
+
+        The teardown runs as a task the manager owns and keeps retrying the delete until the
+        cloud confirms it; this call answers when it is done, or a little before
+        `deadline_seconds` (the caller's deadline), or after `stop_wait_seconds`, whichever is
+        first. ProviderError when the delete failed and is still being retried.
+        """
+        check_sandbox_id(sandbox_id)
+        stop = self._stops.get(sandbox_id)
+        if stop is not None:
+            stop.failed.clear()  # joining a teardown: only a failure from now on is news
+        else:
             record = await self._require(sandbox_id)
-            record = await self.store.put(record.evolve(state=SandboxState.STOPPING))
-            proxy = self._proxies.pop(sandbox_id, None)
-            if proxy is not None:
-                await proxy.stop()
-            record, owed = await self._stop_pod_network(record)
-            if record.instance is not None:
-                try:
-                    await self.provider.delete(record.instance.id)
-                except InstanceNotFound:
-                    pass
-                except Exception as exc:
-                    reason = _why(f"delete of VM {record.instance.id}", exc)
-                    await asyncio.shield(
-                        self.store.put(record.evolve(state=SandboxState.FAILED, reason=reason))
-                    )
-                    raise ProviderError(f"sandbox {sandbox_id}: {reason}; retry StopVM") from exc
-            if owed:
-                # The VM is gone; the tunnel's remains stay recorded until a retry removes them.
-                await self.store.put(
-                    record.evolve(state=SandboxState.FAILED, reason=owed, instance=None)
+            with contextlib.suppress(Exception):
+                # Durable before anything else: a restarted daemon finishes the teardown.
+                await self.store.set_state(sandbox_id, SandboxState.STOPPING, "StopVM")
+            stop = self._begin_stop(record.id, cancel_start=True)
+        wait = self.config.stop_wait_seconds
+        if deadline_seconds is not None and deadline_seconds > 0:
+            wait = min(wait, answer_within(deadline_seconds))
+        waits = [asyncio.ensure_future(event.wait()) for event in (stop.done, stop.failed)]
+        try:
+            await asyncio.wait(waits, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()
+        if stop.done.is_set():
+            log.info("sandbox %s stopped", sandbox_id)
+            return
+        if stop.error:
+            raise ProviderError(f"sandbox {sandbox_id}: {stop.error}")
+        log.info("sandbox %s: StopVM answered, the VM delete goes on", sandbox_id)
+
+    def _begin_stop(
+        self, sandbox_id: str, *, cancel_start: bool, known: Sequence[Instance] = ()
+    ) -> _Stop:
+        """Start (or join) the sandbox's teardown task; `known` are VMs found by a listing."""
+        stop = self._stops.get(sandbox_id)
+        if stop is not None:
+            return stop
+        aborted = False
+        if cancel_start:
+            for task in self._starts.get(sandbox_id, ()):
+                aborted = task.cancel() or aborted
+        stop = _Stop()
+        self._stops[sandbox_id] = stop
+        stop.task = self._spawn(
+            self._teardown(sandbox_id, aborted, tuple(known)), name=f"stop-{sandbox_id}"
+        )
+
+        def finished(_: asyncio.Task[None]) -> None:
+            stop.done.set()
+            if self._stops.get(sandbox_id) is stop:
+                del self._stops[sandbox_id]
+
+        stop.task.add_done_callback(finished)
+        return stop
+
+    async def _teardown(
+        self, sandbox_id: str, start_aborted: bool, known: tuple[Instance, ...] = ()
+    ) -> None:
+        """The whole StopVM, after the start (if any) unwound; retried until the VM is gone."""
+        async with self._locked(sandbox_id):
+            record = await self.store.get(sandbox_id)
+            if record is None:
+                return
+            with sandbox_context(record.id, f"{record.pod_namespace}/{record.pod_name}"):
+                record = await self.store.put(
+                    record.evolve(state=SandboxState.STOPPING, reason=record.reason or "StopVM")
                 )
-                raise PeerpodsError(f"sandbox {sandbox_id}: {owed}; retry StopVM")
-            await asyncio.to_thread(_remove_socket_dir, Path(record.agent_socket))
-            await self.store.delete(sandbox_id)
-        self._release(sandbox_id)
-        if self._on_stopped is not None:
-            self._on_stopped(sandbox_id)
-        log.info("sandbox %s stopped", sandbox_id)
+                await self._stop_proxy(record)
+                record, owed = await self._stop_pod_network(record)
+                await self._hooks("vm_stopping", record)
+                for instance in await self._vms_of(record, start_aborted, known):
+                    await self._delete_vm(record, instance)
+                if owed:
+                    # The VM is gone; the tunnel's remains stay recorded until a retry removes
+                    # them (the next StopVM, or a restart).
+                    await self.store.put(
+                        record.evolve(state=SandboxState.FAILED, reason=owed, instance=None)
+                    )
+                    stop = self._stops.get(sandbox_id)
+                    if stop is not None:
+                        stop.error = f"{owed}; retry StopVM"
+                        stop.failed.set()
+                    return
+                await self._forget(record)
+        log.info("sandbox %s: torn down", sandbox_id)
+
+    async def _stop_proxy(self, record: SandboxRecord) -> None:
+        proxy = self._proxies.pop(record.id, None)
+        if proxy is not None:
+            with contextlib.suppress(Exception):
+                await proxy.stop()
 
     async def _stop_pod_network(self, record: SandboxRecord) -> tuple[SandboxRecord, str]:
         """Tear the sandbox's tunnel down: the record as stored, and what is still owed."""
@@ -400,13 +594,53 @@ class SandboxManager:
             return await self.store.put(record.evolve(pod_network=remaining)), owed
         return await self.store.put(record.evolve(pod_network=remaining)), ""
 
-    async def get(self, sandbox_id: str) -> SandboxRecord | None:
-        """A sandbox's record (for a status API)."""
-        return await self.store.get(sandbox_id)
+    async def _vms_of(
+        self, record: SandboxRecord, start_aborted: bool, known: tuple[Instance, ...]
+    ) -> list[Instance]:
+        """The VMs to delete: the recorded one and `known`; after an aborted start, also any VM
+        the provider lists with this sandbox's tag (a create cut short before it was recorded)."""
+        found = [record.instance] if record.instance is not None else []
+        found += known
+        if start_aborted and not found:
+            with contextlib.suppress(ProviderError, TimeoutError):
+                async with asyncio.timeout(self.config.stop_wait_seconds):
+                    owned = await self.provider.list_owned()
+                found += [vm for vm in owned if _tagged(vm, record.id, self.provider)]
+        return list({vm.id: vm for vm in found}.values())
 
-    async def records(self) -> list[SandboxRecord]:
-        """Every sandbox's record (for a status API)."""
-        return await self.store.records()
+    async def _delete_vm(
+        self, record: SandboxRecord, instance: Instance, attempts: int | None = None
+    ) -> None:
+        """Delete until the cloud confirms (or says it is gone); failures recorded and retried,
+        `attempts` times at most (None: until confirmed), then the last error is raised."""
+        delay = self.config.delete_retry_seconds
+        tried = 0
+        while True:
+            try:
+                await self.provider.delete(instance.id)
+                return
+            except InstanceNotFound:
+                return
+            except Exception as exc:
+                tried += 1
+                reason = _why(f"delete of VM {instance.id}", exc)
+                stop = self._stops.get(record.id)
+                if stop is not None:
+                    stop.error = f"{reason}; the delete is retried"
+                    stop.failed.set()
+                metrics.VM_DELETE_FAILURES.labels(provider=self.provider.name).inc()
+                await self.store.put(record.evolve(reason=reason))
+                if attempts is not None and tried >= attempts:
+                    raise
+                log.warning("sandbox %s: %s; retrying in %gs", record.id, reason, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.delete_retry_max_seconds)
+
+    async def _forget(self, record: SandboxRecord) -> None:
+        await asyncio.to_thread(_remove_socket_dir, Path(record.agent_socket))
+        await self.store.delete(record.id)
+        self.placement.release(record.id)
+        await self._hooks("sandbox_gone", record.id)
 
     def serving(self, sandbox_id: str) -> bool:
         """Whether this process serves the sandbox's agent socket now."""
@@ -426,6 +660,8 @@ class SandboxManager:
         stopping, another VM, or another check marked it first), and then nothing is written. The
         VM stays in the record, so the StopVM that follows deletes it again (idempotently).
         """
+        if sandbox_id in self._stops:
+            return False
         async with self._locked(sandbox_id):
             record = await self.store.get(sandbox_id)
             if record is None or record.instance is None or record.instance.id != instance_id:
@@ -436,13 +672,44 @@ class SandboxManager:
             await self.store.put(record.evolve(state=SandboxState.PREEMPTED, reason=reason))
             return True
 
+    def busy(self, sandbox_id: str) -> bool:
+        """Whether a StartVM or a teardown of the sandbox is in flight in this process."""
+        return sandbox_id in self._starts or sandbox_id in self._stops
+
+    # --- the reaper's entry points ---------------------------------------------------------------
+
+    async def reap(self, record: SandboxRecord, vms: Iterable[Instance]) -> int:
+        """Delete the VMs an interrupted sandbox left: a failed record stays, without its VM;
+        a stopping one is torn down and forgotten. How many VMs were deleted (0 while a
+        teardown is still retrying: the next sweep finds it busy and leaves it)."""
+        if self.busy(record.id):
+            return 0
+        vms = list(vms)
+        if record.state is SandboxState.STOPPING:
+            stop = self._begin_stop(record.id, cancel_start=False, known=vms)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(stop.done.wait()), REAP_WAIT_SECONDS)
+            return len(vms) if stop.done.is_set() else 0
+        async with self._locked(record.id):
+            current = await self.store.get(record.id)
+            if current is None or current.state is not SandboxState.FAILED:
+                return 0
+            with sandbox_context(record.id, f"{record.pod_namespace}/{record.pod_name}"):
+                await self._hooks("vm_stopping", current)
+                for vm in vms:
+                    await self._delete_vm(current, vm, attempts=REAP_DELETE_ATTEMPTS)
+                reason = f"{current.reason}; VM deleted by the reaper".lstrip("; ")
+                await self.store.put(current.evolve(instance=None, reason=reason))
+        return len(vms)
+
     # --- restart and shutdown --------------------------------------------------------------------
 
     async def recover(self) -> None:
-        """Serve again the agent sockets of sandboxes that were running before a restart.
+        """Serve again the agent sockets of sandboxes that were running before a restart, and
+        finish the teardowns a StopVM had asked for.
 
         A sandbox caught in StartVM is marked failed (its caller is gone); its VM stays recorded
-        so the StopVM that follows deletes it.
+        so the StopVM that follows, or the reaper, deletes it.
         """
         gone: list[str] = []
         for record in await self.store.records():
@@ -457,6 +724,8 @@ class SandboxManager:
                         state=SandboxState.FAILED, reason="daemon restarted during StartVM"
                     )
                 )
+            elif record.state is SandboxState.STOPPING:
+                self._begin_stop(record.id, cancel_start=False)
             elif (
                 record.state in (SandboxState.RUNNING, SandboxState.PREEMPTED)
                 and record.instance is not None
@@ -467,10 +736,11 @@ class SandboxManager:
                     await self._reserve(record, record.instance)
         for sandbox_id in gone:
             # The pod's netns is gone, so is the pod: nobody will call StopVM for it.
-            try:
-                await self.stop_vm(sandbox_id)
-            except Exception as exc:
-                log.error("sandbox %s: cleanup after its pod went away failed: %s", sandbox_id, exc)
+            with contextlib.suppress(Exception):
+                await self.store.set_state(sandbox_id, SandboxState.STOPPING, "pod netns gone")
+            stop = self._begin_stop(sandbox_id, cancel_start=False)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(stop.done.wait()), REAP_WAIT_SECONDS)
 
     async def _recover_pod_network(self, record: SandboxRecord) -> tuple[SandboxRecord, bool]:
         """Repair a recorded tunnel (False: its pod netns is gone)."""
@@ -488,7 +758,7 @@ class SandboxManager:
 
     async def _reserve(self, record: SandboxRecord, instance: Instance) -> None:
         try:
-            host, port = self._resolve_endpoint(instance)
+            host, port = self.default_endpoint(instance)
             socket = Path(record.agent_socket)
             await asyncio.to_thread(_prepare_socket_dir, socket)
             proxy = self._proxy_factory(record, str(socket), host, port)
@@ -511,7 +781,8 @@ class SandboxManager:
             log.warning("sandbox %s: upstream not reachable after restart: %s", sandbox_id, exc)
 
     async def close(self, grace_seconds: float = 5.0) -> None:
-        """Stop serving agent sockets; VMs and records stay for the next start."""
+        """Stop serving agent sockets; VMs and records stay for the next start (a teardown cut
+        short stays recorded as stopping and is finished then)."""
         if self._closed:
             return
         self._closed = True
@@ -531,6 +802,36 @@ class SandboxManager:
                 await asyncio.wait_for(proxy.stop(), timeout=grace_seconds)
 
 
+def answer_within(deadline_seconds: float) -> float:
+    """How long a call with this deadline may wait before answering: a margin is kept for the
+    reply to arrive in time (a quarter of the deadline, at most 250 ms)."""
+    return max(0.0, deadline_seconds - min(0.25, deadline_seconds / 4))
+
+
+def failure_category(exc: BaseException) -> str:
+    """A bounded label for why a StartVM failed."""
+    for kind, label in (
+        (QuotaExhausted, "quota"),
+        (NoMatch, "selection"),
+        (InvalidRequest, "invalid"),
+        (CapacityError, "capacity"),
+        (TransientError, "cloud_unavailable"),
+        (StartTimeout, "timeout"),
+        (ProviderError, "cloud"),
+        (asyncio.CancelledError, "cancelled"),
+    ):
+        if isinstance(exc, kind):
+            return label
+    return "forwarder" if "forwarder" in str(exc).lower() or "unreachable" in str(exc) else "other"
+
+
+def _tagged(vm: Instance, sandbox_id: str, provider: Provider) -> bool:
+    owner = getattr(provider, "owner_id", None)
+    if owner and vm.tags.get(TAG_OWNER) != owner:
+        return False
+    return vm.tags.get(TAG_SANDBOX) == sandbox_id
+
+
 def _why(step: str, exc: BaseException) -> str:
     if isinstance(exc, asyncio.CancelledError):
         return f"{step} cancelled"
@@ -548,3 +849,22 @@ def _remove_socket_dir(socket: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         socket.unlink()
     shutil.rmtree(socket.parent, ignore_errors=True)
+
+
+__all__ = [
+    "AGENT_SOCKET_NAME",
+    "AgentProxyHandle",
+    "ManagerConfig",
+    "Planner",
+    "PodNetworkHook",
+    "ProxyFactory",
+    "SandboxBusy",
+    "SandboxHook",
+    "SandboxManager",
+    "SandboxNotFound",
+    "StartAborted",
+    "StartTimeout",
+    "answer_within",
+    "check_sandbox_id",
+    "failure_category",
+]

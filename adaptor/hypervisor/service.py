@@ -4,7 +4,10 @@ its errors to the status codes the shim sees.
     InvalidRequest (bad id, annotation)   INVALID_ARGUMENT (names the annotation)
     SandboxNotFound                       NOT_FOUND
     SandboxBusy                           FAILED_PRECONDITION
-    CapacityError                         RESOURCE_EXHAUSTED
+    StartAborted (StopVM came)            ABORTED
+    StartTimeout (--start-timeout)        DEADLINE_EXCEEDED
+    CapacityError, QuotaExhausted         RESOURCE_EXHAUSTED
+    NoMatch (selection found no type)     FAILED_PRECONDITION
     TransientError                        UNAVAILABLE
     TtrpcError (forwarder unreachable)    its own code (UNAVAILABLE)
     any other error                       INTERNAL
@@ -18,12 +21,25 @@ from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from adaptor.hypervisor.sandboxes import SandboxBusy, SandboxManager, SandboxNotFound
+from adaptor.hypervisor.sandboxes import (
+    SandboxBusy,
+    SandboxManager,
+    SandboxNotFound,
+    StartAborted,
+    StartTimeout,
+)
 from adaptor.hypervisor.version import package_version
 from adaptor.ttrpc.gen import hypervisor_pb2 as pb
 from adaptor.ttrpc.server import CallContext, Handler, Server
 from adaptor.ttrpc.status import Code, TtrpcError
-from providers.errors import CapacityError, InvalidRequest, PeerpodsError, TransientError
+from providers.errors import (
+    CapacityError,
+    InvalidRequest,
+    NoMatch,
+    PeerpodsError,
+    QuotaExhausted,
+    TransientError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +66,14 @@ def to_status(exc: Exception) -> TtrpcError:
         return TtrpcError(Code.NOT_FOUND, str(exc))
     if isinstance(exc, SandboxBusy):
         return TtrpcError(Code.FAILED_PRECONDITION, str(exc))
-    if isinstance(exc, CapacityError):
+    if isinstance(exc, StartAborted):
+        return TtrpcError(Code.ABORTED, str(exc))
+    if isinstance(exc, StartTimeout):
+        return TtrpcError(Code.DEADLINE_EXCEEDED, str(exc))
+    if isinstance(exc, CapacityError | QuotaExhausted):
         return TtrpcError(Code.RESOURCE_EXHAUSTED, str(exc))
+    if isinstance(exc, NoMatch):
+        return TtrpcError(Code.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, TransientError):
         return TtrpcError(Code.UNAVAILABLE, str(exc))
     if isinstance(exc, PeerpodsError):
@@ -78,10 +100,10 @@ class HypervisorService:
         }
 
     @staticmethod
-    def _guard(method: Callable[[bytes], Awaitable[bytes]]) -> Handler:
+    def _guard(method: Callable[[CallContext, bytes], Awaitable[bytes]]) -> Handler:
         async def handler(ctx: CallContext, payload: bytes) -> bytes:
             try:
-                return await method(payload)
+                return await method(ctx, payload)
             except TtrpcError:
                 raise
             except Exception as exc:
@@ -89,23 +111,25 @@ class HypervisorService:
 
         return handler
 
-    async def create_vm(self, payload: bytes) -> bytes:
+    async def create_vm(self, ctx: CallContext, payload: bytes) -> bytes:
         request = _decode(pb.CreateVMRequest, payload)
         path = await self.manager.create_vm(
             request.id, dict(request.annotations), request.networkNamespacePath
         )
         return bytes(pb.CreateVMResponse(agentSocketPath=path).SerializeToString())
 
-    async def start_vm(self, payload: bytes) -> bytes:
+    async def start_vm(self, ctx: CallContext, payload: bytes) -> bytes:
         request = _decode(pb.StartVMRequest, payload)
         await self.manager.start_vm(request.id)
         return bytes(pb.StartVMResponse().SerializeToString())
 
-    async def stop_vm(self, payload: bytes) -> bytes:
+    async def stop_vm(self, ctx: CallContext, payload: bytes) -> bytes:
+        """Answers within the caller's deadline (runtime-rs: 1 s); the delete goes on."""
         request = _decode(pb.StopVMRequest, payload)
-        await self.manager.stop_vm(request.id)
+        deadline = ctx.timeout_nano / 1e9 if ctx.timeout_nano > 0 else None
+        await self.manager.stop_vm(request.id, deadline_seconds=deadline)
         return bytes(pb.StopVMResponse().SerializeToString())
 
-    async def version(self, payload: bytes) -> bytes:
+    async def version(self, ctx: CallContext, payload: bytes) -> bytes:
         _decode(pb.VersionRequest, payload)
         return bytes(pb.VersionResponse(version=package_version()).SerializeToString())

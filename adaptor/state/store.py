@@ -134,6 +134,11 @@ class StateStore:
         """Forget a sandbox (and any lease it holds)."""
         await self._run(self._delete_sync, sandbox_id)
 
+    async def set_state(self, sandbox_id: str, state: SandboxState, reason: str) -> bool:
+        """Change only a record's state and reason (nothing else of it is overwritten, so a
+        concurrent step's writes are kept); False when there is no such record."""
+        return await self._run(self._set_state_sync, sandbox_id, state, reason, time.time())
+
     # --- endpoint leases -------------------------------------------------------------------------
 
     async def acquire_lease(
@@ -285,6 +290,15 @@ class StateStore:
         for gone in set(self._quarantined) - seen:
             del self._quarantined[gone]
         return [record for r in rows if (record := self._parse(r)) is not None]
+
+    def _set_state_sync(
+        self, sandbox_id: str, state: SandboxState, reason: str, now: float
+    ) -> bool:
+        cursor = self._db().execute(
+            "UPDATE sandboxes SET state=?, reason=?, updated_at=? WHERE id=?",
+            (state.value, reason, now, sandbox_id),
+        )
+        return cursor.rowcount > 0
 
     def _delete_sync(self, sandbox_id: str) -> None:
         db = self._db()

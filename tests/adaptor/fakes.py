@@ -15,6 +15,10 @@ class FakeProvider:
 
     name = "fake"
     owner_id = "node-a"
+    region = ""
+    zones: tuple[str, ...] = ()
+    allowed_types: tuple[str, ...] = ()
+    default_type = ""
 
     def __init__(self) -> None:
         self.vms: dict[str, Instance] = {}
@@ -31,7 +35,7 @@ class FakeProvider:
             id=f"vm-{spec.sandbox_id}",
             name=spec.sandbox_id,
             addresses=("10.0.0.7",),
-            instance_type=spec.candidates[0] if spec.candidates else "default",
+            instance_type=spec.candidates[0].instance_type if spec.candidates else "default",
             tags={TAG_OWNER: self.owner_id, TAG_SANDBOX: spec.sandbox_id},
         )
         self.vms[instance.id] = instance

@@ -62,7 +62,7 @@ async def test_selection_quota_and_device_plan(
     node, provider, _ = daemon
     await hv(node, "CreateVM", pb.CreateVMRequest(id="big", annotations=EIGHT_H100))
     await hv(node, "StartVM", pb.StartVMRequest(id="big"))
-    assert provider.specs[0].candidates[0] == "p5.48xlarge"
+    assert provider.specs[0].candidates[0].instance_type == "p5.48xlarge"
     assert node.store is not None
     record = await node.store.get("big")
     assert record is not None and record.device_plan
@@ -91,7 +91,7 @@ async def test_mig_plan_reaches_create_container(
     node, provider, _ = daemon
     await hv(node, "CreateVM", pb.CreateVMRequest(id="mig", annotations=MIG_POD))
     await hv(node, "StartVM", pb.StartVMRequest(id="mig"))
-    chosen = provider.specs[0].candidates[0]
+    chosen = provider.specs[0].candidates[0].instance_type
     assert chosen.startswith("p5.")  # an H100 type with one GPU to slice
     assert node.store is not None
     record = await node.store.get("mig")

@@ -13,16 +13,12 @@ from adaptor import metrics
 from adaptor.gc import GarbageCollector
 from adaptor.hypervisor.sandboxes import ManagerConfig, SandboxManager
 from adaptor.logs import JsonFormatter
+from adaptor.placement import Placement
 from adaptor.state import StateStore
 from adaptor.wiring import count_capacity_fallback
-from providers.base import TAG_OWNER, TAG_SANDBOX, Instance
+from providers.base import TAG_OWNER, TAG_SANDBOX, Instance, VMCandidate
 from providers.errors import CapacityError
-from providers.fallback import (
-    Placement,
-    RetryPolicy,
-    create_with_fallback,
-    observe_capacity_fallbacks,
-)
+from providers.retry import RetryPolicy, Site, create_with_fallback, observe_capacity_fallbacks
 from tests.adaptor.daemon_proc import ANNOTATIONS
 from tests.adaptor.fakes import FakeProvider, FakeProxies
 
@@ -36,14 +32,15 @@ async def test_capacity_fallbacks_are_counted_by_provider_and_code() -> None:
         metrics.CAPACITY_FALLBACKS, provider="aws", reason="InsufficientInstanceCapacity"
     )
 
-    async def attempt(placement: Placement) -> Instance:
+    async def attempt(placement: Site) -> Instance:
         if placement.zone == "us-east-1a":
             raise CapacityError("InsufficientInstanceCapacity: no p5 in us-east-1a")
         return Instance("i-1", "vm", ("10.0.0.1",), placement.instance_type, placement.zone)
 
     stop = observe_capacity_fallbacks(count_capacity_fallback)
     try:
-        order = [Placement("p5.48xlarge", "us-east-1a"), Placement("p5.48xlarge", "us-east-1b")]
+        p5 = VMCandidate("p5.48xlarge")
+        order = [Site(p5, "us-east-1a"), Site(p5, "us-east-1b")]
         got = await create_with_fallback("sandbox sb", order, attempt, RetryPolicy(), "aws")
     finally:
         stop()
@@ -81,7 +78,11 @@ async def test_sandbox_log_lines_name_the_sandbox_and_pod() -> None:
     with tempfile.TemporaryDirectory(prefix="pp", dir="/tmp") as root:
         store = await StateStore.open(Path(root) / "state")
         manager = SandboxManager(
-            ManagerConfig(pods_dir=Path(root) / "pods"), store, FakeProvider(), FakeProxies()
+            ManagerConfig(pods_dir=Path(root) / "pods"),
+            store,
+            FakeProvider(),
+            Placement(),
+            FakeProxies(),
         )
         try:
             await manager.create_vm("sb-logs", ANNOTATIONS)

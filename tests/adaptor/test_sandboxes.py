@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from adaptor.hypervisor import ManagerConfig, SandboxBusy, SandboxManager, SandboxNotFound
+from adaptor.hypervisor import (
+    ManagerConfig,
+    SandboxBusy,
+    SandboxManager,
+    SandboxNotFound,
+    StartAborted,
+)
+from adaptor.placement import Placement
 from adaptor.state import SandboxState, StateStore
 from adaptor.ttrpc import Code, TtrpcError
 from providers.errors import AnnotationError, InvalidRequest, ProviderError
@@ -38,9 +45,12 @@ class Env:
 
     def make_manager(self) -> SandboxManager:
         return SandboxManager(
-            ManagerConfig(pods_dir=self.root / "pods", proxy_timeout_seconds=1),
+            ManagerConfig(
+                pods_dir=self.root / "pods", proxy_timeout_seconds=1, delete_retry_seconds=0.01
+            ),
             self.store,
             self.provider,
+            Placement(),
             self.proxies,
         )
 
@@ -96,7 +106,7 @@ async def test_start_and_stop(env: Env) -> None:
     (proxy,) = env.proxies.made
     assert proxy.calls == ["connect", "start"]
     assert (proxy.host, proxy.port) == ("10.0.0.7", 15150)
-    assert env.provider.specs[0].candidates == ("g5.xlarge",)
+    assert [c.instance_type for c in env.provider.specs[0].candidates] == ["g5.xlarge"]
     assert env.provider.specs[0].gpus == 1
     record = await env.store.get("sb1")
     assert record is not None and record.state is SandboxState.RUNNING
@@ -145,36 +155,38 @@ async def test_cancelled_start_still_deletes_the_vm(env: Env) -> None:
     assert record is not None and record.state is SandboxState.FAILED
 
 
-async def test_failed_delete_is_kept_for_retry(env: Env) -> None:
+async def test_failed_delete_is_recorded_and_retried_until_the_cloud_confirms(env: Env) -> None:
     await env.manager.create_vm("sb1", ANNOTATIONS)
     await env.manager.start_vm("sb1")
     env.provider.fail_delete = True
     with pytest.raises(ProviderError, match="cloud said no"):
         await env.manager.stop_vm("sb1")
     record = await env.store.get("sb1")
-    assert record is not None and record.state is SandboxState.FAILED
-    assert record.instance is not None and "delete" in record.reason
+    assert record is not None and record.state is SandboxState.STOPPING
+    assert record.instance is not None and "cloud said no" in record.reason
     with pytest.raises(SandboxBusy):
         await env.manager.start_vm("sb1")
     env.provider.fail_delete = False
-    await env.manager.stop_vm("sb1")
+    await env.manager.stop_vm("sb1")  # joins the teardown still retrying
     assert await env.store.get("sb1") is None and env.provider.vms == {}
 
 
-async def test_same_sandbox_serialized_others_concurrent(env: Env) -> None:
+async def test_stop_cancels_a_start_in_flight_and_others_run_on(env: Env) -> None:
     gate = asyncio.Event()
     env.proxies.connect_gate = gate
     for sid in ("a", "b"):
         await env.manager.create_vm(sid, ANNOTATIONS)
     start_a = asyncio.create_task(env.manager.start_vm("a"))
     start_b = asyncio.create_task(env.manager.start_vm("b"))
-    stop_a = asyncio.create_task(env.manager.stop_vm("a"))
     await env.proxies.wait_made(2)  # both starts reached the forwarder wait together
-    await asyncio.sleep(0.05)
-    assert not stop_a.done()  # waits for a's start
-    gate.set()
-    await asyncio.gather(start_a, start_b, stop_a)
+    await env.manager.stop_vm("a")  # never waits behind a's start
+    with pytest.raises(StartAborted):
+        await start_a
     assert await env.store.get("a") is None
+    assert "vm-a" in env.provider.deleted and "vm-a" not in env.provider.vms
+    assert not start_b.done()
+    gate.set()
+    await start_b
     b = await env.store.get("b")
     assert b is not None and b.state is SandboxState.RUNNING
 

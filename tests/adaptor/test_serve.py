@@ -319,6 +319,8 @@ def test_bad_provider_settings_change_nothing(root: Path) -> None:
             "--pods-dir",
             str(root / "pods"),
             "--no-agent-tls",
+            "--pod-vm-image",
+            "projects/p/global/images/podvm",
         ],
         capture_output=True,
         text=True,

@@ -4,8 +4,8 @@ pod VM user data that must agree with the device plan CreateContainer will name.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -15,71 +15,139 @@ from adaptor.devices import CdiConfig, CdiNaming
 from adaptor.pki import AdaptorPKI
 from adaptor.placement import Placement
 from adaptor.state import SandboxRecord
-from adaptor.wiring import placement_for, provider_region, user_data_builder
+from adaptor.wiring import placement_for, user_data_builder
 from providers import contract
-from providers.base import Instance
+from providers.aws import AwsConfig, AwsProvider
+from providers.azure import AzureConfig, AzureProvider
+from providers.base import Accelerator, Instance
 from providers.catalogs import load_snapshot
-from providers.errors import CatalogError
+from providers.contract import GpuIntent, VMIntent
+from providers.errors import CatalogError, NoMatch
+from providers.gcp import GcpConfig, GcpProvider
+from providers.retry import sites
+from providers.static import Endpoint, StaticProvider
 from tests.adaptor.daemon_proc import ANNOTATIONS
 
 CDI = CdiConfig("annotations", CdiNaming(), None)
 
 
-@dataclass
-class Config:
-    region: str = ""
-    location: str = ""
-    zones: tuple[str, ...] = ()
-    allowed_instance_types: tuple[str, ...] = ()
+OWNER = "node-a"
 
 
-@dataclass
-class CloudProvider:
-    name: str
-    config: Config = field(default_factory=Config)
+def aws(**config: Any) -> AwsProvider:
+    return AwsProvider(AwsConfig(**{"region": "us-east-1", **config}), OWNER, client=object())
 
 
-def test_region_from_each_cloud_config() -> None:
-    assert provider_region(CloudProvider("aws", Config(region="us-west-2"))) == "us-west-2"
-    assert provider_region(CloudProvider("azure", Config(location="eastus"))) == "eastus"
-    gcp = CloudProvider("gcp", Config(zones=("us-central1-a", "us-central1-b")))
-    assert provider_region(gcp) == "us-central1"
+def azure(**config: Any) -> AzureProvider:
+    settings = {
+        "subscription_id": "sub",
+        "resource_group": "rg",
+        "location": "eastus",
+        "subnet_id": "/subscriptions/sub/subnet",
+        **config,
+    }
+    return AzureProvider(AzureConfig(**settings), OWNER, compute=object(), network=object())
+
+
+def gcp(**config: Any) -> GcpProvider:
+    settings = {"project": "p", "zones": ("us-central1-a", "us-central1-b"), **config}
+    return GcpProvider(GcpConfig(**settings), OWNER, client=object())
+
+
+def intent(gpus: int, *models: str, **fields: Any) -> VMIntent:
+    gpu = GpuIntent(gpus=gpus, models=models)
+    return VMIntent(pod_name="p", pod_namespace="ns", gpu=gpu, **fields)
+
+
+def test_each_cloud_declares_where_it_creates() -> None:
+    assert (aws().region, azure().region, gcp().region) == ("us-east-1", "eastus", "us-central1")
+    assert gcp().zones == ("us-central1-a", "us-central1-b")
+    assert aws(instance_type="m5.large").default_type == "m5.large"
+    assert azure(allowed_instance_types=("Standard_NC*",)).allowed_types == ("Standard_NC*",)
 
 
 def test_static_providers_have_no_selection() -> None:
-    placement = placement_for(CloudProvider("static"), CDI)  # type: ignore[arg-type]
-    assert placement.catalog is None
+    provider = StaticProvider([Endpoint("127.0.0.1", 15150)])
+    placement = placement_for(provider, CDI)
+    assert placement.catalog is None and placement.candidates(intent(0)) == ()
 
 
-def test_bundled_snapshot_for_a_known_region() -> None:
-    provider = CloudProvider("aws", Config(region="us-east-1", allowed_instance_types=("g6.*",)))
-    placement = placement_for(provider, CDI)  # type: ignore[arg-type]
+async def test_aws_allow_list_globs_reach_the_provider_as_typed_candidates() -> None:
+    provider = aws(allowed_instance_types=("g6.*",), zones=("us-east-1a", "us-east-1b"))
+    placement = placement_for(provider, CDI)
     assert placement.catalog is not None and placement.catalog.region == "us-east-1"
-    assert placement.allowed == ("g6.*",)
+    plan = await placement.plan(intent(1, "l4"), "sb")
+    assert plan.candidates and all(c.instance_type.startswith("g6.") for c in plan.candidates)
+    spec = plan.vm_spec()
+    assert spec.candidates == plan.vm_candidates()
+    assert all(c.price_per_hour is not None for c in spec.candidates)
+    # the provider takes them as they are: sites over its zones, no re-check
+    order = sites(spec.candidates, provider.zones)
+    assert order[0].instance_type == plan.candidates[0].instance_type
+    with pytest.raises(NoMatch, match="allow"):
+        await placement.plan(intent(1, "h100"), "sb2")
+
+
+async def test_azure_globs_and_zones() -> None:
+    provider = azure(allowed_instance_types=("Standard_NC*ads_A100_v4",), zones=("1", "2"))
+    plan = await placement_for(provider, CDI).plan(intent(1, "a100"), "sb")
+    assert plan.candidates
+    assert all(c.instance_type.startswith("Standard_NC") for c in plan.candidates)
+
+
+async def test_gcp_n1_with_t4_and_zones_per_candidate() -> None:
+    provider = gcp(zones=("us-central1-a", "us-central1-f"), allowed_instance_types=("n1-*",))
+    placement = placement_for(provider, CDI)
+    t4 = await placement.plan(intent(2, "t4"), "sb")
+    assert t4.candidates
+    for candidate in t4.candidates:
+        assert candidate.instance_type.startswith("n1-")
+        assert candidate.accelerator == Accelerator("t4", 2)
+    p100 = await placement.plan(intent(1, "p100"), "sb2")
+    restricted = [c for c in p100.candidates if c.zones]
+    assert restricted, "P100 attaches in some zones only"
+    order = sites(p100.vm_candidates(), provider.zones)
+    for site in order:
+        assert not site.candidate.zones or site.zone in site.candidate.zones
+    # what the GCP provider sends for it
+    body = provider._body(t4.vm_spec(), "img", t4.candidates[0].vm, "us-central1-a")
+    assert body.guest_accelerators[0].accelerator_type.endswith("/nvidia-tesla-t4")
+    assert body.guest_accelerators[0].accelerator_count == 2
+
+
+async def test_no_catalog_uses_the_default_type_and_the_allow_list() -> None:
+    placement = Placement(default_type="t3.small", allowed=("t3.*",))
+    assert [c.instance_type for c in placement.candidates(intent(0))] == ["t3.small"]
+    explicit = placement.candidates(intent(0, machine_type="t3.large"))
+    assert [c.instance_type for c in explicit] == ["t3.large"]
+    with pytest.raises(NoMatch, match="not in the allowed list"):
+        placement.candidates(intent(0, machine_type="p5.48xlarge"))
 
 
 def test_a_region_without_snapshot_reads_the_cloud() -> None:
     with mock_aws():
-        placement = placement_for(CloudProvider("aws", Config(region="eu-west-1")), CDI)  # type: ignore[arg-type]
+        placement = placement_for(aws(region="eu-west-1"), CDI)
     assert placement.catalog is not None and placement.catalog.region == "eu-west-1"
     assert any(t.gpu is not None for t in placement.catalog.types)
 
 
 def test_no_snapshot_and_no_cloud_is_one_clear_error(tmp_path: Path) -> None:
-    provider = CloudProvider("azure", Config(location="nowhere1"))
+    provider = azure(location="nowhere1")
     with pytest.raises(CatalogError, match="cannot select instance types for azure nowhere1"):
-        placement_for(provider, CDI, str(tmp_path))  # type: ignore[arg-type]
+        placement_for(provider, CDI, str(tmp_path))
 
 
-def test_user_data_carries_the_forwarder_tls_and_the_planned_mig_layout(tmp_path: Path) -> None:
+async def test_user_data_carries_the_forwarder_tls_and_the_planned_mig_layout(
+    tmp_path: Path,
+) -> None:
     placement = Placement(catalog=load_snapshot("aws", "us-east-1"))
     pki = AdaptorPKI.load_or_create(tmp_path)
     annotations = {**ANNOTATIONS, contract.DEFAULT_GPUS: "1"}
     annotations[contract.DEFAULT_GPU_MODEL] = "v1:m=h100;mig=1g.10gb:2,3g.40gb:1"
-    intent = contract.parse_vm_annotations(annotations)
+    wanted = contract.parse_vm_annotations(annotations)
+    plan = await placement.plan(wanted, "sb-ud")
     record = SandboxRecord(id="sb-ud", pod_namespace="default", pod_name="pod-a")
-    candidates = placement.candidates(intent)
-    text = user_data_builder("aws", placement, pki)(record, intent, candidates)
+    text = user_data_builder("aws", pki)(record, plan)
 
     assert text.startswith("#cloud-config\n")
     files = {f["path"]: f["content"] for f in yaml.safe_load(text)["write_files"]}
@@ -89,27 +157,31 @@ def test_user_data_carries_the_forwarder_tls_and_the_planned_mig_layout(tmp_path
 
     # What the VM is told to create is exactly what the device plan names for CreateContainer.
     devices = json.loads(files["/run/peerpod/devices.json"])
-    chosen = Instance("i-1", "vm", ("10.0.0.1",), candidates[0])
-    plan = placement.device_plan(intent, chosen)
-    assert devices["gpu_model"] == plan.model
+    chosen = Instance("i-1", "vm", ("10.0.0.1",), plan.candidates[0].instance_type)
+    planned_devices = plan.devices_for(chosen)
+    assert devices["gpu_model"] == planned_devices.model
     told = [
         (gpu, slot["profile"], slot["start"])
         for gpu, slots in enumerate(devices["mig"])
         for slot in slots
     ]
-    planned = [(m.gpu, m.profile, m.start) for m in plan.mig_layout]
+    planned = [(m.gpu, m.profile, m.start) for m in planned_devices.mig_layout]
     assert sorted(told) == sorted(planned)
     assert devices["mig"][0] == []  # GPU 0 is the whole GPU the pod asked for
 
     # apf.json (on CAA's allow-list) carries the same layout with every injected name
-    layout = next(x for x in apf["peerpods-devices"]["layouts"] if x["model"] == plan.model)
+    layouts = apf["peerpods-devices"]["layouts"]
+    layout = next(x for x in layouts if x["model"] == planned_devices.model)
     named = {m["name"]: (g["index"], m["profile"], m["start"])
              for g in layout["gpus"] for m in g.get("mig", [])}  # fmt: skip
-    assert named == {m.name: (m.gpu, m.profile, m.start) for m in plan.mig}
-    assert [g["name"] for g in layout["gpus"] if g.get("name")] == list(plan.gpus)
+    assert named == {m.name: (m.gpu, m.profile, m.start) for m in planned_devices.mig}
+    whole = [g["name"] for g in layout["gpus"] if g.get("name")]
+    assert whole == list(planned_devices.gpus)
 
 
-def test_user_data_carries_the_pod_network_and_keeps_an_operator_copy(tmp_path: Path) -> None:
+async def test_user_data_carries_the_pod_network_and_keeps_an_operator_copy(
+    tmp_path: Path,
+) -> None:
     import os
     import stat
 
@@ -129,16 +201,16 @@ def test_user_data_carries_the_pod_network_and_keeps_an_operator_copy(tmp_path: 
     )
     placement = Placement(catalog=load_snapshot("aws", "us-east-1"))
     pki = AdaptorPKI.load_or_create(tmp_path / "state")
-    intent = contract.parse_vm_annotations(ANNOTATIONS)
+    plan = await placement.plan(contract.parse_vm_annotations(ANNOTATIONS), "sb-net")
     pods = tmp_path / "pods"
-    build = user_data_builder("aws", placement, pki, pods)
+    build = user_data_builder("aws", pki, pods)
     with_net = SandboxRecord(
         id="sb-net",
         pod_namespace="default",
         pod_name="pod-a",
         pod_network=Tunnel("/var/run/netns/cni-1", network).to_json(),
     )
-    text = build(with_net, intent, ())
+    text = build(with_net, plan)
     files = {f["path"]: f["content"] for f in yaml.safe_load(text)["write_files"]}
     apf = json.loads(files["/run/peerpod/apf.json"])
     assert apf["pod-network"] == network.to_json()
@@ -150,7 +222,5 @@ def test_user_data_carries_the_pod_network_and_keeps_an_operator_copy(tmp_path: 
     assert json.loads(copy.read_text()) == apf
     # No netns: pod-network null, as CAA sends it.
     plain = SandboxRecord(id="sb-plain", pod_namespace="default", pod_name="pod-b")
-    files = {
-        f["path"]: f["content"] for f in yaml.safe_load(build(plain, intent, ()))["write_files"]
-    }
+    files = {f["path"]: f["content"] for f in yaml.safe_load(build(plain, plan))["write_files"]}
     assert json.loads(files["/run/peerpod/apf.json"])["pod-network"] is None

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from providers.base import Instance
-from providers.fallback import RetryPolicy
+from providers.retry import RetryPolicy
 
 FORWARDER = ("127.0.0.1", 15150)
 

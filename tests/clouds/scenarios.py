@@ -6,19 +6,24 @@ from collections.abc import Iterable
 from typing import Any
 
 from adaptor.gc import GarbageCollector
-from providers.base import Provider, VMSpec
+from providers.base import Provider, VMCandidate, VMSpec
 from providers.errors import ProviderError
 
 
 def vm_spec(n: int, **fields: Any) -> VMSpec:
-    """Sandbox `n`'s request (its id is n in 64 hex digits); `fields` set or override the rest."""
+    """Sandbox `n`'s request (its id is n in 64 hex digits); `fields` set or override the rest
+    (candidates may be given as instance type names)."""
     base: dict[str, Any] = {
         "sandbox_id": f"{n:064x}",
         "pod_namespace": "ml",
         "pod_name": f"train-{n}",
         "user_data": "#cloud-config\nwrite_files: []\n",
     }
-    return VMSpec(**{**base, **fields})
+    merged = {**base, **fields}
+    merged["candidates"] = tuple(
+        VMCandidate(c) if isinstance(c, str) else c for c in merged.get("candidates", ())
+    )
+    return VMSpec(**merged)
 
 
 async def create_delete_cycles(provider: Provider, specs: Iterable[VMSpec]) -> int:

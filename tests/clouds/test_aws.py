@@ -11,9 +11,16 @@ import pytest
 
 from adaptor.gc import GarbageCollector
 from providers.aws import AwsConfig, AwsProvider, client_token
-from providers.base import TAG_OWNER, TAG_POD_NAME, TAG_POD_NAMESPACE, TAG_SANDBOX, VMSpec
+from providers.base import (
+    TAG_OWNER,
+    TAG_POD_NAME,
+    TAG_POD_NAMESPACE,
+    TAG_SANDBOX,
+    VMCandidate,
+    VMSpec,
+)
 from providers.errors import CapacityError, InvalidRequest, ProviderError
-from providers.fallback import FallbackExhausted, Placement, RetryPolicy
+from providers.retry import FallbackExhausted, RetryPolicy, Site
 from tests.clouds.aws_faults import Faults
 from tests.clouds.conftest import FORWARDER, Sleeps, loopback
 from tests.clouds.scenarios import vm_spec
@@ -78,11 +85,11 @@ async def test_retried_create_finds_the_same_instance(ec2: Any, policy: RetryPol
     again = await aws.create(spec(2))
     assert again.id == first.id
     assert len(live(ec2)) == 1
-    token = client_token(f"{2:064x}", Placement("p5.48xlarge", "us-east-1a"))
+    token = client_token(f"{2:064x}", Site(VMCandidate("p5.48xlarge"), "us-east-1a"))
     assert len(token) <= 64 and token == client_token(
-        f"{2:064x}", Placement("p5.48xlarge", "us-east-1a")
+        f"{2:064x}", Site(VMCandidate("p5.48xlarge"), "us-east-1a")
     )
-    assert token != client_token(f"{2:064x}", Placement("p5.48xlarge", "us-east-1b"))
+    assert token != client_token(f"{2:064x}", Site(VMCandidate("p5.48xlarge"), "us-east-1b"))
 
 
 async def test_capacity_in_first_zone_moves_to_next_zone(ec2: Any, policy: RetryPolicy) -> None:
@@ -228,11 +235,11 @@ async def test_throttling_is_retried_with_backoff(
 async def test_endless_throttling_gives_up_with_a_clear_error(
     ec2: Any, policy: RetryPolicy, sleeps: Sleeps
 ) -> None:
-    aws = provider(ec2, policy, zones=("us-east-1a",), allowed_instance_types=("p5.48xlarge",))
+    aws = provider(ec2, policy, zones=("us-east-1a",))
     faults = Faults([lambda a, p: "RequestLimitExceeded" if a == "RunInstances" else None])
     faults.install(ec2)
     with pytest.raises(FallbackExhausted, match=r"RequestLimitExceeded.*gave up after 5 tries"):
-        await aws.create(spec(10))
+        await aws.create(spec(10, candidates=("p5.48xlarge",)))
     assert len(faults.launches()) == policy.transient_retries + 1
     assert len(sleeps.delays) == policy.transient_retries
     assert live(ec2) == []
@@ -248,23 +255,15 @@ async def test_permanent_error_stops_at_once(ec2: Any, policy: RetryPolicy) -> N
 
 
 async def test_bad_input_is_refused_and_creates_nothing(ec2: Any, policy: RetryPolicy) -> None:
-    aws = provider(ec2, policy, allowed_instance_types=("g5.xlarge",))
-    with pytest.raises(InvalidRequest, match="allowed-instance-types"):
-        await aws.create(spec(12))
+    aws = provider(ec2, policy)
+    with pytest.raises(InvalidRequest, match="candidate list is empty"):
+        await aws.create(spec(12, candidates=()))
     with pytest.raises(InvalidRequest, match="16384"):
         await aws.create(spec(12, candidates=("g5.xlarge",), user_data="x" * (16 * 1024 + 1)))
     no_image = provider(ec2, policy, image_id="")
     with pytest.raises(InvalidRequest, match="image"):
         await no_image.create(spec(12))
     assert live(ec2) == []
-
-
-async def test_default_instance_type_when_selection_gives_none(
-    ec2: Any, policy: RetryPolicy
-) -> None:
-    aws = provider(ec2, policy, instance_type="t3.small")
-    vm = await aws.create(spec(13, candidates=()))
-    assert vm.instance_type == "t3.small"
 
 
 async def test_restart_gc_removes_orphans_only(ec2: Any, policy: RetryPolicy) -> None:

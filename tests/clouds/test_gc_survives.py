@@ -8,7 +8,7 @@ from typing import Any
 
 from adaptor.gc import GarbageCollector
 from adaptor.state import StateError
-from providers.fallback import RetryPolicy
+from providers.retry import RetryPolicy
 from tests.clouds.test_aws import live, provider, spec
 
 OWNER_SANDBOX = f"{30:064x}"

@@ -22,13 +22,14 @@ from adaptor import metrics
 from adaptor.daemon import agent_proxy_factory
 from adaptor.hypervisor import ManagerConfig, SandboxManager
 from adaptor.hypervisor.preemption import InspectableProvider, PreemptionWatcher
+from adaptor.placement import Placement
 from adaptor.state import SandboxState, StateStore
 from adaptor.status import DeviceBook
 from adaptor.status.app import sandbox_json
 from adaptor.ttrpc import Client, Code, TtrpcError
 from providers.base import Instance
 from providers.capacity import CapacityType
-from providers.fallback import RetryPolicy
+from providers.retry import RetryPolicy
 from tests.clouds.aws_faults import Faults
 from tests.clouds.fake_arm import VMS, FakeArm
 from tests.clouds.fake_gce import FakeGce, stockout
@@ -264,8 +265,8 @@ async def node(cloud: Cloud) -> AsyncIterator[Node]:
             ManagerConfig(pods_dir=Path(root) / "pods", proxy_timeout_seconds=10),
             store,
             provider,
+            Placement(default_type=cloud.candidate),
             agent_proxy_factory(None, on_upstream_lost=upstream_lost),
-            choose_candidates=lambda intent: (cloud.candidate,),
         )
         watchers.append(PreemptionWatcher(manager, provider, interval_seconds=0))
         try:
@@ -385,8 +386,8 @@ async def test_startvm_creates_the_capacity_the_contract_asks_for(
             ManagerConfig(pods_dir=Path(root) / "pods", proxy_timeout_seconds=10),
             store,
             cloud.provider,
+            Placement(default_type=cloud.candidate),
             agent_proxy_factory(None),
-            choose_candidates=lambda intent: (cloud.candidate,),
         )
         try:
             await manager.create_vm(SID, annotations)
@@ -414,6 +415,7 @@ async def test_a_restarted_daemon_keeps_answering_why(cloud: Cloud, node: Node) 
         ManagerConfig(pods_dir=Path(socket).parent.parent, proxy_timeout_seconds=10),
         node.store,
         node.manager.provider,
+        Placement(),
         agent_proxy_factory(None),
     )
     watcher = PreemptionWatcher(manager, node.watcher.provider, interval_seconds=0)

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
 from adaptor.cli.main import main
-from adaptor.placement import Placement
+from adaptor.placement import Placement, PlanCandidate
 from adaptor.state import SandboxRecord, SandboxState, StateStore
 from providers.base import Instance
 from providers.catalog import Catalog
 from providers.catalogs import load_snapshot
 from providers.contract import GpuIntent, VMIntent
 from providers.errors import InvalidRequest, QuotaExhausted
-from providers.quota import QuotaLimit, QuotaPool, demand_of_name, parse_quota
+from providers.quota import QuotaLimit, QuotaPool, demand_of_name, demand_of_type, parse_quota
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,10 @@ def holdings_of(held: dict[str, str], delay: float = 0.0):  # type: ignore[no-un
         return dict(held)
 
     return holdings
+
+
+def names(candidates: Sequence[PlanCandidate]) -> tuple[str, ...]:
+    return tuple(c.instance_type for c in candidates)
 
 
 def intent(gpus: int, *models: str) -> VMIntent:
@@ -172,9 +176,9 @@ async def test_n1_vms_report_their_machine_type_so_the_reservation_keeps_their_g
     gcp = load_snapshot("gcp", "us-central1", None)
     held = {"x": ""}
     pool = QuotaPool(parse_quota("t4=4"), gcp, holdings_of(held))
-    t4 = demand_of_name("n1-standard-8+nvidia-tesla-t4:2", gcp.by_name())
-    assert t4 is not None and t4.gpu_model == "t4" and t4.gpus == 2
-    await pool.reserve("x", [("n1-standard-8+nvidia-tesla-t4:2", t4)])
+    t4 = demand_of_type(gcp.by_name()["n1-standard-8"], ("t4", 2))
+    assert t4.gpu_model == "t4" and t4.gpus == 2
+    await pool.reserve("x", [("n1 with 2 T4", t4)])
     held["x"] = "n1-standard-8"
     assert list((await pool.usage()).values()) == [2]
 
@@ -234,20 +238,20 @@ async def test_placement_drops_candidates_over_the_pool(aws: Catalog) -> None:
     pool = QuotaPool(parse_quota("h100=8"), aws, holdings_of({"a": "p5.48xlarge", "b": ""}))
     placement = Placement(catalog=aws, quota=pool)
     wanted = intent(8, "h100", "a100-80gb")
-    assert "p5.48xlarge" in placement.candidates(wanted)  # without the pool
-    kept = await placement.reserve(wanted, "b")
+    assert "p5.48xlarge" in names(placement.candidates(wanted))  # without the pool
+    kept = names((await placement.plan(wanted, "b")).candidates)
     assert kept and "p5.48xlarge" not in kept
     assert all(aws.by_name()[n].gpu.model == "a100-80gb" for n in kept)  # type: ignore[union-attr]
     placement.release("b")
     assert pool.reserved == {}
     with pytest.raises(QuotaExhausted, match=r"^quota for H100 exhausted \(8/8\)$"):
-        await placement.reserve(intent(1, "h100"), "b")
+        await placement.plan(intent(1, "h100"), "b")
 
 
 async def test_placement_without_a_pool_reserves_nothing(aws: Catalog) -> None:
     placement = Placement(catalog=aws)
     wanted = intent(1, "h100")
-    assert await placement.reserve(wanted, "x") == placement.candidates(wanted)
+    assert (await placement.plan(wanted, "x")).candidates == placement.candidates(wanted)
     placement.release("x")
 
 
@@ -263,10 +267,12 @@ async def test_placement_counts_the_state_store(aws: Catalog, tmp_path: Path) ->
         assert placement.quota is None
         placement.use_quota("h100=9", store)
         assert placement.quota is not None
-        assert await placement.reserve(intent(1, "h100"), "new") == ("p5.4xlarge",)
+        plan = await placement.plan(intent(1, "h100"), "new")
+        assert names(plan.candidates) == ("p5.4xlarge",)
         with pytest.raises(QuotaExhausted, match=r"\(9/9\)"):
-            await placement.reserve(intent(1, "h100"), "gone")  # a failed sandbox retrying
+            await placement.plan(intent(1, "h100"), "gone")  # a failed sandbox retrying
         await store.delete("old")
-        assert (await placement.reserve(intent(1, "h100"), "gone"))[0] == "p5.4xlarge"
+        plan = await placement.plan(intent(1, "h100"), "gone")
+        assert plan.candidates[0].instance_type == "p5.4xlarge"
     finally:
         await store.close()

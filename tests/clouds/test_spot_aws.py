@@ -8,7 +8,7 @@ import pytest
 
 from providers.base import TAG_OWNER, TAG_SANDBOX
 from providers.capacity import TAG_CAPACITY_TYPE, CapacityType, NoSpotCapacity
-from providers.fallback import FallbackExhausted, RetryPolicy
+from providers.retry import FallbackExhausted, RetryPolicy
 from tests.clouds.aws_faults import Faults
 from tests.clouds.test_aws import OWNER, live, provider, spec
 

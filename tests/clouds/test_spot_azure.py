@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from providers.capacity import TAG_CAPACITY_TYPE, CapacityType, NoSpotCapacity
-from providers.fallback import FallbackExhausted, RetryPolicy
+from providers.retry import FallbackExhausted, RetryPolicy
 from tests.clouds.fake_arm import VMS, FakeArm, arm_error
 from tests.clouds.test_azure import A100, H100, provider, spec
 

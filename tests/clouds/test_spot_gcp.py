@@ -6,7 +6,7 @@ import pytest
 
 from providers.capacity import TAG_CAPACITY_TYPE, CapacityType, NoSpotCapacity
 from providers.errors import CapacityError
-from providers.fallback import FallbackExhausted, RetryPolicy
+from providers.retry import FallbackExhausted, RetryPolicy
 from tests.clouds.fake_gce import FakeGce, quota_exceeded, stockout
 from tests.clouds.test_gcp import INSERT, provider, spec
 

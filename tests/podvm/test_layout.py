@@ -21,23 +21,23 @@ def intent_for(model_field: str, gpus: int = 1) -> contract.VMIntent:
     )
 
 
-def test_the_layout_names_every_rdma_device_any_candidate_of_the_model_has() -> None:
+async def test_the_layout_names_every_rdma_device_any_candidate_of_the_model_has() -> None:
     placement = Placement(catalog=load_snapshot("aws", "us-east-1"))
-    intent = intent_for("v1:m=h100;rdma=1")
-    candidates = placement.candidates(intent)
-    assert candidates[:2] == ("p5.4xlarge", "p5.48xlarge")  # 1 EFA device, then 32
-    sent = LayoutDocument.from_plans(placement.plans_by_model(intent, candidates).values())
+    planned = await placement.plan(intent_for("v1:m=h100;rdma=1"), "sb")
+    names = [c.instance_type for c in planned.candidates]
+    assert names[:2] == ["p5.4xlarge", "p5.48xlarge"]  # 1 EFA device, then 32
+    sent = LayoutDocument.from_plans(planned.devices_by_model().values())
     (layout,) = sent.layouts
-    for name in candidates:  # a capacity fallback may land on either
-        stored = placement.device_plan(intent, Instance("i", "vm", ("10.0.0.1",), name))
+    for name in names:  # a capacity fallback may land on either
+        stored = planned.devices_for(Instance("i", "vm", ("10.0.0.1",), name))
         assert set(stored.default) <= set(layout.names()), name
 
 
-def test_a_plan_becomes_a_layout_and_back() -> None:
+async def test_a_plan_becomes_a_layout_and_back() -> None:
     placement = Placement(catalog=load_snapshot("aws", "us-east-1"))
-    intent = intent_for("v1:mig=1g.10gb:2,3g.40gb:1", gpus=1)
-    candidates = placement.candidates(intent)
-    plan = placement.device_plan(intent, Instance("i", "vm", ("10.0.0.1",), candidates[0]))
+    planned = await placement.plan(intent_for("v1:mig=1g.10gb:2,3g.40gb:1", gpus=1), "sb")
+    first = planned.candidates[0].instance_type
+    plan = planned.devices_for(Instance("i", "vm", ("10.0.0.1",), first))
     layout = Layout.from_plan(plan)
     assert layout.names() == [*plan.gpus, *(m.name for m in plan.mig), *plan.rdma]
     doc = LayoutDocument(layouts=(layout,))

@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 
 from adaptor.placement import Placement
-from providers.base import Instance
+from providers.base import Accelerator, Instance
 from providers.catalog import AttachableGpu, Catalog, InstanceType
 from providers.catalogs import load_snapshot
 from providers.contract import GpuIntent, VMIntent
 from providers.errors import NoMatch
-from providers.gcp import parse_candidate
 from providers.request import InstanceRequest
 from providers.selection import select
 
@@ -71,15 +70,16 @@ def intent(gpus: int, *models: str) -> VMIntent:
     return VMIntent(pod_name="p", pod_namespace="ns", gpu=GpuIntent(gpus=gpus, models=models))
 
 
-def test_placement_names_n1_candidates_as_the_gcp_provider_reads_them(gcp: Catalog) -> None:
+def test_placement_types_n1_candidates_with_their_attached_gpus(gcp: Catalog) -> None:
     placement = Placement(catalog=gcp)
-    names = placement.candidates(intent(2, "p100"))
-    assert names and all("+nvidia-tesla-p100:2" in n for n in names)
-    machine, accelerator, count = parse_candidate(names[0])
-    assert (accelerator, count) == ("nvidia-tesla-p100", 2)
-    assert machine in gcp.by_name() and gcp.by_name()[machine].attachable_gpus
+    candidates = placement.candidates(intent(2, "p100"))
+    assert candidates and all(c.accelerator == Accelerator("p100", 2) for c in candidates)
+    first = candidates[0]
+    assert first.instance_type in gcp.by_name()
+    assert gcp.by_name()[first.instance_type].attachable_gpus
+    assert first.zones  # P100 attaches in some zones only
     bundled = placement.candidates(intent(1, "l4"))
-    assert bundled and all("+" not in n for n in bundled)  # G2 carries its L4 itself
+    assert bundled and all(c.accelerator is None for c in bundled)  # G2 carries its L4 itself
 
 
 def test_placement_keeps_to_the_providers_zones(gcp: Catalog) -> None:
@@ -91,13 +91,13 @@ def test_placement_keeps_to_the_providers_zones(gcp: Catalog) -> None:
     assert with_p100.candidates(intent(1, "p100"))
 
 
-def test_device_plans_of_n1_candidates_and_vms(gcp: Catalog) -> None:
+async def test_device_plans_of_n1_candidates_and_vms(gcp: Catalog) -> None:
     placement = Placement(catalog=gcp)
-    wanted = intent(2, "t4")
-    names = placement.candidates(wanted)
-    assert list(placement.plans_by_model(wanted, names)) == ["t4"]
+    plan = await placement.plan(intent(2, "t4"), "sb")
+    assert list(plan.devices_by_model()) == ["t4"]
     # The VM reports its machine type alone; its plan still has the two attached GPUs.
-    machine, _, _ = parse_candidate(names[0])
+    machine = plan.candidates[0].instance_type
     vm = Instance(id="z/vm", name="vm", addresses=("127.0.0.1",), instance_type=machine)
-    plan = placement.device_plan(wanted, vm)
-    assert plan.to_json() == placement.plans_by_model(wanted, names)["t4"].to_json()
+    devices = plan.devices_for(vm)
+    assert len(devices.gpus) == 2
+    assert devices.to_json() == plan.devices_by_model()["t4"].to_json()
