@@ -56,6 +56,8 @@ the app container's GPU afterwards. Without `init` every container counts as run
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import re
 from collections.abc import Mapping
@@ -82,6 +84,8 @@ CONTAINER_NAME = "io.kubernetes.cri.container-name"
 CONTAINER_TYPE = "io.kubernetes.cri.container-type"
 
 DEVICES = "io.katacontainers.peerpods.devices"
+# The webhook's seal over the contract keys it wrote (providers.contract.seal).
+SEAL = "peerpods.io/contract-seal"
 VM_RESOURCE = "kata.peerpods.io/vm"
 CDI_PREFIX = "cdi.k8s.io/"
 CDI_OWN_PREFIX = CDI_PREFIX + "peerpods_"
@@ -92,6 +96,22 @@ OWNED_KEYS = (DEFAULT_VCPUS, DEFAULT_MEMORY, DEFAULT_GPUS, DEFAULT_GPU_MODEL, DE
 GPU_MODEL_VERSION = "v1"
 _PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb(\+me)?$")
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# ASCII digits only (str.isdigit() also takes "²"), at most 12 of them before any range check.
+_UINT = re.compile(r"[0-9]{1,12}")
+# runtime-rs formats default_vcpus as a Rust f32 ("1", "1.5"); Go as an integer.
+_VCPUS = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12})?")
+
+# The limits both directions share: the webhook refuses to write what the adaptor would refuse.
+MAX_VCPUS = 8192
+MAX_MEMORY_MIB = 64 * 1024 * 1024  # 64 TiB
+MAX_GPUS = 1024
+MAX_GPU_MEMORY_MIB = 1024 * 1024  # 1 TiB per GPU
+MAX_DEVICES = 1024  # MIG devices of one profile, RDMA devices
+LIMITS = {
+    DEFAULT_VCPUS: MAX_VCPUS,
+    DEFAULT_MEMORY: MAX_MEMORY_MIB,
+    DEFAULT_GPUS: MAX_GPUS,
+}
 
 
 class GpuIntent(BaseModel):
@@ -142,22 +162,30 @@ def encode_gpu_model(intent: GpuIntent, capacity: CapacityType = CapacityType.ON
     return f"{GPU_MODEL_VERSION}:" + ";".join(fields) if fields else ""
 
 
-def _digits(text: str, most: int = 18) -> bool:
-    """ASCII digits only ('²' and '٣' are digits to str.isdigit), few enough to convert cheaply."""
-    return text.isascii() and text.isdigit() and len(text) <= most
+def _bounded(key: str, value: int, limit: int, what: str = "value") -> int:
+    if value > limit:
+        raise AnnotationError(key, f"{what} {value} is out of range (at most {limit})")
+    return value
+
+
+def _uint(key: str, raw: str, limit: int, what: str = "value") -> int:
+    """A non-negative integer in ASCII digits, at most `limit`."""
+    if not _UINT.fullmatch(raw):
+        raise AnnotationError(key, f"expected a non-negative integer, got {raw[:40]!r}")
+    return _bounded(key, int(raw), limit, what)
 
 
 def _int_annotation(annotations: Mapping[str, str], key: str) -> int:
+    """An integer key; empty (runtime-rs sends every key, empty when unset) means 0."""
     raw = annotations.get(key, "").strip()
     if not raw:
         return 0
-    if not _digits(raw):
-        shown = raw if len(raw) <= 40 else raw[:40] + "..."
-        raise AnnotationError(key, f"expected a non-negative integer, got {shown!r}")
-    value = int(raw)
-    if value > 1 << 20:
-        raise AnnotationError(key, f"value {value} is out of range")
-    return value
+    if key == DEFAULT_VCPUS and _VCPUS.fullmatch(raw):
+        # runtime-rs: an f32 such as "1.5"; a fraction of a vCPU still needs a whole one.
+        whole, _, fraction = raw.partition(".")
+        value = int(whole) + (1 if fraction.strip("0") else 0)
+        return _bounded(key, value, LIMITS[key])
+    return _uint(key, raw, LIMITS[key])
 
 
 def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
@@ -191,19 +219,20 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
             products = tuple(m for m in arg.split("|") if m)
             if not products or not all(_MODEL.fullmatch(m) for m in products):
                 raise AnnotationError(key, f"invalid GPU product list {arg!r}")
-        elif name == "mem" and _digits(arg):
-            memory_mib = int(arg)
+        elif name == "mem" and _UINT.fullmatch(arg):
+            memory_mib = _bounded(key, int(arg), MAX_GPU_MEMORY_MIB, "GPU memory")
         elif name == "mig" and arg:
             for item in arg.split(","):
                 profile, _, count = item.partition(":")
-                if not _PROFILE.fullmatch(profile) or not _digits(count) or int(count) <= 0:
+                if not _PROFILE.fullmatch(profile) or not _UINT.fullmatch(count) or int(count) <= 0:
                     raise AnnotationError(key, f"invalid MIG entry {item!r} (want PROFILE:COUNT)")
-                mig[profile] = mig.get(profile, 0) + int(count)
+                total = mig.get(profile, 0) + int(count)
+                mig[profile] = _bounded(key, total, MAX_DEVICES, f"{profile} device count")
         elif name in ("frac", "rdma") and not arg:
             flags.add(name)
-        elif name == "rdma" and _digits(arg) and int(arg) >= 1:
+        elif name == "rdma" and _UINT.fullmatch(arg) and int(arg) >= 1:
             flags.add(name)
-            rdma_devices = int(arg)
+            rdma_devices = _bounded(key, int(arg), MAX_DEVICES, "RDMA device count")
         elif name == "cap" and arg in _WRITTEN_CAPACITY:
             pass  # the capacity type: decode_capacity_type
         else:
@@ -237,6 +266,72 @@ def decode_capacity_type(value: str) -> CapacityType:
                 raise AnnotationError(DEFAULT_GPU_MODEL, f"unknown capacity type in {part!r}")
             capacity = CapacityType(arg)
     return capacity
+
+
+class Contract(BaseModel):
+    """The VM-level keys the webhook writes and the adaptor reads, as one typed value.
+
+    `encode` and `decode` are inverses over everything `encode` accepts, with the same limits:
+    a contract the webhook can write is one the adaptor accepts. `decode` also takes the forms
+    Kata's runtimes send (every key present, empty when unset; runtime-rs's float vCPUs, rounded
+    up to whole vCPUs).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    vcpus: int = Field(0, ge=0)
+    memory_mib: int = Field(0, ge=0)
+    gpu: GpuIntent = Field(default_factory=GpuIntent)
+    capacity_type: CapacityType = CapacityType.ON_DEMAND
+    devices: ContainerPlan | None = None
+
+    def encode(self) -> dict[str, str]:
+        """The annotations (absent keys for zero/empty values); AnnotationError, naming the key,
+        for a value the adaptor would refuse."""
+        out: dict[str, str] = {}
+        if self.vcpus:
+            out[DEFAULT_VCPUS] = str(_bounded(DEFAULT_VCPUS, self.vcpus, MAX_VCPUS))
+        if self.memory_mib:
+            out[DEFAULT_MEMORY] = str(_bounded(DEFAULT_MEMORY, self.memory_mib, MAX_MEMORY_MIB))
+        if self.gpu.gpus:
+            out[DEFAULT_GPUS] = str(_bounded(DEFAULT_GPUS, self.gpu.gpus, MAX_GPUS))
+        encoded = encode_gpu_model(self.gpu, self.capacity_type)
+        if encoded:
+            decode_gpu_model(encoded)  # the same checks the adaptor makes
+            out[DEFAULT_GPU_MODEL] = encoded
+        if self.devices is not None and self.devices.units:
+            out[DEVICES] = self.devices.encode()
+        return out
+
+    @classmethod
+    def decode(cls, annotations: Mapping[str, str]) -> Contract:
+        """Read the contract keys; AnnotationError naming the key for any bad value."""
+        gpus = _int_annotation(annotations, DEFAULT_GPUS)
+        gpu_model = annotations.get(DEFAULT_GPU_MODEL, "")
+        encoded = annotations.get(DEVICES, "").strip()
+        return cls(
+            vcpus=_int_annotation(annotations, DEFAULT_VCPUS),
+            memory_mib=_int_annotation(annotations, DEFAULT_MEMORY),
+            gpu=decode_gpu_model(gpu_model, gpus),
+            capacity_type=decode_capacity_type(gpu_model),
+            devices=ContainerPlan.decode(encoded) if encoded else None,
+        )
+
+
+def seal(key: bytes, namespace: str, contract: Mapping[str, str]) -> str:
+    """A MAC over the contract keys a pod carries in a namespace: how the webhook recognises a
+    pod it already mutated by its content (a user cannot write a matching seal)."""
+    body = json.dumps(
+        [namespace, sorted((k, v) for k, v in contract.items() if k in OWNED_KEYS)],
+        separators=(",", ":"),
+    )
+    return "v1:" + hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+
+
+def sealed(key: bytes, namespace: str, annotations: Mapping[str, str]) -> bool:
+    """Whether the pod's contract keys carry the seal the webhook wrote for them."""
+    found = annotations.get(SEAL, "")
+    return bool(found) and hmac.compare_digest(found, seal(key, namespace, annotations))
 
 
 class VMIntent(BaseModel):
@@ -281,26 +376,40 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
+# CRI-O's sandbox name as the Go runtime may forward it: k8s_<pod>_<namespace>_<uid>_<attempt>.
+_CRIO_NAME = re.compile(r"k8s_([a-z0-9][-a-z0-9.]*)_([a-z0-9][-a-z0-9]*)_[0-9a-f-]+_[0-9]+")
+
+
+def sandbox_names(annotations: Mapping[str, str]) -> tuple[str, str]:
+    """(pod name, namespace) from CreateVM's keys: containerd's (which runtime-rs also fills
+    from CRI-O's), or CRI-O's `k8s_<pod>_<ns>_<uid>_<n>` sandbox name."""
+    name = annotations.get(SANDBOX_NAME, "").strip()
+    namespace = annotations.get(SANDBOX_NAMESPACE, "").strip()
+    crio = _CRIO_NAME.fullmatch(name)
+    if crio is not None:
+        name = crio[1]
+        namespace = namespace or crio[2]
+    return name, namespace
+
+
 def parse_vm_annotations(annotations: Mapping[str, str]) -> VMIntent:
     """Read CreateVM's annotations; every error names the annotation at fault."""
-    name = annotations.get(SANDBOX_NAME, "")
-    namespace = annotations.get(SANDBOX_NAMESPACE, "")
+    name, namespace = sandbox_names(annotations)
     if not name or not _DNS_SUBDOMAIN.fullmatch(name):
         raise AnnotationError(SANDBOX_NAME, f"not a valid pod name: {name!r}")
     if not namespace or not _DNS_LABEL.fullmatch(namespace):
         raise AnnotationError(SANDBOX_NAMESPACE, f"not a valid namespace: {namespace!r}")
-    gpus = _int_annotation(annotations, DEFAULT_GPUS)
     machine_type = annotations.get(MACHINE_TYPE, "").strip()
-    if machine_type and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", machine_type):
-        raise AnnotationError(MACHINE_TYPE, f"not an instance type name: {machine_type!r}")
-    gpu_model = annotations.get(DEFAULT_GPU_MODEL, "")
+    if machine_type and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", machine_type):
+        raise AnnotationError(MACHINE_TYPE, f"not an instance type name: {machine_type[:80]!r}")
+    contract = Contract.decode({k: v for k, v in annotations.items() if k != DEVICES})
     return VMIntent(
         pod_name=name,
         pod_namespace=namespace,
-        vcpus=_int_annotation(annotations, DEFAULT_VCPUS),
-        memory_mib=_int_annotation(annotations, DEFAULT_MEMORY),
-        gpu=decode_gpu_model(gpu_model, gpus),
-        capacity_type=decode_capacity_type(gpu_model),
+        vcpus=contract.vcpus,
+        memory_mib=contract.memory_mib,
+        gpu=contract.gpu,
+        capacity_type=contract.capacity_type,
         machine_type=machine_type,
         image=annotations.get(IMAGE, "").strip(),
     )
@@ -425,3 +534,6 @@ class ContainerPlan(BaseModel):
 def cdi_annotation_key(container: str) -> str:
     """`cdi.k8s.io/peerpods_<container>`: our key for a container's CDI devices."""
     return CDI_OWN_PREFIX + container
+
+
+Contract.model_rebuild()

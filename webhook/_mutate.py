@@ -4,16 +4,24 @@
 annotation contract (`providers.contract`), removes what a worker node cannot offer, marks the
 first container with `kata.peerpods.io/vm: 1` and returns the JSON Patch between the two.
 
-Idempotence: a pod already in that form (the VM resource on its first container, no resources
-or claims left to translate) is a fixed point: its contract annotations are kept (after
-validation) and the patch is empty. A denial is raised as a PeerpodsError: InvalidRequest for a
-pod that can never be admitted as written, NoMatch for a valid request no catalog type can serve
+The contract keys are always derived from the pod's resources and claims, never taken from what
+a user wrote: the webhook seals what it writes (`providers.contract.seal`, a MAC under a key only
+the webhook holds), and only a pod carrying a valid seal over its contract keys is recognised as
+one it already mutated (a reinvocation): a fixed point whose contract is kept (after the same
+validation the adaptor applies) and whose patch is empty. Any other pod, even one carrying the
+VM resource and contract keys, has its contract keys replaced by what its resources ask for. The
+contract is written with the codec the adaptor reads it with (`providers.contract.Contract`),
+so a value the adaptor would refuse is a denial here.
+
+A denial is raised as a PeerpodsError: InvalidRequest for a pod that can never be admitted as
+written, NoMatch for a valid request no catalog type can serve
 (only when `impossible` is "deny"), LookupFailed when the Kubernetes API could not be read.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -25,21 +33,20 @@ from providers.catalog import Catalog
 from providers.contract import (
     CDI_PREFIX,
     DEFAULT_GPU_MODEL,
-    DEFAULT_GPUS,
-    DEFAULT_MEMORY,
-    DEFAULT_VCPUS,
-    DEVICES,
     MACHINE_TYPE,
     OWNED_KEYS,
+    SEAL,
     VM_RESOURCE,
     ContainerPlan,
+    Contract,
     DeviceUnit,
     GpuIntent,
     decode_capacity_type,
-    decode_gpu_model,
     encode_gpu_model,
+    seal,
+    sealed,
 )
-from providers.errors import AnnotationError, InvalidRequest, NoMatch
+from providers.errors import InvalidRequest, NoMatch
 from providers.request import InstanceRequest
 from webhook._capacity import CapacityPolicy
 from webhook._choose import choose
@@ -54,6 +61,9 @@ __all__ = ["MutationResult", "PodIntent", "Settings", "mutate_pod"]
 
 Pod = dict[str, Any]
 _STRIPPED = ("cpu", "memory")
+# The seal key when none is configured: this process's own (a reinvocation reaches the process
+# that sealed the pod only by chance, so `peerpods webhook` derives one from its TLS key).
+_PROCESS_KEY = os.urandom(32)
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,8 @@ class Settings:
     impossible: Literal["deny", "warn"] = "deny"
     # The capacity type (Spot or on-demand) of a pod, by its annotation and its namespace.
     capacity: CapacityPolicy = field(default_factory=CapacityPolicy)
+    # The key of the seal over the contract keys (every replica must share it).
+    seal_key: bytes = field(default=_PROCESS_KEY, repr=False)
 
 
 @dataclass(frozen=True)
@@ -156,7 +168,11 @@ def _has_translatable(resources: Any) -> bool:
     return False
 
 
-def _looks_mutated(pod: Pod) -> bool:
+def _looks_mutated(pod: Pod, annotations: Mapping[str, str], key: bytes, namespace: str) -> bool:
+    """Whether the webhook already mutated this pod: sealed contract keys (its content), and
+    nothing left to translate."""
+    if not sealed(key, namespace, annotations):
+        return False
     init, app = container_lists(pod)
     spec = pod["spec"]
     if not app or spec.get("resourceClaims") or _has_translatable(spec.get("resources")):
@@ -325,32 +341,22 @@ def _translate(
 def _existing_intent(
     annotations: Mapping[str, str], machine_type: str
 ) -> tuple[PodIntent, ContainerPlan]:
-    def integer(key: str) -> int:
-        raw = annotations.get(key, "")
-        if raw and not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
-            shown = raw if len(raw) <= 40 else raw[:40] + "..."
-            raise AnnotationError(key, f"expected a non-negative integer, got {shown!r}")
-        return int(raw or 0)
-
-    gpu = decode_gpu_model(annotations.get(DEFAULT_GPU_MODEL, ""), integer(DEFAULT_GPUS))
-    plan = ContainerPlan.decode(annotations[DEVICES]) if DEVICES in annotations else ContainerPlan()
-    return PodIntent(integer(DEFAULT_VCPUS), integer(DEFAULT_MEMORY), gpu, machine_type), plan
+    """The intent a sealed pod carries, read by the adaptor's codec."""
+    contract = Contract.decode(annotations)
+    intent = PodIntent(contract.vcpus, contract.memory_mib, contract.gpu, machine_type)
+    return intent, contract.devices or ContainerPlan()
 
 
 def _contract(intent: PodIntent, plan: ContainerPlan) -> dict[str, str]:
-    out: dict[str, str] = {}
-    if intent.vcpus:
-        out[DEFAULT_VCPUS] = str(intent.vcpus)
-    if intent.memory_mib:
-        out[DEFAULT_MEMORY] = str(intent.memory_mib)
-    if intent.gpu.gpus:
-        out[DEFAULT_GPUS] = str(intent.gpu.gpus)
-    encoded = encode_gpu_model(intent.gpu, intent.capacity_type)
-    if encoded:
-        out[DEFAULT_GPU_MODEL] = encoded
-    if plan.units:
-        out[DEVICES] = plan.encode()
-    return out
+    """The contract keys, by the adaptor's codec (a value it would refuse is a denial)."""
+    contract = Contract(
+        vcpus=intent.vcpus,
+        memory_mib=intent.memory_mib,
+        gpu=intent.gpu,
+        capacity_type=intent.capacity_type,
+        devices=plan,
+    )
+    return contract.encode()
 
 
 def _check_possible(
@@ -398,7 +404,7 @@ def mutate_pod(
     warnings: list[str] = []
     mutated = copy.deepcopy(pod)
     kept = {k: v for k, v in annotations.items() if not k.startswith(CDI_PREFIX)}
-    if _looks_mutated(pod):
+    if _looks_mutated(pod, annotations, settings.seal_key, namespace):
         intent, plan = _existing_intent(kept, machine_type)
         intent = replace(intent, capacity_type=capacity)
         if decode_capacity_type(kept.get(DEFAULT_GPU_MODEL, "")) is not capacity:
@@ -435,6 +441,9 @@ def mutate_pod(
         for index, container in enumerate(spec.get("containers") or []):
             _strip_resources(container, vm=index == 0)
     _check_possible(intent, catalog, settings, warnings)
+    kept.pop(SEAL, None)
+    if any(k in OWNED_KEYS for k in kept):
+        kept[SEAL] = seal(settings.seal_key, namespace, kept)
     if kept or "annotations" in mutated["metadata"]:
         mutated["metadata"]["annotations"] = kept
     return MutationResult(

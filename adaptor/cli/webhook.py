@@ -163,6 +163,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def seal_key(tls_key_file: Path) -> bytes:
+    """The contract seal's key, derived from the TLS key every replica shares (a missing file
+    is reported by the server's own check)."""
+    import hashlib
+
+    try:
+        material = tls_key_file.read_bytes()
+    except OSError:
+        material = b""
+    return hashlib.sha256(b"peerpods contract seal\0" + material).digest()
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -188,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
             CapacityType(args.default_capacity_type),
             parse_namespace_policy(args.namespace_capacity_types),
         ),
+        seal_key=seal_key(Path(args.tls_key_file)),
     )
     catalog_dir = Path(args.catalog_dir) if args.catalog_dir else None
 

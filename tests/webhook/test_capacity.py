@@ -174,13 +174,14 @@ def test_a_user_written_contract_value_never_bypasses_the_policy(spot_webhook: R
     fixed = jsonpatch.apply_patch(shaped, patch_of(response))
     assert DEFAULT_GPU_MODEL not in fixed["metadata"]["annotations"]
     assert createvm_intent(fixed, "web").capacity_type is OD
-    # ... and where Spot is allowed, the value it gets is the policy's, not the user's.
+    # ... and where Spot is allowed, the value it gets is the policy's, and no user-written
+    # model survives: the contract is derived from the pod's resources (none left here).
+    shaped["metadata"]["namespace"] = "ml"
     shaped["metadata"]["annotations"][DEFAULT_GPU_MODEL] = "v1:m=h100-80gb;cap=spot"
     response = post(spot_webhook, review(shaped, "ml"))
+    assert response["allowed"] is True
     fixed = jsonpatch.apply_patch(shaped, patch_of(response))
-    assert fixed["metadata"]["annotations"][DEFAULT_GPU_MODEL] == (
-        "v1:m=h100-80gb;cap=spot-or-on-demand"
-    )
+    assert fixed["metadata"]["annotations"][DEFAULT_GPU_MODEL] == "v1:cap=spot-or-on-demand"
 
 
 def test_default_from_the_flag_and_plain_on_demand_pods_unchanged() -> None:

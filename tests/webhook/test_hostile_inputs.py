@@ -14,7 +14,7 @@ import trustme
 import yaml
 
 from providers.catalog import Catalog
-from tests.webhook.conftest import Running, container, pod, post, review, serve
+from tests.webhook.conftest import Running, container, patch_of, pod, post, review, serve
 from tests.webhook.test_dra import CLASSES, exactly, template
 from webhook import MemoryResolver, Settings
 
@@ -46,15 +46,20 @@ DENIED: dict[str, tuple[dict[str, Any], str]] = {
         pod({"name": "c", "image": "b", "resources": {"claims": [{"name": "p"}]}},
             resourceClaims=[{"name": "p", "resourceClaimTemplateName": "parens"}]),
         "nested too deeply"),
-    "5000-digit vcpus annotation": (
-        pod(container("c", limits=VM),
-            annotations={"io.katacontainers.config.hypervisor.default_vcpus": "9" * 5000}),
-        "default_vcpus"),
-    "superscript in an annotation": (
-        pod(container("c", limits=VM),
-            annotations={"io.katacontainers.config.hypervisor.default_gpus": "²"}),
-        "default_gpus"),
 }  # fmt: skip
+
+# Contract values a user wrote are never read (tests/webhook/test_contract_trust.py): however
+# malformed, they are removed and the pod gets what its resources ask for.
+STRIPPED: dict[str, dict[str, Any]] = {
+    "5000-digit vcpus annotation": pod(
+        container("c", limits=VM),
+        annotations={"io.katacontainers.config.hypervisor.default_vcpus": "9" * 5000},
+    ),
+    "superscript in an annotation": pod(
+        container("c", limits=VM),
+        annotations={"io.katacontainers.config.hypervisor.default_gpus": "²"},
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +80,14 @@ def test_denied_with_a_reason(running: Running, case: str) -> None:
     assert 400 <= answer["status"]["code"] < 500, answer
     assert reason in answer["status"]["message"], answer["status"]["message"]
     assert "Traceback" not in answer["status"]["message"]
+
+
+@pytest.mark.parametrize("case", sorted(STRIPPED))
+def test_user_written_contract_values_are_removed(running: Running, case: str) -> None:
+    answer = post(running, review(STRIPPED[case]))
+    assert answer["allowed"] is True, answer
+    removed = {op["path"] for op in patch_of(answer) if op["op"] == "remove"}
+    assert any("hypervisor.default_" in path for path in removed), removed
 
 
 @pytest.mark.parametrize(
