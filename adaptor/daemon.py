@@ -193,6 +193,7 @@ class Daemon:
             placement = await asyncio.to_thread(
                 placement_for, provider, self._cdi, settings.catalog_dir
             )
+        await asyncio.to_thread(_refuse_live_socket, str(settings.socket))
         self._lock_fd = await asyncio.to_thread(_lock_state_dir, str(settings.state_dir))
         self.store = await StateStore.open(settings.state_dir)
         placement.use_quota(settings.gpu_quota, self.store)
@@ -352,6 +353,26 @@ async def _graceful(close: Callable[[float], Awaitable[None]], grace: float) -> 
     except asyncio.CancelledError:
         await close(0)
         raise
+
+
+class SocketInUse(PeerpodsError):
+    """A live daemon already serves the hypervisor socket."""
+
+
+def _refuse_live_socket(path: str) -> None:
+    """Refuse to take over a socket a live process answers on (a stale file is replaced)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2)
+    try:
+        probe.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+        return  # nothing there, or a socket file nobody listens on any more
+    except OSError:
+        return
+    else:
+        raise SocketInUse(f"{path} is served by another running peerpods serve; stop it first")
+    finally:
+        probe.close()
 
 
 def _lock_state_dir(state_dir: str) -> int:

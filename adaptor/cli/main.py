@@ -54,19 +54,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version", action=_VersionAction, help="print the package version and exit"
     )
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
-    parser.add_argument(
-        "--log-format", default="json", choices=["json", "text"], help="log line format (stderr)"
-    )
+    _log_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, summary) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
         child = sub.add_parser(name, help=summary, description=summary)
         module.configure(child)
+        _log_flags(child, top=False)
         child.set_defaults(_module=module_name)
     return parser
+
+
+def _log_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """`--log-level` and `--log-format`, before or after the subcommand, with env twins.
+
+    The top-level flags carry the defaults (from PEERPODS_LOG_LEVEL / PEERPODS_LOG_FORMAT); a
+    subcommand's copy changes them only when given, so both spellings work.
+    """
+    from adaptor.cli import flags
+
+    levels = ["debug", "info", "warning", "error"]
+    formats = ["json", "text"]
+    if top:
+        flags.add(parser, "--log-level", default="info", choices=levels, help="log level")
+        flags.add(
+            parser, "--log-format", default="json", choices=formats, help="log line format (stderr)"
+        )
+        return
+    parser.add_argument(
+        "--log-level", default=argparse.SUPPRESS, choices=levels, help="as before the subcommand"
+    )
+    parser.add_argument(
+        "--log-format", default=argparse.SUPPRESS, choices=formats, help="as before the subcommand"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

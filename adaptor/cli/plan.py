@@ -80,8 +80,11 @@ def _read(path: str) -> str:
         file = Path(path)
         if file.is_dir():
             raise InvalidRequest(f"{path}: is a directory, not a manifest")
-        with file.open("rb") as stream:
-            data = stream.read(_MAX_MANIFEST_BYTES + 1)
+        try:
+            with file.open("rb") as stream:
+                data = stream.read(_MAX_MANIFEST_BYTES + 1)
+        except OSError as exc:  # missing or unreadable: a bad argument, exit code 2
+            raise InvalidRequest(f"{path}: cannot read it: {exc.strerror or exc}") from None
     if len(data) > _MAX_MANIFEST_BYTES:
         raise InvalidRequest(f"{path}: larger than {_MAX_MANIFEST_BYTES >> 20} MiB")
     try:

@@ -15,6 +15,7 @@ from adaptor.hypervisor import (
     SandboxManager,
     SandboxNotFound,
     StartAborted,
+    StartTimeout,
 )
 from adaptor.placement import Placement
 from adaptor.state import SandboxState, StateStore
@@ -220,3 +221,61 @@ async def test_create_failure_is_recorded(env: Env) -> None:
         await env.manager.start_vm("sb1")
     record = await env.store.get("sb1")
     assert record is not None and record.state is SandboxState.FAILED and "quota" in record.reason
+
+
+async def test_startvm_enforces_its_own_limit(env: Env) -> None:
+    env.proxies.connect_gate = asyncio.Event()  # the forwarder never answers
+    env.manager = SandboxManager(
+        ManagerConfig(
+            pods_dir=env.root / "pods", proxy_timeout_seconds=60, start_timeout_seconds=0.2
+        ),
+        env.store,
+        env.provider,
+        Placement(),
+        env.proxies,
+    )
+    await env.manager.create_vm("sb1", ANNOTATIONS)
+    with pytest.raises(StartTimeout, match=r"within 0\.2s"):
+        await env.manager.start_vm("sb1")
+    record = await env.store.get("sb1")
+    assert record is not None and record.state is SandboxState.FAILED and record.instance is None
+    assert env.provider.vms == {} and env.provider.deleted == ["vm-sb1"]
+
+
+async def test_the_reaper_deletes_what_interrupted_sandboxes_left(env: Env) -> None:
+    from adaptor import metrics
+    from adaptor.reaper import Reaper
+    from providers.base import TAG_OWNER, TAG_SANDBOX, Instance
+
+    # "failed": a StartVM cut short after its VM was recorded; "lost": one cut short before
+    # (the VM carries the sandbox's tag only); "stopping": a StopVM the daemon never finished;
+    # "running": left alone whatever its age
+    for sid in ("failed", "lost", "stopping", "running"):
+        await env.manager.create_vm(sid, ANNOTATIONS)
+    for sid in ("failed", "stopping", "running"):
+        await env.manager.start_vm(sid)
+    tags = {TAG_OWNER: env.provider.owner_id, TAG_SANDBOX: "lost"}
+    env.provider.vms["vm-lost"] = Instance("vm-lost", "lost", ("10.0.0.8",), "g5.xlarge", tags=tags)
+    states = {"failed": SandboxState.FAILED, "lost": SandboxState.FAILED}
+    states["stopping"] = SandboxState.STOPPING
+    for sid, state in states.items():
+        record = await env.store.get(sid)
+        assert record is not None
+        await env.store.put(record.evolve(state=state, reason="daemon restarted during StartVM"))
+    before = metrics.REAPED_VMS.labels(provider="fake")._value.get()
+
+    within_grace = await Reaper(env.manager, grace_seconds=3600).sweep()
+    assert within_grace.deleted == {} and len(env.provider.vms) == 4
+
+    result = await Reaper(env.manager, grace_seconds=0).sweep()
+    assert result.deleted == {"failed": 1, "lost": 1, "stopping": 1}, result
+    assert sorted(env.provider.vms) == ["vm-running"]
+    assert metrics.REAPED_VMS.labels(provider="fake")._value.get() == before + 3
+    for sid in ("failed", "lost"):
+        record = await env.store.get(sid)
+        assert record is not None and record.state is SandboxState.FAILED
+        assert record.instance is None and "reaper" in record.reason
+    assert await env.store.get("stopping") is None
+    # a failed sandbox's StopVM may still come
+    await env.manager.stop_vm("failed")
+    await env.manager.stop_vm("running")

@@ -332,3 +332,13 @@ def test_bad_provider_settings_change_nothing(root: Path) -> None:
         "peerpods serve: gcp provider: --gcp-project and --gcp-zones are required"
     ]
     assert not state.exists() and not (root / "hv.sock").exists()
+
+
+async def test_a_live_socket_is_never_taken_over(serve: ServeProcess, root: Path) -> None:
+    # another state directory, the same socket: refused, and the first daemon still serves it
+    other = ServeProcess(root, [*serve_args("127.0.0.1:1"), "--state-dir", str(root / "other")])
+    with pytest.raises(RuntimeError, match="served by another running peerpods serve"):
+        await other.start()
+    assert other.process is not None and other.process.returncode == 2
+    assert "Traceback" not in other.log()
+    assert (await serve.create_vm(SID))["code"] == 0

@@ -82,7 +82,7 @@ def resolve(oracle: Oracle, vm: PodVM, names: list[str]) -> set[str]:
     return uuids
 
 
-def test_a_mixed_mig_pod_gets_exactly_its_planned_devices(
+async def test_a_mixed_mig_pod_gets_exactly_its_planned_devices(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], make_vm: Any, oracle: Oracle
 ) -> None:
     report = plan_cli(tmp_path, capsys)
@@ -95,11 +95,12 @@ def test_a_mixed_mig_pod_gets_exactly_its_planned_devices(
     sent |= {contract.SANDBOX_NAME: "mixed-mig", contract.SANDBOX_NAMESPACE: "default"}
     intent = contract.parse_vm_annotations(sent)
     placement = Placement(catalog=load_snapshot("aws", "us-east-1"))
-    candidates = placement.candidates(intent)
-    assert candidates[0] == "p5.4xlarge"
+    plan = await placement.plan(intent, "sb-e2e")
+    first = plan.candidates[0].instance_type
+    assert first == "p5.4xlarge"
     record = SandboxRecord(id="sb-e2e", pod_namespace="default", pod_name="mixed-mig")
-    user_data = user_data_builder("aws", placement, None)(record, intent, candidates)
-    stored = placement.device_plan(intent, Instance("i-1", "vm-1", ("10.0.0.9",), candidates[0]))
+    user_data = user_data_builder("aws", None)(record, plan)
+    stored = plan.devices_for(Instance("i-1", "vm-1", ("10.0.0.9",), first))
     assert [m.name for m in stored.mig] == report["devices"]["mig"]
 
     files = {f["path"]: f["content"] for f in yaml.safe_load(user_data)["write_files"]}
