@@ -46,7 +46,6 @@ from adaptor.status.server import StatusServer
 from adaptor.ttrpc.server import Server
 from adaptor.vmpolicy import VmPolicy
 from adaptor.wiring import (
-    CLOUDS,
     ForgetDevices,
     container_hooks,
     count_capacity_fallback,
@@ -57,6 +56,7 @@ from adaptor.wiring import (
 from providers import registry, sdk
 from providers.base import Instance, Provider
 from providers.capacity import Inspectable
+from providers.catalog import CLOUDS
 from providers.errors import PeerpodsError
 from providers.retry import observe_capacity_fallbacks
 
@@ -193,8 +193,8 @@ class Daemon:
             placement = await asyncio.to_thread(
                 placement_for, provider, self._cdi, settings.catalog_dir
             )
-        await asyncio.to_thread(_refuse_live_socket, str(settings.socket))
         self._lock_fd = await asyncio.to_thread(_lock_state_dir, str(settings.state_dir))
+        await asyncio.to_thread(_refuse_live_socket, str(settings.socket))
         self.store = await StateStore.open(settings.state_dir)
         placement.use_quota(settings.gpu_quota, self.store)
         self._unobserve = observe_capacity_fallbacks(count_capacity_fallback)
@@ -370,7 +370,7 @@ def _refuse_live_socket(path: str) -> None:
     except OSError:
         return
     else:
-        raise SocketInUse(f"{path} is served by another running peerpods serve; stop it first")
+        raise SocketInUse(f"another peerpods serve is serving {path}; stop it first")
     finally:
         probe.close()
 

@@ -29,8 +29,6 @@ APF_PATH = "/run/peerpod/apf.json"
 DEVICES_PATH = "/run/peerpod/devices.json"
 CDI_SPEC_PATH = "/var/run/cdi/nvidia.yaml"
 
-Cloud = Literal["aws", "azure", "gcp"]
-
 
 @dataclass(frozen=True)
 class Limit:

@@ -23,11 +23,10 @@ from adaptor.status import DeviceBook, DeviceState
 from adaptor.ttrpc import Code
 from adaptor.userdata import GpuSetup, PodVMConfig
 from providers.base import Provider
+from providers.catalog import CLOUDS
 from providers.errors import CatalogError
 
 log = logging.getLogger(__name__)
-
-CLOUDS = ("aws", "azure", "gcp")
 
 
 def observe_devices(book: DeviceBook, sandbox_id: str) -> OutcomeObserver:

@@ -9,12 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import cached_property
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# The one spelling of the clouds and architectures; everything else derives from these.
 Cloud = Literal["aws", "azure", "gcp"]
 Arch = Literal["x86_64", "arm64"]
+CLOUDS: tuple[Cloud, ...] = get_args(Cloud)
+ARCHES: tuple[Arch, ...] = get_args(Arch)
 Provisioning = Literal["on-demand", "spot", "flex-start", "capacity-block"]
 """How a cloud sells a type: on demand; as Spot (AWS Spot, Azure Spot, GCP Spot VMs: cheaper,
 reclaimable); GCP's Flex-start (Dynamic Workload Scheduler: queued, runs at most 7 days); AWS

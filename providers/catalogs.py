@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import cast, get_args
+from typing import cast
 
 from pydantic import ValidationError
 
-from providers.catalog import Catalog, Cloud
+from providers.catalog import CLOUDS, Catalog, Cloud
 from providers.errors import CatalogError, InvalidRequest
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "snapshot_path",
 ]
 
-CLOUDS: tuple[str, ...] = get_args(Cloud)
 DEFAULT_REGIONS: dict[str, str] = {"aws": "us-east-1", "azure": "eastus", "gcp": "us-central1"}
 DEFAULT_TTL_SECONDS = 3600.0
 
@@ -58,7 +57,7 @@ def parse_cloud(name: str) -> Cloud:
     """A cloud name, checked."""
     if name not in CLOUDS:
         raise InvalidRequest(f"unknown provider {name!r} (one of {', '.join(CLOUDS)})")
-    return cast(Cloud, name)
+    return name
 
 
 def snapshot_path(cloud: str, region: str, catalog_dir: Path | None = None) -> Path:

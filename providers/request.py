@@ -9,7 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-Arch = Literal["x86_64", "arm64"]
+from providers.catalog import Arch
+
 Provisioning = Literal["on-demand", "spot", "flex-start", "capacity-block"]
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from adaptor.cli import flags
+from providers.catalog import ARCHES, CLOUDS
 
 if TYPE_CHECKING:
     from providers.catalog import Catalog
@@ -25,7 +26,7 @@ def add_cloud_flags(parser: argparse.ArgumentParser, provider_help: str) -> None
     flags.add(
         parser,
         "--provider",
-        choices=["aws", "azure", "gcp"],
+        choices=list(CLOUDS),
         default="aws",
         help=provider_help,
     )
@@ -115,7 +116,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add(
         parser,
         "--arch",
-        choices=["x86_64", "arm64"],
+        choices=list(ARCHES),
         default="x86_64",
         help="architecture of the pod VM image",
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from adaptor.cli import flags
+from providers import registry
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parser,
         "--provider",
         default="static",
-        choices=["aws", "azure", "gcp", "static", "local"],
+        choices=registry.names(),
         help="where pod VMs come from",
     )
     flags.add(
@@ -190,7 +191,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(experimental in CAA's pod VM)",
     )
     from adaptor.devices.flags import add_cdi_flags
-    from providers import registry
 
     add_cdi_flags(parser)
     registry.add_flags(parser)

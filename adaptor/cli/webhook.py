@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from adaptor.cli import flags
+from providers.catalog import CLOUDS
 
 
 def _positive(text: str) -> int:
@@ -39,7 +40,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parser,
         "--provider",
         default="",
-        choices=["", "aws", "azure", "gcp"],
+        choices=["", *CLOUDS],
         help="cloud whose catalog DRA selectors and impossible requests are checked "
         "against (empty: no catalog; pods with DRA claims are denied)",
     )

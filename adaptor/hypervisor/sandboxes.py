@@ -182,6 +182,7 @@ class _Stop:
 
     task: asyncio.Task[None] | None = None
     error: str = ""
+    left: str = ""  # set when the teardown ended with something still owed
     done: asyncio.Event = field(default_factory=asyncio.Event)
     failed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -512,6 +513,8 @@ class SandboxManager:
         finally:
             for waiter in waits:
                 waiter.cancel()
+        if stop.done.is_set() and stop.left:
+            raise ProviderError(f"sandbox {sandbox_id}: {stop.left}")
         if stop.done.is_set():
             log.info("sandbox %s stopped", sandbox_id)
             return
@@ -569,7 +572,7 @@ class SandboxManager:
                     )
                     stop = self._stops.get(sandbox_id)
                     if stop is not None:
-                        stop.error = f"{owed}; retry StopVM"
+                        stop.error = stop.left = f"{owed}; retry StopVM"
                         stop.failed.set()
                     return
                 await self._forget(record)

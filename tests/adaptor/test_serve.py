@@ -337,7 +337,7 @@ def test_bad_provider_settings_change_nothing(root: Path) -> None:
 async def test_a_live_socket_is_never_taken_over(serve: ServeProcess, root: Path) -> None:
     # another state directory, the same socket: refused, and the first daemon still serves it
     other = ServeProcess(root, [*serve_args("127.0.0.1:1"), "--state-dir", str(root / "other")])
-    with pytest.raises(RuntimeError, match="served by another running peerpods serve"):
+    with pytest.raises(RuntimeError, match="another peerpods serve is serving"):
         await other.start()
     assert other.process is not None and other.process.returncode == 2
     assert "Traceback" not in other.log()
