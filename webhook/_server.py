@@ -219,8 +219,12 @@ def _bounded_protocol(limits: Limits) -> type[H11Protocol]:
 
         def _headers_late(self) -> None:
             self._header_timer = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                self.transport.abort()
+            if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+                return
+            if self.conn.trailing_data[0]:
+                self.transport.abort()  # half-sent headers: drop it
+            else:
+                self.transport.close()  # an idle keep-alive connection: close it politely
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
