@@ -81,7 +81,7 @@ class Limits:
     header_timeout_seconds: float = 5.0  # connection (or last response) to complete headers
     body_timeout_seconds: float = 10.0  # headers to complete body (the API server waits <= 30s)
     admission_threads: int = 8  # pods that evaluate no selector
-    selector_threads: int = 4  # pods that do (they wait on the CEL workers)
+    selector_threads: int = 8  # pods that do (they wait on the CEL workers or the API)
 
 
 class _Pools:
@@ -307,7 +307,7 @@ class ServerConfig:
             max_connections=self.max_connections,
             header_timeout_seconds=self.header_timeout_seconds,
             body_timeout_seconds=self.body_timeout_seconds,
-            selector_threads=max(4, 2 * self.cel_workers),
+            selector_threads=max(8, 4 * self.cel_workers),
         )
 
 
