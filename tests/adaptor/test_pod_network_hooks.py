@@ -3,7 +3,6 @@ dropped; settings refuse bad networking flags. (The real kernel path is tests/po
 
 from __future__ import annotations
 
-import inspect
 import json
 import tempfile
 from collections.abc import AsyncIterator
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 
 from adaptor.hypervisor import ManagerConfig, SandboxManager
+from adaptor.placement import Placement
 from adaptor.podnet import PodNetError
 from adaptor.settings import ServeSettings
 from adaptor.state import SandboxRecord, SandboxState, StateStore
@@ -74,14 +74,8 @@ async def parts() -> AsyncIterator[tuple[Path, StateStore]]:
 def pod_network_manager(
     config: ManagerConfig, store: StateStore, provider: Any, proxies: Any, hook: Any
 ) -> SandboxManager:
-    """A manager with the pod network hook, whether or not it takes a placement (the typed
-    StartVM plan moves selection into a `placement` argument; these tests need none)."""
-    make: Any = SandboxManager
-    if "placement" in inspect.signature(SandboxManager).parameters:
-        from adaptor.placement import Placement
-
-        return make(config, store, provider, Placement(), proxies, pod_network=hook)  # type: ignore[no-any-return]
-    return make(config, store, provider, proxies, pod_network=hook)  # type: ignore[no-any-return]
+    """A manager with the pod network hook and no selection (these tests need none)."""
+    return SandboxManager(config, store, provider, Placement(), proxies, pod_network=hook)
 
 
 def manager(
