@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 
 from adaptor import metrics
+from adaptor.periodic import OwnedTask
 from providers.base import (
     TAG_OWNER,
     TAG_POD_NAME,
@@ -71,7 +72,7 @@ class GarbageCollector:
         self.known_sandboxes = known_sandboxes
         self.interval_seconds = interval_seconds
         self.sweep_timeout_seconds = sweep_timeout_seconds
-        self._task: asyncio.Task[None] | None = None
+        self._task = OwnedTask("peerpods-gc")
         self.sweeps = 0
         self.failures = 0  # sweeps that ended in an unexpected error (the loop went on)
 
@@ -119,18 +120,8 @@ class GarbageCollector:
 
     def start(self) -> asyncio.Task[None]:
         """Start sweeping (first sweep at once); the caller owns the task through stop()."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._loop(), name="peerpods-gc")
-        return self._task
+        return self._task.start(self._loop)
 
     async def stop(self) -> None:
         """Cancel the loop and wait for it to end."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            if not task.cancelled():
-                raise
+        await self._task.stop()

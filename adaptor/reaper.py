@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from adaptor import metrics
 from adaptor.hypervisor.sandboxes import SandboxManager
+from adaptor.periodic import OwnedTask
 from adaptor.state import SandboxRecord, SandboxState
 from providers.base import TAG_OWNER, TAG_SANDBOX, Instance
 
@@ -57,7 +58,7 @@ class Reaper:
         self.grace_seconds = grace_seconds
         self.interval_seconds = interval_seconds or max(1.0, min(60.0, grace_seconds / 4))
         self.clock = clock
-        self._task: asyncio.Task[None] | None = None
+        self._task = OwnedTask("peerpods-reaper")
         self.sweeps = 0
 
     async def sweep(self) -> ReapResult:
@@ -111,21 +112,11 @@ class Reaper:
 
     def start(self) -> asyncio.Task[None]:
         """Start sweeping (first sweep after one interval); the caller owns it through stop()."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._loop(), name="peerpods-reaper")
-        return self._task
+        return self._task.start(self._loop)
 
     async def stop(self) -> None:
         """Cancel the loop and wait for it to end."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            if not task.cancelled():
-                raise
+        await self._task.stop()
 
 
 def _by_sandbox(vms: list[Instance], owner_id: str) -> dict[str, list[Instance]]:
