@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -285,8 +286,8 @@ class Nvml:
 
     # --- compute instances ---------------------------------------------------------------------
 
-    def full_ci_profile(self, gi: GpuInstance, slices: int) -> int:
-        """The id of the CI profile spanning all `slices` of the GI."""
+    def _ci_profile_infos(self, gi: GpuInstance) -> Iterator[Any]:
+        """The GI's compute-instance profile infos, in enum order (unsupported ones skipped)."""
         count = int(getattr(self.lib, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 9))
         engine = int(getattr(self.lib, "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0))
         for enum in range(count):
@@ -296,10 +297,15 @@ class Nvml:
                 )
             except NvmlError as exc:
                 if exc.code == INVALID_ARGUMENT:
-                    break
+                    return
                 if exc.code == NOT_SUPPORTED:
                     continue
                 raise
+            yield info
+
+    def full_ci_profile(self, gi: GpuInstance, slices: int) -> int:
+        """The id of the CI profile spanning all `slices` of the GI."""
+        for info in self._ci_profile_infos(gi):
             if int(info.sliceCount) == slices:
                 return int(info.id)
         raise NvmlError(
@@ -310,20 +316,8 @@ class Nvml:
 
     def compute_instances(self, gi: GpuInstance) -> list[ComputeInstance]:
         out: list[ComputeInstance] = []
-        count_enum = int(getattr(self.lib, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 9))
-        engine = int(getattr(self.lib, "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0))
         seen: set[int] = set()
-        for enum in range(count_enum):
-            try:
-                info = self._call(
-                    "nvmlGpuInstanceGetComputeInstanceProfileInfo", gi.handle, enum, engine
-                )
-            except NvmlError as exc:
-                if exc.code == INVALID_ARGUMENT:
-                    break
-                if exc.code == NOT_SUPPORTED:
-                    continue
-                raise
+        for info in self._ci_profile_infos(gi):
             if int(info.id) in seen:
                 continue
             seen.add(int(info.id))
