@@ -40,31 +40,49 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def main(root: Path, moto_port: int, reap_grace: float) -> None:
-    sys.addaudithook(_loopback_only)
-    configure("debug", "text")
-    provider = AwsProvider(
+def moto_aws(moto_port: int, owner: str, *, zones: tuple[str, ...]) -> AwsProvider:
+    """The aws provider against the moto server on `moto_port`, polling fast."""
+    return AwsProvider(
         AwsConfig(
             region="us-east-1",
             image_id=IMAGE,
-            zones=("us-east-1a",),
+            zones=zones,
             endpoint_url=f"http://127.0.0.1:{moto_port}",
             poll_interval_seconds=0.05,
         ),
-        OWNER,
+        owner,
     )
-    nowhere = closed_port()
 
-    def resolve(instance: Instance) -> tuple[str, int]:
-        return "127.0.0.1", nowhere
 
-    settings = ServeSettings.build(
+def moto_settings(root: Path, owner: str, **overrides: Any) -> ServeSettings:
+    """Daemon settings under `root` for the aws provider, agent TLS off.
+
+    pods_dir is kept short: <pods>/<64 hex>/agent.ttrpc and its temporary bind name must fit a
+    unix socket path (107 bytes), as under the default /run/peerpod/pods.
+    """
+    return ServeSettings.build(
         socket=root / "hv.sock",
         pods_dir=root / "p",
         state_dir=root / "state",
         agent_tls={"enabled": False},
         provider="aws",
-        owner_id=OWNER,
+        owner_id=owner,
+        **overrides,
+    )
+
+
+def main(root: Path, moto_port: int, reap_grace: float) -> None:
+    sys.addaudithook(_loopback_only)
+    configure("debug", "text")
+    provider = moto_aws(moto_port, OWNER, zones=("us-east-1a",))
+    nowhere = closed_port()
+
+    def resolve(instance: Instance) -> tuple[str, int]:
+        return "127.0.0.1", nowhere
+
+    settings = moto_settings(
+        root,
+        OWNER,
         proxy_timeout_seconds=120,
         reap_grace_seconds=reap_grace,
         gc_interval_seconds=0,

@@ -46,15 +46,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from adaptor.daemon import Daemon
-from adaptor.settings import ServeSettings
 from adaptor.ttrpc import Client
 from adaptor.ttrpc.gen import health_pb2
 from adaptor.ttrpc.gen import hypervisor_pb2 as pb
 from adaptor.ttrpc.loop import run as run_loop
 from providers import contract
-from providers.aws import AwsConfig, AwsProvider
+from providers.aws import AwsProvider
 from providers.base import TAG_OWNER, Instance
 from tests.adaptor.daemon_proc import ANNOTATIONS
+from tests.adaptor.moto_daemon import moto_aws, moto_settings
 from tests.go.peers import GoServer, start_echo_server
 
 OWNER = "bench-owner"
@@ -200,30 +200,12 @@ class Result:
 async def measure(
     root: Path, moto_port: int, moto_pid: int, forwarder: GoServer, sandboxes: int, baseline: int
 ) -> Result:
-    config = AwsConfig(
-        region="us-east-1",
-        image_id="ami-0a1b2c3d4e5f60718",
-        zones=("us-east-1a", "us-east-1b", "us-east-1c"),
-        endpoint_url=f"http://127.0.0.1:{moto_port}",
-        poll_interval_seconds=0.05,
-    )
-    aws = AwsProvider(config, OWNER)
+    aws = moto_aws(moto_port, OWNER, zones=("us-east-1a", "us-east-1b", "us-east-1c"))
 
     def resolve(instance: Instance) -> tuple[str, int]:
         return forwarder.host, forwarder.port  # the VM's 10.x address, reached on loopback
 
-    # pods_dir kept short: <pods>/<64 hex>/agent.ttrpc and its temporary bind name must fit a
-    # unix socket path (107 bytes), as under the default /run/peerpod/pods.
-    settings = ServeSettings.build(
-        socket=root / "hv.sock",
-        pods_dir=root / "p",
-        state_dir=root / "state",
-        agent_tls={"enabled": False},
-        provider="aws",
-        owner_id=OWNER,
-        proxy_timeout_seconds=30,
-        shutdown_grace_seconds=5,
-    )
+    settings = moto_settings(root, OWNER, proxy_timeout_seconds=30, shutdown_grace_seconds=5)
     daemon = Daemon(settings, provider=aws, resolve_endpoint=resolve)
     await daemon.start()
     hv_socket = str(settings.socket)
