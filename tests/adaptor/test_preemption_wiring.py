@@ -6,7 +6,8 @@ import asyncio
 from pathlib import Path
 
 from adaptor.daemon import Daemon
-from adaptor.state import SandboxState
+from adaptor.hypervisor.sandboxes import SandboxManager
+from adaptor.state import SandboxRecord, SandboxState
 from providers.base import Instance
 from providers.capacity import Inspectable, VMCondition
 from tests.adaptor.daemon_proc import daemon_settings
@@ -32,6 +33,15 @@ class InspectableFake(FakeProvider):
         await self.delete(instance.id)
 
 
+async def _started(manager: SandboxManager, sandbox: str) -> SandboxRecord:
+    """Create and start `sandbox`; its record once started."""
+    await manager.create_vm(sandbox, ANNOTATIONS)
+    await manager.start_vm(sandbox)
+    record = await manager.store.get(sandbox)
+    assert record is not None
+    return record
+
+
 async def test_sweeps_find_a_lost_vm_and_stop_vm_then_succeeds(root: Path) -> None:
     provider = InspectableFake()
     assert isinstance(provider, Inspectable)
@@ -40,10 +50,8 @@ async def test_sweeps_find_a_lost_vm_and_stop_vm_then_succeeds(root: Path) -> No
     await daemon.start()
     try:
         assert daemon.manager is not None and daemon.watcher is not None
-        await daemon.manager.create_vm("sb1", ANNOTATIONS)
-        await daemon.manager.start_vm("sb1")
-        record = await daemon.manager.store.get("sb1")
-        assert record is not None and record.instance is not None
+        record = await _started(daemon.manager, "sb1")
+        assert record.instance is not None
         provider.vms.clear()  # the cloud takes the VM
         async with asyncio.timeout(30):  # the watcher's own sweeps find it (bounded wait)
             while record.state is not SandboxState.PREEMPTED:
@@ -73,10 +81,7 @@ async def test_concurrent_checks_count_a_preemption_once(root: Path) -> None:
     await daemon.start()
     try:
         assert daemon.manager is not None and daemon.watcher is not None
-        await daemon.manager.create_vm("sb1", ANNOTATIONS)
-        await daemon.manager.start_vm("sb1")
-        record = await daemon.manager.store.get("sb1")
-        assert record is not None
+        record = await _started(daemon.manager, "sb1")
         provider.vms.clear()
         found = await asyncio.gather(*(daemon.watcher.check(record) for _ in range(3)))
         assert sorted(found) == [False, False, True]
