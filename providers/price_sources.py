@@ -166,6 +166,17 @@ def aws_spot_prices(client: Any, *, progress: Progress | None = None) -> dict[st
 # --- Azure --------------------------------------------------------------------------------------
 
 
+def _page_items(
+    page: Any, key: str, source: str, progress: Progress | None, what: str
+) -> list[Any]:
+    """The list under `key` in one page of a paged price API (reported as `what`)."""
+    items = page.get(key) if isinstance(page, Mapping) else None
+    if not isinstance(items, list):
+        raise CatalogError(f"{source}: no {key} in the answer")
+    report(progress, what, len(items))
+    return items
+
+
 def _azure_items(session: Any, region: str, progress: Progress | None) -> Iterator[Any]:
     source = f"Azure Retail Prices ({region})"
     query = (
@@ -178,11 +189,7 @@ def _azure_items(session: Any, region: str, progress: Progress | None) -> Iterat
         if url is None:
             return
         page = _get(session, url, source, params)
-        items = page.get("Items") if isinstance(page, Mapping) else None
-        if not isinstance(items, list):
-            raise CatalogError(f"{source}: no Items in the answer")
-        report(progress, "Azure Retail Prices", len(items))
-        yield from items
+        yield from _page_items(page, "Items", source, progress, "Azure Retail Prices")
         url, params = page.get("NextPageLink") or None, None
     raise CatalogError(f"{source}: more than {_MAX_PAGES} pages")
 
@@ -228,11 +235,7 @@ def _gcp_skus(session: Any, key: str, progress: Progress | None) -> Iterator[Any
         if token:
             params["pageToken"] = token
         page = _get(session, GCP_SKUS_URL, source, params)
-        skus = page.get("skus") if isinstance(page, Mapping) else None
-        if not isinstance(skus, list):
-            raise CatalogError(f"{source}: no skus in the answer")
-        report(progress, "Cloud Billing Catalog SKUs", len(skus))
-        yield from skus
+        yield from _page_items(page, "skus", source, progress, "Cloud Billing Catalog SKUs")
         token = str(page.get("nextPageToken") or "")
         if not token:
             return
