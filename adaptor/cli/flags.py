@@ -41,6 +41,19 @@ def add(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> argparse.A
     return parser.add_argument(flag, **kwargs)
 
 
+def add_default_capacity_type(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """--default-capacity-type, as the webhook and `peerpods plan` both take it."""
+    from providers.capacity import CapacityType
+
+    add(
+        parser,
+        "--default-capacity-type",
+        default=CapacityType.ON_DEMAND.value,
+        choices=[kind.value for kind in CapacityType],
+        help=help_text,
+    )
+
+
 def duration(text: str) -> float:
     """A CAA-style duration (`30s`, `5m`, `1h30m`, `250ms`) in seconds."""
     text = text.strip()

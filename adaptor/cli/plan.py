@@ -50,12 +50,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="TYPE[,...]",
         help="instance types a pod may pin with the machine_type annotation (as the webhook's)",
     )
-    flags.add(
+    flags.add_default_capacity_type(
         parser,
-        "--default-capacity-type",
-        default="on-demand",
-        choices=["on-demand", "spot", "spot-or-on-demand"],
-        help="capacity type of a pod without peerpods.io/capacity-type (as the webhook's)",
+        "capacity type of a pod without peerpods.io/capacity-type (as the webhook's)",
     )
     flags.add(
         parser,

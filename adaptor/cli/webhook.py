@@ -66,12 +66,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="comma-separated instance types users may pin with the machine_type "
         "annotation (empty: none)",
     )
-    flags.add(
+    flags.add_default_capacity_type(
         parser,
-        "--default-capacity-type",
-        default="on-demand",
-        choices=["on-demand", "spot", "spot-or-on-demand"],
-        help="capacity type of a pod without the peerpods.io/capacity-type annotation",
+        "capacity type of a pod without the peerpods.io/capacity-type annotation",
     )
     flags.add(
         parser,
