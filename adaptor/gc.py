@@ -108,6 +108,13 @@ class GarbageCollector:
                 await asyncio.wait_for(self.sweep(), self.sweep_timeout_seconds)
             except (ProviderError, TimeoutError) as exc:
                 log.warning("gc: sweep failed, retried in %gs: %s", self.interval_seconds, exc)
+            except asyncio.CancelledError as exc:
+                if _stopping():
+                    raise
+                # A call the sweep awaited was cancelled under it (an SDK pool shut down and
+                # made anew, say), not this loop: the next sweep must still run.
+                log.error("gc: sweep cancelled, retried in %gs: %s", self.interval_seconds, exc)
+                self.failures += 1
             except Exception as exc:  # a state error, a bug: the next sweep must still run
                 log.error(
                     "gc: sweep failed (%s), retried in %gs: %s",
@@ -125,3 +132,9 @@ class GarbageCollector:
     async def stop(self) -> None:
         """Cancel the loop and wait for it to end."""
         await self._task.stop()
+
+
+def _stopping() -> bool:
+    """Whether the running task itself is being cancelled (by stop()), not a call it awaited."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0

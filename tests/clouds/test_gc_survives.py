@@ -41,3 +41,37 @@ async def test_collector_keeps_sweeping_after_state_and_unexpected_errors(
     assert orphan.id not in {i["InstanceId"] for i in live(ec2)}
     assert gc.failures == 2
     assert len(live(ec2)) == 1
+
+
+class _PoolCancelledOnce:
+    """A provider whose first listing is cancelled under the sweep (its SDK pool was shut down),
+    as a cancelled executor future surfaces in the awaiting task."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.listings = 0
+
+    async def list_owned(self) -> list[Any]:
+        self.listings += 1
+        if self.listings == 1:
+            raise asyncio.CancelledError("cannot schedule: the pool was shut down")
+        return []
+
+
+async def test_a_call_cancelled_under_a_sweep_does_not_end_the_collector() -> None:
+    fake = _PoolCancelledOnce()
+
+    async def known() -> set[str]:
+        return set()
+
+    gc = GarbageCollector(fake, "owner-node-a", known, interval_seconds=0.01)  # type: ignore[arg-type]
+    gc.start()
+    try:
+        for _ in range(6000):
+            if gc.sweeps:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await gc.stop()
+    assert gc.failures == 1 and gc.sweeps >= 1 and fake.listings >= 2
