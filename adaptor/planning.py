@@ -111,6 +111,12 @@ class PlanReport:
         return self.devices.mig_layout if self.devices is not None else ()
 
 
+# `plan` is a preview, run offline: its seal is under a fixed key so the same pod plans to the same
+# output everywhere. The real webhook seals under a key derived from its TLS key, so a preview
+# seal is never recognised by it.
+PREVIEW_SEAL_KEY = b"peerpods plan preview"
+
+
 def load_documents(text: str, source: str = "manifest") -> list[Document]:
     """Every object of a (multi-document) YAML text; InvalidRequest for anything else."""
     import yaml
@@ -238,7 +244,9 @@ def plan_manifest(
     name = _name(pod) or str(meta.get("generateName") or "")
     namespace = str(meta.get("namespace") or "default")
     base = PlanReport(pod_name=name, namespace=namespace, catalog=catalog)
-    settings = Settings(allowed_machine_types=frozenset(allowed_machine_types))
+    settings = Settings(
+        allowed_machine_types=frozenset(allowed_machine_types), seal_key=PREVIEW_SEAL_KEY
+    )
     if capacity is not None:
         settings = replace(settings, capacity=capacity)
     try:
