@@ -105,7 +105,10 @@ class GarbageCollector:
     async def _loop(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self.sweep(), self.sweep_timeout_seconds)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel that
+                # lands as the sweep finishes, and stop() would then wait forever.
+                async with asyncio.timeout(self.sweep_timeout_seconds):
+                    await self.sweep()
             except (ProviderError, TimeoutError) as exc:
                 log.warning("gc: sweep failed, retried in %gs: %s", self.interval_seconds, exc)
             except asyncio.CancelledError as exc:
@@ -123,6 +126,8 @@ class GarbageCollector:
                     exc,
                 )
                 self.failures += 1
+            if _stopping():
+                raise asyncio.CancelledError
             await asyncio.sleep(self.interval_seconds)
 
     def start(self) -> asyncio.Task[None]:
