@@ -28,19 +28,24 @@ async def test_collector_keeps_sweeping_after_state_and_unexpected_errors(
         return {OWNER_SANDBOX}
 
     gc = GarbageCollector(aws, "owner-node-a", known, interval_seconds=0.01)
+    await run_until_swept(gc)
+    assert orphan.id not in {i["InstanceId"] for i in live(ec2)}
+    assert gc.failures == 2
+    assert len(live(ec2)) == 1
+
+
+async def run_until_swept(gc: GarbageCollector, sweeps: int = 1) -> None:
+    """Run the collector's loop until it has finished `sweeps` sweeps, then stop it. Waits on the
+    collector's own count (cheap), not on the cloud: polling moto from the loop would compete with
+    the sweeps' SDK threads for the GIL on a busy machine."""
     gc.start()
     try:
-        # Wait on the collector's own count (cheap), not on the cloud: polling moto from the loop
-        # would compete with the sweeps' SDK threads for the GIL on a busy machine.
         for _ in range(6000):
-            if gc.sweeps:
+            if gc.sweeps >= sweeps:
                 break
             await asyncio.sleep(0.02)
     finally:
         await gc.stop()
-    assert orphan.id not in {i["InstanceId"] for i in live(ec2)}
-    assert gc.failures == 2
-    assert len(live(ec2)) == 1
 
 
 class _PoolCancelledOnce:
@@ -66,12 +71,5 @@ async def test_a_call_cancelled_under_a_sweep_does_not_end_the_collector() -> No
         return set()
 
     gc = GarbageCollector(fake, "owner-node-a", known, interval_seconds=0.01)  # type: ignore[arg-type]
-    gc.start()
-    try:
-        for _ in range(6000):
-            if gc.sweeps:
-                break
-            await asyncio.sleep(0.02)
-    finally:
-        await gc.stop()
+    await run_until_swept(gc)
     assert gc.failures == 1 and gc.sweeps >= 1 and fake.listings >= 2
