@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from providers.base import TAG_OWNER  # noqa: E402
+from providers.core.base import TAG_OWNER  # noqa: E402
 
 OUT = ROOT / "config" / "permissions"
 FILES = {"aws": "aws-iam-policy.json", "azure": "azure-role.json", "gcp": "gcp-role.yaml"}
@@ -134,8 +134,8 @@ TABLES: dict[str, dict[str, tuple[str, ...]]] = {"aws": AWS, "azure": AZURE, "gc
 
 # The name each GCP module gives its clients: `self.client.insert`, `clients.regions.get`.
 RECEIVERS: dict[str, dict[str, str]] = {
-    "providers/gcp.py": {"client": "InstancesClient"},
-    "providers/loaders/gcp.py": {
+    "providers/clouds/gcp.py": {"client": "InstancesClient"},
+    "providers/clouds/loaders/gcp.py": {
         "regions": "RegionsClient",
         "machine_types": "MachineTypesClient",
         "accelerator_types": "AcceleratorTypesClient",

@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from providers import prices  # noqa: E402
-from providers.catalog import Catalog, InstanceType  # noqa: E402
-from providers.catalogs import snapshot_json  # noqa: E402
-from providers.errors import PeerpodsError  # noqa: E402
+from providers.core import prices  # noqa: E402
+from providers.core.catalog import Catalog, InstanceType  # noqa: E402
+from providers.core.errors import PeerpodsError  # noqa: E402
+from providers.core.snapshots import snapshot_json  # noqa: E402
 
 AWS_REGIONS = ("us-east-1", "us-west-2")
 AZURE_REGIONS = ("eastus",)
@@ -35,7 +35,7 @@ def aws(region: str) -> Catalog:
     import moto
     from moto import mock_aws
 
-    from providers.loaders import aws as loader
+    from providers.clouds.loaders import aws as loader
 
     with mock_aws():
         client = boto3.client(
@@ -54,7 +54,7 @@ def aws(region: str) -> Catalog:
 def _aws_supplement(client: Any, region: str) -> list[InstanceType]:
     """Types moto's data lacks in `region`, from recorded DescribeInstanceTypes and offerings
     responses (tests/providers/fakes/data/aws-<region>-supplement.json)."""
-    from providers.loaders import aws as loader
+    from providers.clouds.loaders import aws as loader
 
     path = ROOT / "tests" / "providers" / "fakes" / "data" / f"aws-{region}-supplement.json"
     if not path.is_file():
@@ -77,7 +77,7 @@ def _aws_supplement(client: Any, region: str) -> list[InstanceType]:
 
 
 def azure(region: str) -> Catalog:
-    from providers.loaders import azure as loader
+    from providers.clouds.loaders import azure as loader
     from tests.providers.fakes.azure import compute_client, recorded_skus, serve_skus
     from tests.providers.fakes.http import FakeCloud
 
@@ -88,7 +88,7 @@ def azure(region: str) -> Catalog:
 
 
 def gcp(region: str) -> Catalog:
-    from providers.loaders import gcp as loader
+    from providers.clouds.loaders import gcp as loader
     from tests.providers.fakes.gcp import PROJECT, recorded, serve_recorded
     from tests.providers.fakes.gcp import clients as gcp_clients
     from tests.providers.fakes.http import FakeCloud

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Read-only checks on a machine with NVIDIA GPUs (a pod VM, or any GPU host).
 
-1. NVML's GPU instance profiles and possible placements against `providers/mig.py`'s tables
+1. NVML's GPU instance profiles and possible placements against `providers/core/mig.py`'s tables
    (on GPUs whose MIG mode is already on: listing profiles needs it, and this script never
    changes MIG mode or creates anything);
 2. the whole-GPU CDI spec `peerpods podvm prepare` would write against what
@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def check_profiles(nvml: Any, gpu: Any, out: list[str]) -> bool:
     """NVML's profiles and placements vs the table for the GPU's model; True when they agree."""
-    from providers.errors import InvalidRequest
-    from providers.gpus import resolve_gpu
-    from providers.mig import profiles_for
+    from providers.core.errors import InvalidRequest
+    from providers.core.gpus import resolve_gpu
+    from providers.core.mig import profiles_for
 
     try:
         model = resolve_gpu(gpu.name).id
@@ -48,7 +48,7 @@ def check_profiles(nvml: Any, gpu: Any, out: list[str]) -> bool:
         return True
     if not table:
         out.append(
-            f"GPU {gpu.index} {gpu.name} ({model}): MIG on, but providers/mig.py has no "
+            f"GPU {gpu.index} {gpu.name} ({model}): MIG on, but providers/core/mig.py has no "
             "profiles for it"
         )
         return False
@@ -57,7 +57,9 @@ def check_profiles(nvml: Any, gpu: Any, out: list[str]) -> bool:
     for name, spec in table.items():
         found = profiles.get(name)
         if found is None:
-            out.append(f"GPU {gpu.index} ({model}): {name} is in providers/mig.py, not in NVML")
+            out.append(
+                f"GPU {gpu.index} ({model}): {name} is in providers/core/mig.py, not in NVML"
+            )
             ok = False
             continue
         placements = nvml.placements(gpu, found)
@@ -76,7 +78,9 @@ def check_profiles(nvml: Any, gpu: Any, out: list[str]) -> bool:
         out.append(f"GPU {gpu.index} ({model}): {name} id {found.id} enum {found.enum}: {verdict}")
         ok = ok and not problems
     for name in sorted(set(profiles) - set(table)):
-        out.append(f"GPU {gpu.index} ({model}): NVML also offers {name} (not in providers/mig.py)")
+        out.append(
+            f"GPU {gpu.index} ({model}): NVML also offers {name} (not in providers/core/mig.py)"
+        )
     return ok
 
 

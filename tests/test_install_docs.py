@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from providers import contract
+from providers.core import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL = ROOT / "docs" / "install.md"

@@ -8,7 +8,7 @@ import logging
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from adaptor import logs, metrics
+from adaptor.runtime import logs, metrics
 
 
 def test_json_log_lines_carry_sandbox_and_pod() -> None:

@@ -82,6 +82,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dic
     left_out = sorted(set(tracked) - names)
     assert not left_out, f"tracked package files not in the wheel: {left_out}"
     assert not any(n.startswith(("tests/", "config/", "scripts/")) for n in names)
+    # The three package names are generic: the wheel installs nothing else at the top level.
+    top = {
+        name.split("/", 1)[0] for name in names if not name.split("/", 1)[0].endswith(".dist-info")
+    }
+    assert top == {"adaptor", "providers", "webhook"}, (
+        f"unexpected top-level entries: {sorted(top)}"
+    )
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     env = {

@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from providers.catalog import Catalog
-from providers.errors import InvalidRequest, NoMatch, PeerpodsError
+from providers.core.catalog import Catalog
+from providers.core.errors import InvalidRequest, NoMatch, PeerpodsError
 from webhook._devices import SelectorRunner, selector_limits
 from webhook._mutate import Settings, mutate_pod
 from webhook._patch import diff

@@ -7,7 +7,7 @@ cannot opt a namespace into (or out of) Spot against policy: a value outside the
 is denied with the list, and so is a value that is not one of the three. Where the default is not
 allowed in a namespace, that namespace's first allowed type is its default.
 
-The result is written into the contract (`providers.contract`), never read back from a
+The result is written into the contract (`providers.core.contract`), never read back from a
 user-written contract key, so the policy cannot be bypassed.
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from providers.capacity import CAPACITY_TYPES, CapacityType, parse_capacity_types
-from providers.errors import AnnotationError, InvalidRequest
+from providers.core.capacity import CAPACITY_TYPES, CapacityType, parse_capacity_types
+from providers.core.errors import AnnotationError, InvalidRequest
 
 CAPACITY_ANNOTATION = "peerpods.io/capacity-type"
 ANY_NAMESPACE = "*"

@@ -30,8 +30,8 @@ from celpy import celtypes
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError, Evaluator
 
-from providers.errors import InvalidRequest
-from providers.quantity import parse_quantity
+from providers.core.errors import InvalidRequest
+from providers.core.quantity import parse_quantity
 
 __all__ = [
     "COST_LIMIT",

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from providers.catalog import Catalog
+from providers.core.catalog import Catalog
 from webhook._devices import DeviceSpace, Outcome
 
 __all__ = ["CelWorkers"]

@@ -24,10 +24,10 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from providers.catalog import Catalog
-from providers.errors import InvalidRequest, NoMatch
-from providers.request import InstanceRequest
-from providers.selection import select
+from providers.core.catalog import Catalog
+from providers.core.errors import InvalidRequest, NoMatch
+from providers.core.request import InstanceRequest
+from providers.core.selection import select
 from webhook._devices import DeviceSpace
 from webhook._dra import ClaimDenied, ClaimUnit, Translation
 

@@ -2,7 +2,8 @@
 
 At admission no pod VM exists, so no real device can be inspected. Each GPU form the catalog
 offers (model, the product name its GPUs report on that instance type, the memory the cloud
-reports for the type: `providers.skus`) becomes one virtual `gpu` device, and each MIG profile of
+reports for the type: `providers.core.skus`) becomes one virtual `gpu` device, and each MIG
+profile of
 it one virtual `mig` device, published as NVIDIA's DRA driver publishes real ones (driver
 `gpu.nvidia.com`; attributes `type`, `productName`, `architecture`, `brand`,
 `cudaComputeCapability` as a semver, `profile` for MIG; capacity `memory`). A MIG device's memory
@@ -39,10 +40,10 @@ from typing import Any, Literal
 
 from celpy import celtypes
 
-from providers.catalog import Catalog
-from providers.gpus import GPU_MODELS
-from providers.mig import profiles_for
-from providers.skus import product_name
+from providers.core.catalog import Catalog
+from providers.core.gpus import GPU_MODELS
+from providers.core.mig import profiles_for
+from providers.core.skus import product_name
 from webhook._cel import (
     CelBudgetExceeded,
     CelError,

@@ -34,11 +34,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from providers.contract import DeviceUnit
-from providers.errors import InvalidRequest
-from providers.mig import pack, profiles_for
-from providers.quantity import to_mib
-from providers.skus import product_key
+from providers.core.contract import DeviceUnit
+from providers.core.errors import InvalidRequest
+from providers.core.mig import pack, profiles_for
+from providers.core.quantity import to_mib
+from providers.core.skus import product_key
 from webhook._devices import DeviceSpace, Match, VirtualDevice
 from webhook._resolver import Resolver
 

@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from providers.contract import DeviceUnit
-from providers.errors import InvalidRequest
+from providers.core.contract import DeviceUnit
+from providers.core.errors import InvalidRequest
 
 GPU = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"

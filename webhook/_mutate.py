@@ -1,16 +1,17 @@
 """A pod in, the pod the adaptor can act on out: the admission decision with no HTTP in it.
 
 `mutate_pod` reads what the pod asks for (resources, extended resources, DRA claims), writes the
-annotation contract (`providers.contract`), removes what a worker node cannot offer, marks the
+annotation contract (`providers.core.contract`), removes what a worker node cannot offer, marks the
 first container with `kata.peerpods.io/vm: 1` and returns the JSON Patch between the two.
 
 The contract keys are always derived from the pod's resources and claims, never taken from what
-a user wrote: the webhook seals what it writes (`providers.contract.seal`, a MAC under a key only
+a user wrote: the webhook seals what it writes (`providers.core.contract.seal`, a MAC under a
+key only
 the webhook holds), and only a pod carrying a valid seal over its contract keys is recognised as
 one it already mutated (a reinvocation): a fixed point whose contract is kept (after the same
 validation the adaptor applies) and whose patch is empty. Any other pod, even one carrying the
 VM resource and contract keys, has its contract keys replaced by what its resources ask for. The
-contract is written with the codec the adaptor reads it with (`providers.contract.Contract`),
+contract is written with the codec the adaptor reads it with (`providers.core.contract.Contract`),
 so a value the adaptor would refuse is a denial here.
 
 A denial is raised as a PeerpodsError: InvalidRequest for a pod that can never be admitted as
@@ -28,9 +29,9 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Literal
 
-from providers.capacity import CapacityType
-from providers.catalog import Catalog
-from providers.contract import (
+from providers.core.capacity import CapacityType
+from providers.core.catalog import Catalog
+from providers.core.contract import (
     CDI_PREFIX,
     DEFAULT_GPU_MODEL,
     MACHINE_TYPE,
@@ -46,8 +47,8 @@ from providers.contract import (
     seal,
     sealed,
 )
-from providers.errors import InvalidRequest, NoMatch
-from providers.request import InstanceRequest
+from providers.core.errors import InvalidRequest, NoMatch
+from providers.core.request import InstanceRequest
 from webhook._capacity import CapacityPolicy
 from webhook._choose import choose
 from webhook._devices import DeviceSpace
@@ -323,7 +324,7 @@ def _translate(
         if ids:
             containers[str(container.get("name", ""))] = tuple(ids)
     # Init containers run before the app containers (sidecars alongside): their devices may be
-    # reused, which the plan can only know from the order (providers.contract).
+    # reused, which the plan can only know from the order (providers.core.contract).
     phased = [c for c in init if str(c.get("name", "")) in containers]
     try:
         plan = ContainerPlan(
@@ -364,7 +365,7 @@ def _check_possible(
 ) -> None:
     if catalog is None or not (not intent.gpu.empty or intent.machine_type):
         return
-    from providers.selection import select
+    from providers.core.selection import select
 
     try:
         select(catalog, intent.request()).selected  # noqa: B018 - raises NoMatch

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from providers.contract import CC_INIT_DATA, CDI_PREFIX, DEVICES, IMAGE
+from providers.core.contract import CC_INIT_DATA, CDI_PREFIX, DEVICES, IMAGE
 
 __all__ = ["PROTECTED_PREFIXES", "VmChoices", "protected_changes"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from providers.errors import InvalidRequest, PeerpodsError
+from providers.core.errors import InvalidRequest, PeerpodsError
 
 
 class ObjectNotFound(InvalidRequest):

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from providers.errors import InvalidRequest
-from providers.quantity import MIB, parse_quantity
+from providers.core.errors import InvalidRequest
+from providers.core.quantity import MIB, parse_quantity
 
 Pod = dict[str, Any]
 

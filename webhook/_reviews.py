@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from providers.errors import InvalidRequest
+from providers.core.errors import InvalidRequest
 
 API_VERSION = "admission.k8s.io/v1"
 

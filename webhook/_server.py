@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from providers.errors import InvalidRequest, PeerpodsError
+from providers.core.errors import InvalidRequest, PeerpodsError
 from webhook._admission import Admission
 from webhook._celworker import CelWorkers
 from webhook._devices import DeviceSpace

@@ -10,7 +10,7 @@ InvalidRequest
 
 from __future__ import annotations
 
-from providers.errors import InvalidRequest
+from providers.core.errors import InvalidRequest
 
 
 class CdiError(InvalidRequest):

@@ -2,7 +2,7 @@
 
 Types come from the cloud's API (`--types live`, credentials needed) or from the bundled snapshot
 (`--types snapshot`, to re-price it); prices from the cloud's public price source
-(providers.price_sources: AWS Price List, Azure Retail Prices, GCP Cloud Billing Catalog). It
+(providers.clouds.price_sources: AWS Price List, Azure Retail Prices, GCP Cloud Billing Catalog). It
 writes `<provider>-<region>.json` and `prices/<provider>-<region>.csv` under `--out`, which
 `--catalog-dir` (or `PEERPODS_CATALOG_DIR`) then reads. Progress goes to stderr as a tqdm bar.
 """
@@ -94,15 +94,15 @@ def _ec2_client(region: str, client: Any) -> Any:
 def run(args: argparse.Namespace, *, session: Any = None, client: Any = None) -> int:
     """Refresh one snapshot. `session` (HTTP, for the price source) and `client` (the cloud SDK
     client: live types, and AWS Spot prices) are for tests."""
-    from providers import prices
-    from providers.catalogs import (
+    from providers.clouds.price_sources import fetch_prices, priced_catalog
+    from providers.core import prices
+    from providers.core.snapshots import (
         DEFAULT_REGIONS,
         load_live,
         load_snapshot,
         parse_cloud,
         snapshot_json,
     )
-    from providers.price_sources import fetch_prices, priced_catalog
 
     cloud = parse_cloud(args.provider)
     region = args.region.strip() or DEFAULT_REGIONS[cloud]
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace, *, session: Any = None, client: Any = None) ->
         if args.types == "snapshot":
             catalog = load_snapshot(cloud, region)
         elif client is not None:
-            from providers.loaders import load
+            from providers.clouds.loaders import load
 
             catalog = load(cloud, region, client=client, progress=progress)
         else:

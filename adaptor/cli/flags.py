@@ -43,7 +43,7 @@ def add(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> argparse.A
 
 def add_default_capacity_type(parser: argparse.ArgumentParser, help_text: str) -> None:
     """--default-capacity-type, as the webhook and `peerpods plan` both take it."""
-    from providers.capacity import CapacityType
+    from providers.core.capacity import CapacityType
 
     add(
         parser,

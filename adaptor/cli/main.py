@@ -10,8 +10,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from adaptor import logs
-from providers.errors import PeerpodsError
+from adaptor.runtime import logs
+from providers.core.errors import PeerpodsError
 
 # subcommand -> module under adaptor.cli with `configure(parser)` and `run(args) -> int`
 SUBCOMMANDS: dict[str, tuple[str, str]] = {

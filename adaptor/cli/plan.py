@@ -1,7 +1,7 @@
 """`peerpods plan POD.yaml`: the whole decision for a pod manifest, without a cluster.
 
 Prints the webhook's mutation, the ranked instance types, the MIG layout, each container's CDI
-devices and the annotations (`adaptor.planning` makes the report; this module only prints it).
+devices and the annotations (`adaptor.cli.pod_plan` makes the report; this module only prints it).
 Exit codes: 0 the pod would run, 1 it would not (denied, no instance type, devices that do not
 fit: one line on stderr says why), 2 bad input (not YAML, no pod, bad flags).
 """
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from adaptor.cli import flags
 
 if TYPE_CHECKING:
-    from adaptor.planning import PlanReport
+    from adaptor.cli.pod_plan import PlanReport
 
 _MAX_MANIFEST_BYTES = 4 << 20
 # adaptor.devices.naming.CdiNaming's defaults, repeated so --help imports nothing (a test checks)
@@ -69,7 +69,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _read(path: str) -> str:
-    from providers.errors import InvalidRequest
+    from providers.core.errors import InvalidRequest
 
     if path == "-":
         data = sys.stdin.buffer.read(_MAX_MANIFEST_BYTES + 1)
@@ -245,9 +245,9 @@ def print_report(report: PlanReport, limit: int, out: TextIO) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from adaptor.cli.pod_plan import load_documents, plan_manifest
     from adaptor.devices.naming import naming_from_flags
-    from adaptor.planning import load_documents, plan_manifest
-    from providers.errors import InvalidRequest
+    from providers.core.errors import InvalidRequest
 
     if args.limit < 1:
         raise InvalidRequest(f"--limit must be at least 1, got {args.limit}")
@@ -255,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     source = "stdin" if args.manifest == "-" else args.manifest
     documents = load_documents(_read(args.manifest), source)
     allowed = [t.strip() for t in args.allowed_machine_types.split(",") if t.strip()]
-    from providers.capacity import CapacityType
+    from providers.core.capacity import CapacityType
     from webhook import CapacityPolicy, parse_namespace_policy
 
     capacity = CapacityPolicy(

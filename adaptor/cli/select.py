@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from adaptor.cli import flags
-from providers.catalog import ARCHES, CLOUDS
+from providers.core.catalog import ARCHES, CLOUDS
 
 if TYPE_CHECKING:
-    from providers.catalog import Catalog
-    from providers.request import InstanceRequest
-    from providers.selection import Candidate, Selection
+    from providers.core.catalog import Catalog
+    from providers.core.request import InstanceRequest
+    from providers.core.selection import Candidate, Selection
 
 
 def add_cloud_flags(parser: argparse.ArgumentParser, provider_help: str) -> None:
@@ -138,7 +138,7 @@ def _split(text: str) -> tuple[str, ...]:
 def _mig(text: str) -> dict[str, int]:
     import re
 
-    from providers.errors import InvalidRequest
+    from providers.core.errors import InvalidRequest
 
     profiles: dict[str, int] = {}
     for item in _split(text):
@@ -160,10 +160,10 @@ def build_request(args: argparse.Namespace) -> InstanceRequest:
     """The request the flags describe; InvalidRequest for any bad value."""
     from pydantic import ValidationError
 
-    from providers.errors import InvalidRequest
-    from providers.gpus import models_matching
-    from providers.quantity import to_cpus, to_mib
-    from providers.request import InstanceRequest
+    from providers.core.errors import InvalidRequest
+    from providers.core.gpus import models_matching
+    from providers.core.quantity import to_cpus, to_mib
+    from providers.core.request import InstanceRequest
 
     models = _split(args.gpu_model)
     for model in models:
@@ -196,7 +196,7 @@ def build_request(args: argparse.Namespace) -> InstanceRequest:
 
 
 def _catalog(args: argparse.Namespace) -> Catalog:
-    from providers.catalogs import DEFAULT_REGIONS, load_catalog
+    from providers.core.snapshots import DEFAULT_REGIONS, load_catalog
 
     region = args.region.strip() or DEFAULT_REGIONS[args.provider]
     catalog_dir = Path(args.catalog_dir) if args.catalog_dir else None
@@ -306,7 +306,7 @@ def print_table(catalog: Catalog, selection: Selection, limit: int, out: TextIO)
     if rejected:
         from collections import Counter
 
-        from providers.selection import STAGE_NAMES
+        from providers.core.selection import STAGE_NAMES
 
         kinds = Counter(STAGE_NAMES[r.stage] for r in rejected)
         parts = ", ".join(f"{n} on {kind}" for kind, n in kinds.most_common(5))
@@ -314,7 +314,7 @@ def print_table(catalog: Catalog, selection: Selection, limit: int, out: TextIO)
 
 
 def run(args: argparse.Namespace) -> int:
-    from providers.selection import select
+    from providers.core.selection import select
 
     request = build_request(args)
     catalog = _catalog(args)

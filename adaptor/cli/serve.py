@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from adaptor.cli import flags
-from providers import registry
+from providers.clouds import registry
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -190,7 +190,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="tell pod VMs to reach external networks through their own secondary NIC "
         "(experimental in CAA's pod VM)",
     )
-    from adaptor.devices.flags import add_cdi_flags
+    from adaptor.cli.cdi_flags import add_cdi_flags
 
     add_cdi_flags(parser)
     registry.add_flags(parser)
@@ -202,9 +202,9 @@ def _csv(text: str) -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     """Validate the settings, then serve until SIGTERM/SIGINT."""
-    from adaptor.daemon import serve
     from adaptor.devices import cdi_config_from_args
-    from adaptor.settings import ServeSettings
+    from adaptor.node.daemon import serve
+    from adaptor.node.settings import ServeSettings
     from adaptor.ttrpc.loop import run as run_loop
 
     settings = ServeSettings.build(

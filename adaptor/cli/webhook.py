@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from adaptor.cli import flags
-from providers.catalog import CLOUDS
+from providers.core.catalog import CLOUDS
 
 
 def _positive(text: str) -> int:
@@ -176,9 +176,9 @@ def seal_key(tls_key_file: Path) -> bytes:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from providers.capacity import CapacityType
-    from providers.catalog import Catalog
-    from providers.catalogs import load_catalog
+    from providers.core.capacity import CapacityType
+    from providers.core.catalog import Catalog
+    from providers.core.snapshots import load_catalog
     from webhook import (
         Admission,
         CapacityPolicy,

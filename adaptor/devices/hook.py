@@ -10,8 +10,8 @@ from adaptor.devices.plan import DevicePlan
 from adaptor.devices.rewrite import CdiMode, decode_request, rewrite_for_container
 from adaptor.proxy import Completion, CreateContainerHook
 from adaptor.ttrpc import Code, TtrpcError
-from providers.contract import CONTAINER_NAME
-from providers.errors import PeerpodsError
+from providers.core.contract import CONTAINER_NAME
+from providers.core.errors import PeerpodsError
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from adaptor.cdi import CdiError, parse_qualified_name
-from providers.errors import InvalidRequest
+from providers.core.errors import InvalidRequest
 
 
 class CdiNaming(BaseModel):

@@ -6,7 +6,7 @@ GPUs carrying MIG devices follow, and the MIG layout (profile, GPU, start slot) 
 pod VM creates exactly those devices; a MIG device's index on its GPU is its rank by start slot.
 
 Assignment to containers comes from the per-container plan the webhook writes
-(`providers.contract.ContainerPlan`), which reaches CreateContainer in the container's OCI
+(`providers.core.contract.ContainerPlan`), which reaches CreateContainer in the container's OCI
 annotations: units are filled in order of their first step on the pod's timeline, each from the
 devices no unit alive at the same time holds (so an init container's GPU is reused by a later
 container, while sidecars and DRA claims keep theirs), and a unit listed under two containers is
@@ -20,11 +20,11 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from adaptor.devices.naming import CdiNaming
-from providers.catalog import InstanceType
-from providers.contract import ContainerPlan, GpuIntent
-from providers.errors import InvalidRequest
-from providers.mig import pack
-from providers.selection import rdma_devices
+from providers.core.catalog import InstanceType
+from providers.core.contract import ContainerPlan, GpuIntent
+from providers.core.errors import InvalidRequest
+from providers.core.mig import pack
+from providers.core.selection import rdma_devices
 
 
 class MigDevice(BaseModel):

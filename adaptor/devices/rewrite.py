@@ -23,14 +23,14 @@ from adaptor.cdi import ANNOTATION_PREFIX, CdiError, Registry, apply_to_proto
 from adaptor.devices.plan import DevicePlan
 from adaptor.devices.sanitize import strip_gpu_access
 from adaptor.ttrpc.gen import agent_pb2
-from providers.contract import (
+from providers.core.contract import (
     CONTAINER_NAME,
     CONTAINER_TYPE,
     DEVICES,
     ContainerPlan,
     cdi_annotation_key,
 )
-from providers.errors import InvalidRequest
+from providers.core.errors import InvalidRequest
 
 CdiMode = Literal["annotations", "edits"]
 CDI_MODES: tuple[CdiMode, ...] = ("annotations", "edits")

@@ -20,14 +20,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
-from adaptor import metrics
 from adaptor.hypervisor.sandboxes import SandboxManager
-from adaptor.logs import sandbox_context
+from adaptor.runtime import metrics
+from adaptor.runtime.logs import sandbox_context
 from adaptor.state import SandboxRecord, SandboxState
 from adaptor.ttrpc import Code
-from providers.base import Provider
-from providers.capacity import Inspectable
-from providers.errors import PeerpodsError
+from providers.core.base import Provider
+from providers.core.errors import PeerpodsError
+from providers.core.markets import Inspectable
 
 log = logging.getLogger(__name__)
 

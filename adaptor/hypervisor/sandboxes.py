@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from adaptor import metrics
-from adaptor.logs import bind_sandbox, sandbox_context
-from adaptor.placement import Plan
+from adaptor.planning.placement import Plan
+from adaptor.runtime import metrics
+from adaptor.runtime.logs import bind_sandbox, sandbox_context
 from adaptor.state import SandboxRecord, SandboxState, StateStore
-from providers.base import TAG_OWNER, TAG_SANDBOX, Instance, Provider
-from providers.contract import VMIntent, parse_vm_annotations
-from providers.errors import (
+from providers.core.base import TAG_OWNER, TAG_SANDBOX, Instance, Provider
+from providers.core.contract import VMIntent, parse_vm_annotations
+from providers.core.errors import (
     CapacityError,
     InstanceNotFound,
     InvalidRequest,
@@ -113,7 +113,7 @@ ProxyFactory = Callable[[SandboxRecord, str, str, int], AgentProxyHandle]
 
 
 class Planner(Protocol):
-    """What StartVM needs of placement (adaptor.placement.Placement is the one)."""
+    """What StartVM needs of placement (adaptor.planning.placement.Placement is the one)."""
 
     async def plan(self, intent: VMIntent, sandbox_id: str) -> Plan:
         """The typed plan: candidates best first, reserved against the quota pool."""
@@ -203,7 +203,8 @@ class SandboxManager:
         vm_policy: Callable[[VMIntent], None] | None = None,
     ) -> None:
         self.config = config
-        # the node's own limits on a pod's VM choices (adaptor.vmpolicy), at CreateVM and StartVM
+        # the node's own limits on a pod's VM choices (adaptor.planning.vmpolicy),
+        # at CreateVM and StartVM
         self._vm_policy = vm_policy or (lambda _intent: None)
         self.store = store
         self.provider = provider

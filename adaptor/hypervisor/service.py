@@ -32,7 +32,7 @@ from adaptor.hypervisor.version import package_version
 from adaptor.ttrpc.gen import hypervisor_pb2 as pb
 from adaptor.ttrpc.server import CallContext, Handler, Server
 from adaptor.ttrpc.status import Code, TtrpcError
-from providers.errors import (
+from providers.core.errors import (
     CapacityError,
     InvalidRequest,
     NoMatch,

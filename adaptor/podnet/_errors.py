@@ -1,4 +1,4 @@
-"""Errors of the pod network, inside peerpods' one tree (providers.errors).
+"""Errors of the pod network, inside peerpods' one tree (providers.core.errors).
 
     PeerpodsError
     └── PodNetError             the pod network cannot be built, checked or removed
@@ -13,7 +13,7 @@ pyroute2's NetlinkError and OSError are translated here, at the one boundary tha
 
 from __future__ import annotations
 
-from providers.errors import InvalidRequest, PeerpodsError
+from providers.core.errors import InvalidRequest, PeerpodsError
 
 
 class PodNetError(PeerpodsError):

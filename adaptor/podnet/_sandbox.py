@@ -24,7 +24,7 @@ from adaptor.podnet._errors import NetnsGone, PodNetError
 from adaptor.podnet._model import Tunnel, TunnelState
 from adaptor.podnet._service import PodNet
 from adaptor.state import SandboxRecord
-from providers.base import Instance
+from providers.core.base import Instance
 
 log = logging.getLogger(__name__)
 

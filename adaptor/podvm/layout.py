@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from adaptor.cdi import CdiError, parse_qualified_name
-from providers.errors import InvalidRequest
+from providers.core.errors import InvalidRequest
 
 APF_PATH = "/run/peerpod/apf.json"
 APF_KEY = "peerpods-devices"

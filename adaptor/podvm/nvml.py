@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from providers.errors import PeerpodsError
+from providers.core.errors import PeerpodsError
 
 # nvmlReturn_t values used by name (nvml.h)
 NOT_SUPPORTED = 3

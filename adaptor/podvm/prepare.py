@@ -146,8 +146,8 @@ def digest_of(document: LayoutDocument) -> str:
 
 def choose_layout(document: LayoutDocument, gpus: Sequence[Gpu]) -> Layout | None:
     """The layout for this VM's GPUs: the one whose model is the GPUs' model, else the only one."""
-    from providers.errors import InvalidRequest
-    from providers.gpus import resolve_gpu
+    from providers.core.errors import InvalidRequest
+    from providers.core.gpus import resolve_gpu
 
     layouts = [layout for layout in document.layouts if not layout.empty]
     if not layouts:

@@ -1,5 +1,5 @@
 """How the proxy reaches the pod VM forwarder: TCP, mutual TLS by default, and with the adaptor's
-own CA a server certificate that must name the sandbox being dialed (`adaptor.pki`)."""
+own CA a server certificate that must name the sandbox being dialed (`adaptor.proxy.pki`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import asyncio
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable
 
-from adaptor.pki import WrongSandbox, check_sandbox
+from adaptor.proxy.pki import WrongSandbox, check_sandbox
 from adaptor.ttrpc.connection import close_writer, open_tcp
 from adaptor.ttrpc.status import Code, TtrpcError
-from providers.errors import InvalidRequest
+from providers.core.errors import InvalidRequest
 
 Dial = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from providers.base import Instance
+from providers.core.base import Instance
 
 
 class SandboxState(enum.StrEnum):

@@ -33,7 +33,7 @@ from adaptor.state.records import (
     instance_from_json,
     instance_to_json,
 )
-from providers.errors import PeerpodsError
+from providers.core.errors import PeerpodsError
 
 T = TypeVar("T")
 

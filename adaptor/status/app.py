@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from adaptor import metrics
+from adaptor.runtime import metrics
 from adaptor.state import QuarantinedRecord, SandboxRecord
 from adaptor.status.devices import DeviceBook
 

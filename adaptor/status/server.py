@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import uvicorn
 from starlette.applications import Starlette
 
-from providers.errors import InvalidRequest
+from providers.core.errors import InvalidRequest
 
 
 class _EmbeddedServer(uvicorn.Server):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 
-from providers.errors import PeerpodsError
+from providers.core.errors import PeerpodsError
 
 
 class Code(enum.IntEnum):

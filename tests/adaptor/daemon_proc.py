@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaptor.settings import ServeSettings
+from adaptor.node.settings import ServeSettings
 from adaptor.ttrpc import Client
 from adaptor.ttrpc.gen import hypervisor_pb2 as pb
 from tests.go.peers import go_call

@@ -6,8 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from adaptor.state import SandboxRecord
-from providers.base import TAG_OWNER, TAG_SANDBOX, Instance, VMSpec
-from providers.errors import ProviderError
+from providers.core.base import TAG_OWNER, TAG_SANDBOX, Instance, VMSpec
+from providers.core.errors import ProviderError
 
 
 class FakeProvider:

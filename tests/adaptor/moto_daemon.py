@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from adaptor.daemon import serve
-from adaptor.logs import configure
-from adaptor.settings import ServeSettings
-from providers.aws import AwsConfig, AwsProvider
-from providers.base import Instance
+from adaptor.node.daemon import serve
+from adaptor.node.settings import ServeSettings
+from adaptor.runtime.logs import configure
+from providers.clouds.aws import AwsConfig, AwsProvider
+from providers.core.base import Instance
 
 OWNER = "kill9-owner"
 IMAGE = "ami-0a1b2c3d4e5f60718"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from adaptor.daemon import Daemon
+from adaptor.node.daemon import Daemon
 from adaptor.state import SandboxState
 from adaptor.ttrpc import Client, Code, TtrpcError
 from adaptor.ttrpc.gen import hypervisor_pb2 as pb
-from providers.base import Instance
+from providers.core.base import Instance
 from tests.adaptor.daemon_proc import ANNOTATIONS, daemon_settings, exists, hypervisor_call
 from tests.adaptor.fakes import FakeProvider
 from tests.go.peers import GoServer

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from adaptor.daemon import Daemon
 from adaptor.devices import DevicePlan
-from adaptor.placement import Placement
+from adaptor.node.daemon import Daemon
+from adaptor.planning.placement import Placement
 from adaptor.ttrpc import Client, Code, TtrpcError
 from adaptor.ttrpc.gen import agent_pb2, ttrpc_pb2
 from adaptor.ttrpc.gen import hypervisor_pb2 as pb
-from providers import contract
-from providers.base import Instance
-from providers.catalogs import load_snapshot
+from providers.core import contract
+from providers.core.base import Instance
+from providers.core.snapshots import load_snapshot
 from tests.adaptor.daemon_proc import ANNOTATIONS, daemon_settings, hypervisor_call
 from tests.adaptor.fakes import FakeProvider
 from tests.go.peers import GoServer, echo_server

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from adaptor.daemon import Daemon, StateLocked
-from adaptor.settings import ServeSettings
-from providers.base import TAG_OWNER, TAG_SANDBOX, Instance
+from adaptor.node.daemon import Daemon, StateLocked
+from adaptor.node.settings import ServeSettings
+from providers.core.base import TAG_OWNER, TAG_SANDBOX, Instance
 from tests.adaptor.daemon_proc import daemon_settings
 from tests.adaptor.fakes import FakeProvider, FakeProxies
 

@@ -9,16 +9,21 @@ import logging
 import tempfile
 from pathlib import Path
 
-from adaptor import metrics
-from adaptor.gc import GarbageCollector
+from adaptor.hypervisor.gc import GarbageCollector
 from adaptor.hypervisor.sandboxes import ManagerConfig, SandboxManager
-from adaptor.logs import JsonFormatter
-from adaptor.placement import Placement
+from adaptor.node.wiring import count_capacity_fallback
+from adaptor.planning.placement import Placement
+from adaptor.runtime import metrics
+from adaptor.runtime.logs import JsonFormatter
 from adaptor.state import StateStore
-from adaptor.wiring import count_capacity_fallback
-from providers.base import TAG_OWNER, TAG_SANDBOX, Instance, VMCandidate
-from providers.errors import CapacityError
-from providers.retry import RetryPolicy, Site, create_with_fallback, observe_capacity_fallbacks
+from providers.clouds.retry import (
+    RetryPolicy,
+    Site,
+    create_with_fallback,
+    observe_capacity_fallbacks,
+)
+from providers.core.base import TAG_OWNER, TAG_SANDBOX, Instance, VMCandidate
+from providers.core.errors import CapacityError
 from tests.adaptor.daemon_proc import ANNOTATIONS
 from tests.adaptor.fakes import FakeProvider, FakeProxies
 

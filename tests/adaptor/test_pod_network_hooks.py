@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from adaptor.hypervisor import ManagerConfig, SandboxManager
-from adaptor.placement import Placement
+from adaptor.node.settings import ServeSettings
+from adaptor.planning.placement import Placement
 from adaptor.podnet import PodNetError
-from adaptor.settings import ServeSettings
 from adaptor.state import SandboxRecord, SandboxState, StateStore
-from providers.base import Instance
-from providers.errors import InvalidRequest, PeerpodsError
+from providers.core.base import Instance
+from providers.core.errors import InvalidRequest, PeerpodsError
 from tests.adaptor.fakes import FakeProvider, FakeProxies
 from tests.adaptor.test_sandboxes import ANNOTATIONS
 

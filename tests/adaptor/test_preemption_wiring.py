@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from adaptor.daemon import Daemon
 from adaptor.hypervisor.sandboxes import SandboxManager
+from adaptor.node.daemon import Daemon
 from adaptor.state import SandboxRecord, SandboxState
-from providers.base import Instance
-from providers.capacity import Inspectable, VMCondition
+from providers.core.base import Instance
+from providers.core.markets import Inspectable, VMCondition
 from tests.adaptor.daemon_proc import daemon_settings
 from tests.adaptor.fakes import FakeProvider, FakeProxies
 

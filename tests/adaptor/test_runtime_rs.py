@@ -21,13 +21,13 @@ from typing import Any
 import httpx
 import pytest
 
-from adaptor import metrics
-from adaptor.daemon import Daemon
+from adaptor.node.daemon import Daemon
+from adaptor.runtime import metrics
 from adaptor.ttrpc import Client
 from adaptor.ttrpc.gen import hypervisor_pb2 as pb
-from providers import contract
-from providers.base import Instance
-from providers.errors import InvalidRequest
+from providers.core import contract
+from providers.core.base import Instance
+from providers.core.errors import InvalidRequest
 from tests.adaptor.daemon_proc import HYPERVISOR, daemon_settings, exists
 from tests.adaptor.fakes import FakeProvider
 from tests.go.peers import GoServer, go_call

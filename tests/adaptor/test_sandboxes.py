@@ -17,10 +17,10 @@ from adaptor.hypervisor import (
     StartAborted,
     StartTimeout,
 )
-from adaptor.placement import Placement
+from adaptor.planning.placement import Placement
 from adaptor.state import SandboxState, StateStore
 from adaptor.ttrpc import Code, TtrpcError
-from providers.errors import AnnotationError, InvalidRequest, ProviderError
+from providers.core.errors import AnnotationError, InvalidRequest, ProviderError
 from tests.adaptor.fakes import FakeProvider, FakeProxies
 
 ANNOTATIONS = {
@@ -243,9 +243,9 @@ async def test_startvm_enforces_its_own_limit(env: Env) -> None:
 
 
 async def test_the_reaper_deletes_what_interrupted_sandboxes_left(env: Env) -> None:
-    from adaptor import metrics
-    from adaptor.reaper import Reaper
-    from providers.base import TAG_OWNER, TAG_SANDBOX, Instance
+    from adaptor.hypervisor.reaper import Reaper
+    from adaptor.runtime import metrics
+    from providers.core.base import TAG_OWNER, TAG_SANDBOX, Instance
 
     # "failed": a StartVM cut short after its VM was recorded; "lost": one cut short before
     # (the VM carries the sandbox's tag only); "stopping": a StopVM the daemon never finished;

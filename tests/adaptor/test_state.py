@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from adaptor.state import SandboxRecord, SandboxState, StateError, StateStore
-from providers.base import Instance
+from providers.core.base import Instance
 
 
 async def test_records_round_trip_and_survive_reopen(tmp_path: Path) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from adaptor.state import StateStore
-from providers import registry
-from providers.base import Provider, VMSpec
-from providers.errors import CapacityError, InvalidRequest
-from providers.static import Endpoint, StaticProvider, parse_endpoint, parse_endpoints
+from providers.clouds import registry
+from providers.clouds.static import Endpoint, StaticProvider, parse_endpoint, parse_endpoints
+from providers.core.base import Provider, VMSpec
+from providers.core.errors import CapacityError, InvalidRequest
 
 
 def spec(sandbox: str) -> VMSpec:

@@ -12,20 +12,20 @@ import yaml
 from moto import mock_aws
 
 from adaptor.devices import CdiConfig, CdiNaming
-from adaptor.pki import AdaptorPKI
-from adaptor.placement import Placement
+from adaptor.node.wiring import placement_for, user_data_builder
+from adaptor.planning.placement import Placement
+from adaptor.proxy.pki import AdaptorPKI
 from adaptor.state import SandboxRecord
-from adaptor.wiring import placement_for, user_data_builder
-from providers import contract
-from providers.aws import AwsConfig, AwsProvider
-from providers.azure import AzureConfig, AzureProvider
-from providers.base import Accelerator, Instance
-from providers.catalogs import load_snapshot
-from providers.contract import GpuIntent, VMIntent
-from providers.errors import CatalogError, NoMatch
-from providers.gcp import GcpConfig, GcpProvider
-from providers.retry import sites
-from providers.static import Endpoint, StaticProvider
+from providers.clouds.aws import AwsConfig, AwsProvider
+from providers.clouds.azure import AzureConfig, AzureProvider
+from providers.clouds.gcp import GcpConfig, GcpProvider
+from providers.clouds.retry import sites
+from providers.clouds.static import Endpoint, StaticProvider
+from providers.core import contract
+from providers.core.base import Accelerator, Instance
+from providers.core.contract import GpuIntent, VMIntent
+from providers.core.errors import CatalogError, NoMatch
+from providers.core.snapshots import load_snapshot
 from tests.adaptor.daemon_proc import ANNOTATIONS
 
 CDI = CdiConfig("annotations", CdiNaming(), None)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from adaptor.cdi import Registry
 from adaptor.devices import make_hook, plan_devices
-from providers.contract import ContainerPlan, DeviceUnit
+from providers.core.contract import ContainerPlan, DeviceUnit
 from tests.devices.requests import create_container
 
 PLAN = ContainerPlan(

@@ -1,6 +1,7 @@
 """200 concurrent sandboxes through the whole adaptor, the way Kata's shim drives it, on AWS (moto).
 
-The adaptor (`adaptor.daemon.Daemon` with the aws provider, selection over the bundled us-east-1
+The adaptor (`adaptor.node.daemon.Daemon` with the aws provider, selection over the bundled
+us-east-1
 catalog, agent TLS off) runs in this process on the daemon's event loop; moto's EC2 server and
 the pod VMs' forwarder (the Go ttrpc echo server) are separate processes on 127.0.0.1. moto gives
 the VMs 10.x addresses: the endpoint resolver maps every VM to that one loopback forwarder, and
@@ -45,14 +46,14 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from adaptor.daemon import Daemon
+from adaptor.node.daemon import Daemon
 from adaptor.ttrpc import Client
 from adaptor.ttrpc.gen import health_pb2
 from adaptor.ttrpc.gen import hypervisor_pb2 as pb
 from adaptor.ttrpc.loop import run as run_loop
-from providers import contract
-from providers.aws import AwsProvider
-from providers.base import TAG_OWNER, Instance
+from providers.clouds.aws import AwsProvider
+from providers.core import contract
+from providers.core.base import TAG_OWNER, Instance
 from tests.adaptor.daemon_proc import ANNOTATIONS
 from tests.adaptor.moto_daemon import moto_aws, moto_settings
 from tests.go.peers import GoServer, start_echo_server

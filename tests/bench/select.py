@@ -25,11 +25,11 @@ import statistics
 import time
 from collections.abc import Callable
 
-from providers import catalogs
-from providers.catalog import Catalog
-from providers.errors import NoMatch
-from providers.request import InstanceRequest
-from providers.selection import Rejection, _index, _Matcher, _rank_key, select
+from providers.core import snapshots
+from providers.core.catalog import Catalog
+from providers.core.errors import NoMatch
+from providers.core.request import InstanceRequest
+from providers.core.selection import Rejection, _index, _Matcher, _rank_key, select
 
 GIB = 1024
 REQUESTS: dict[str, InstanceRequest] = {
@@ -92,7 +92,7 @@ def moto_load() -> Catalog:
     import boto3
     from moto import mock_aws
 
-    from providers.loaders import aws
+    from providers.clouds.loaders import aws
 
     with mock_aws():
         return aws.load_catalog("us-east-1", client=boto3.client("ec2", region_name="us-east-1"))
@@ -104,10 +104,10 @@ def main() -> int:
     parser.add_argument("--moto-runs", type=int, default=1)
     args = parser.parse_args()
 
-    path = catalogs.snapshot_path("aws", "us-east-1")
+    path = snapshots.snapshot_path("aws", "us-east-1")
     raw = path.read_bytes()
     loads = timed(lambda: Catalog.model_validate_json(raw), 10)
-    catalog = catalogs.load_catalog("aws", "us-east-1")
+    catalog = snapshots.load_catalog("aws", "us-east-1")
     start = time.perf_counter()
     _index(catalog)
     index_seconds = time.perf_counter() - start

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from providers.base import Instance
-from providers.retry import RetryPolicy
+from providers.clouds.retry import RetryPolicy
+from providers.core.base import Instance
 
 FORWARDER = ("127.0.0.1", 15150)
 
@@ -59,6 +59,6 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.fixture
 def ec2(aws_env: None) -> Any:
-    from providers.aws import AwsConfig, make_client
+    from providers.clouds.aws import AwsConfig, make_client
 
     return make_client(AwsConfig(region="us-east-1"))

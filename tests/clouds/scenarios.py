@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from adaptor.gc import GarbageCollector
-from providers.base import Provider, VMCandidate, VMSpec
-from providers.errors import ProviderError
+from adaptor.hypervisor.gc import GarbageCollector
+from providers.core.base import Provider, VMCandidate, VMSpec
+from providers.core.errors import ProviderError
 
 
 def vm_spec(n: int, **fields: Any) -> VMSpec:

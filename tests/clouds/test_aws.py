@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from adaptor.gc import GarbageCollector
-from providers.aws import AwsConfig, AwsProvider, client_token
-from providers.base import (
+from adaptor.hypervisor.gc import GarbageCollector
+from providers.clouds.aws import AwsConfig, AwsProvider, client_token
+from providers.clouds.retry import FallbackExhausted, RetryPolicy, Site
+from providers.core.base import (
     TAG_OWNER,
     TAG_POD_NAME,
     TAG_POD_NAMESPACE,
@@ -19,8 +20,7 @@ from providers.base import (
     VMCandidate,
     VMSpec,
 )
-from providers.errors import CapacityError, InvalidRequest, ProviderError
-from providers.retry import FallbackExhausted, RetryPolicy, Site
+from providers.core.errors import CapacityError, InvalidRequest, ProviderError
 from tests.clouds.aws_faults import Faults
 from tests.clouds.conftest import FORWARDER, Sleeps, loopback
 from tests.clouds.scenarios import vm_spec

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from adaptor.gc import GarbageCollector
-from providers.azure import AzureConfig, AzureProvider, vm_name
-from providers.base import TAG_OWNER, TAG_POD_NAMESPACE, TAG_SANDBOX, VMSpec
-from providers.errors import InvalidRequest, ProviderError
-from providers.retry import FallbackExhausted, RetryPolicy
+from adaptor.hypervisor.gc import GarbageCollector
+from providers.clouds.azure import AzureConfig, AzureProvider, vm_name
+from providers.clouds.retry import FallbackExhausted, RetryPolicy
+from providers.core.base import TAG_OWNER, TAG_POD_NAMESPACE, TAG_SANDBOX, VMSpec
+from providers.core.errors import InvalidRequest, ProviderError
 from tests.clouds.conftest import FORWARDER, Sleeps, loopback
 from tests.clouds.fake_arm import RG, VMS, FakeArm, arm_error
 from tests.clouds.scenarios import create_delete_cycles, sweep_unknown, vm_spec

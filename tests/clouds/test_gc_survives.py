@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from adaptor.gc import GarbageCollector
+from adaptor.hypervisor.gc import GarbageCollector
 from adaptor.state import StateError
-from providers.retry import RetryPolicy
+from providers.clouds.retry import RetryPolicy
 from tests.clouds.test_aws import live, provider, spec
 
 OWNER_SANDBOX = f"{30:064x}"

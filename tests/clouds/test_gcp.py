@@ -7,11 +7,18 @@ from typing import Any
 
 import pytest
 
-from adaptor.gc import GarbageCollector
-from providers.base import TAG_OWNER, TAG_POD_NAME, TAG_SANDBOX, Accelerator, VMCandidate, VMSpec
-from providers.errors import InvalidRequest, ProviderError
-from providers.gcp import GcpConfig, GcpProvider, vm_name
-from providers.retry import FallbackExhausted, RetryPolicy
+from adaptor.hypervisor.gc import GarbageCollector
+from providers.clouds.gcp import GcpConfig, GcpProvider, vm_name
+from providers.clouds.retry import FallbackExhausted, RetryPolicy
+from providers.core.base import (
+    TAG_OWNER,
+    TAG_POD_NAME,
+    TAG_SANDBOX,
+    Accelerator,
+    VMCandidate,
+    VMSpec,
+)
+from providers.core.errors import InvalidRequest, ProviderError
 from tests.clouds.conftest import FORWARDER, Sleeps, loopback
 from tests.clouds.fake_gce import FakeGce, quota_exceeded, rate_limited, stockout
 from tests.clouds.scenarios import create_delete_cycles, sweep_unknown, vm_spec

@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from adaptor.pki import AdaptorPKI, IssuedPair
-from adaptor.proxy.dial import client_tls_context
-from adaptor.userdata import (
+from adaptor.planning.userdata import (
     APF_PATH,
     DEVICES_PATH,
     GpuSetup,
@@ -23,8 +21,10 @@ from adaptor.userdata import (
     counted_size,
     render,
 )
-from providers.errors import InvalidRequest
-from providers.mig import pack
+from adaptor.proxy.dial import client_tls_context
+from adaptor.proxy.pki import AdaptorPKI, IssuedPair
+from providers.core.errors import InvalidRequest
+from providers.core.mig import pack
 
 
 def server_context(tmp: Path, pair: IssuedPair, client_ca: str) -> ssl.SSLContext:

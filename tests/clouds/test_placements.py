@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from providers.base import Accelerator, VMCandidate
-from providers.errors import InvalidRequest
-from providers.retry import Site, sites
+from providers.clouds.retry import Site, sites
+from providers.core.base import Accelerator, VMCandidate
+from providers.core.errors import InvalidRequest
 
 A, B = VMCandidate("a"), VMCandidate("b")
 P100 = VMCandidate("n1", zones=("z2", "z9"), accelerator=Accelerator("p100", 1))

@@ -18,18 +18,18 @@ from typing import Any
 
 import pytest
 
-from adaptor import metrics
-from adaptor.daemon import agent_proxy_factory
 from adaptor.hypervisor import ManagerConfig, SandboxManager
 from adaptor.hypervisor.preemption import InspectableProvider, PreemptionWatcher
-from adaptor.placement import Placement
+from adaptor.node.daemon import agent_proxy_factory
+from adaptor.planning.placement import Placement
+from adaptor.runtime import metrics
 from adaptor.state import SandboxState, StateStore
 from adaptor.status import DeviceBook
 from adaptor.status.app import sandbox_json
 from adaptor.ttrpc import Client, Code, TtrpcError
-from providers.base import Instance
-from providers.capacity import CapacityType
-from providers.retry import RetryPolicy
+from providers.clouds.retry import RetryPolicy
+from providers.core.base import Instance
+from providers.core.capacity import CapacityType
 from tests.clouds.aws_faults import Faults
 from tests.clouds.fake_arm import VMS, FakeArm
 from tests.clouds.fake_gce import FakeGce, stockout
@@ -72,7 +72,7 @@ def to_forwarder(go: GoServer) -> Callable[[Instance], Instance]:
 
 
 def aws_cloud(ec2: Any, policy: RetryPolicy, go: GoServer) -> Cloud:
-    from providers.aws import AwsConfig, AwsProvider
+    from providers.clouds.aws import AwsConfig, AwsProvider
 
     config = AwsConfig(
         region="us-east-1",
@@ -126,7 +126,7 @@ def aws_cloud(ec2: Any, policy: RetryPolicy, go: GoServer) -> Cloud:
 
 
 def azure_cloud(policy: RetryPolicy, go: GoServer) -> Cloud:
-    from providers.azure import AzureConfig, AzureProvider
+    from providers.clouds.azure import AzureConfig, AzureProvider
     from tests.clouds.test_azure import SUBNET
     from tests.providers.fakes.azure import SUBSCRIPTION
 
@@ -174,7 +174,7 @@ def azure_cloud(policy: RetryPolicy, go: GoServer) -> Cloud:
 
 
 def gcp_cloud(policy: RetryPolicy, go: GoServer) -> Cloud:
-    from providers.gcp import GcpConfig, GcpProvider
+    from providers.clouds.gcp import GcpConfig, GcpProvider
     from tests.providers.fakes.gcp import PROJECT
 
     gce = FakeGce()

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from adaptor.cli.main import main
-from adaptor.placement import Placement, PlanCandidate
+from adaptor.planning.placement import Placement, PlanCandidate
 from adaptor.state import SandboxRecord, SandboxState, StateStore
-from providers.base import Instance
-from providers.catalog import Catalog
-from providers.catalogs import load_snapshot
-from providers.contract import GpuIntent, VMIntent
-from providers.errors import InvalidRequest, QuotaExhausted
-from providers.quota import QuotaLimit, QuotaPool, demand_of_name, demand_of_type, parse_quota
+from providers.core.base import Instance
+from providers.core.catalog import Catalog
+from providers.core.contract import GpuIntent, VMIntent
+from providers.core.errors import InvalidRequest, QuotaExhausted
+from providers.core.quota import QuotaLimit, QuotaPool, demand_of_name, demand_of_type, parse_quota
+from providers.core.snapshots import load_snapshot
 
 
 @pytest.fixture(scope="module")

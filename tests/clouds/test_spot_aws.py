@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from providers.base import TAG_OWNER, TAG_SANDBOX
-from providers.capacity import TAG_CAPACITY_TYPE, CapacityType, NoSpotCapacity
-from providers.retry import FallbackExhausted, RetryPolicy
+from providers.clouds.retry import FallbackExhausted, RetryPolicy
+from providers.core.base import TAG_OWNER, TAG_SANDBOX
+from providers.core.capacity import TAG_CAPACITY_TYPE, CapacityType
+from providers.core.markets import NoSpotCapacity
 from tests.clouds.aws_faults import Faults
 from tests.clouds.test_aws import OWNER, live, provider, spec
 

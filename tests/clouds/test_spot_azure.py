@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from providers.capacity import TAG_CAPACITY_TYPE, CapacityType, NoSpotCapacity
-from providers.retry import FallbackExhausted, RetryPolicy
+from providers.clouds.retry import FallbackExhausted, RetryPolicy
+from providers.core.capacity import TAG_CAPACITY_TYPE, CapacityType
+from providers.core.markets import NoSpotCapacity
 from tests.clouds.fake_arm import VMS, FakeArm, arm_error
 from tests.clouds.test_azure import A100, H100, provider, spec
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from providers.capacity import TAG_CAPACITY_TYPE, CapacityType, NoSpotCapacity
-from providers.errors import CapacityError
-from providers.retry import FallbackExhausted, RetryPolicy
+from providers.clouds.retry import FallbackExhausted, RetryPolicy
+from providers.core.capacity import TAG_CAPACITY_TYPE, CapacityType
+from providers.core.errors import CapacityError
+from providers.core.markets import NoSpotCapacity
 from tests.clouds.fake_gce import FakeGce, quota_exceeded, stockout
 from tests.clouds.test_gcp import INSERT, provider, spec
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from adaptor.ttrpc.gen import agent_pb2
-from providers.contract import CONTAINER_NAME, CONTAINER_TYPE, DEVICES, SANDBOX_ID
+from providers.core.contract import CONTAINER_NAME, CONTAINER_TYPE, DEVICES, SANDBOX_ID
 
 
 def _key(number: int, wire: int) -> bytes:

@@ -13,8 +13,8 @@ import pytest
 from adaptor.devices import make_hook, plan_devices
 from adaptor.proxy import AgentProxy, tcp_dialer
 from adaptor.ttrpc.gen import agent_pb2, ttrpc_pb2
-from providers.catalog import GpuSpec, InstanceType
-from providers.contract import ContainerPlan, DeviceUnit
+from providers.core.catalog import GpuSpec, InstanceType
+from providers.core.contract import ContainerPlan, DeviceUnit
 from tests.devices.requests import create_container, raw_field
 from tests.go.peers import echo_server, go_call, proxy_connected
 

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from adaptor.planning import PlanReport, plan_manifest
-from providers.catalogs import load_catalog
-from providers.contract import ContainerPlan, DeviceUnit
-from providers.mig import pack
-from providers.selection import rdma_devices
+from adaptor.cli.pod_plan import PlanReport, plan_manifest
+from providers.core.contract import ContainerPlan, DeviceUnit
+from providers.core.mig import pack
+from providers.core.selection import rdma_devices
+from providers.core.snapshots import load_catalog
 from webhook._cel import compile_selector
 
 Doc = dict[str, Any]

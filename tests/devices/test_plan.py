@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from adaptor.devices import CdiNaming, DevicePlan, plan_devices
-from providers.catalog import GpuSpec, InstanceType
-from providers.contract import ContainerPlan, DeviceUnit, GpuIntent
-from providers.errors import InvalidRequest
+from providers.core.catalog import GpuSpec, InstanceType
+from providers.core.contract import ContainerPlan, DeviceUnit, GpuIntent
+from providers.core.errors import InvalidRequest
 
 P4D = InstanceType(
     name="p4d.24xlarge",

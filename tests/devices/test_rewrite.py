@@ -15,7 +15,7 @@ from adaptor.devices import CdiNaming, DevicePlan, RewriteError, make_hook, plan
 from adaptor.devices.rewrite import rewrite_create_container
 from adaptor.ttrpc import Code, TtrpcError
 from adaptor.ttrpc.gen import agent_pb2
-from providers.contract import ContainerPlan, DeviceUnit, GpuIntent
+from providers.core.contract import ContainerPlan, DeviceUnit, GpuIntent
 from tests.devices.requests import create_container, raw_field, user_field
 
 PLAN = ContainerPlan(

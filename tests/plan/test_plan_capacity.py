@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from adaptor.cli.main import main
-from providers.catalog import Catalog, GpuSpec, InstanceType
+from providers.core.catalog import Catalog, GpuSpec, InstanceType
 
 GIB = 1024
 CATALOG = Catalog(

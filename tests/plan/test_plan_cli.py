@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from adaptor.cli.main import main
-from providers.catalogs import load_catalog
-from providers.contract import (
+from providers.core.contract import (
     DEFAULT_GPU_MODEL,
     DEFAULT_GPUS,
     DEVICES,
@@ -22,8 +21,9 @@ from providers.contract import (
     ContainerPlan,
     decode_gpu_model,
 )
-from providers.gpus import GPU_MODELS
-from providers.mig import profiles_for
+from providers.core.gpus import GPU_MODELS
+from providers.core.mig import profiles_for
+from providers.core.snapshots import load_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "config" / "examples"

@@ -14,9 +14,9 @@ import pytest
 
 from adaptor.cli.main import main
 from adaptor.cli.plan import DEFAULT_CDI_NAMES
+from adaptor.cli.pod_plan import load_documents, plan_manifest
 from adaptor.devices.naming import CdiNaming
-from adaptor.planning import load_documents, plan_manifest
-from providers.errors import InvalidRequest
+from providers.core.errors import InvalidRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "config" / "examples"

@@ -14,8 +14,8 @@ import pytest
 from adaptor.hypervisor import ManagerConfig, SandboxManager
 from adaptor.podnet import PodNet, PodNetSettings, SandboxPodNetwork, Tunnel, TunnelState, _netns
 from adaptor.state import StateStore
-from providers.base import Instance, VMSpec
-from providers.errors import InvalidRequest
+from providers.core.base import Instance, VMSpec
+from providers.core.errors import InvalidRequest
 from tests.adaptor.fakes import FakeProxies
 from tests.adaptor.test_pod_network_hooks import pod_network_manager
 from tests.podnet.caa_decode import decode_apf

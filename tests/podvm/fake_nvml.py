@@ -7,7 +7,7 @@ Module-level functions with pynvml's names and signatures act on the installed `
 - GPU-instance profile ids that differ from the profile enums (H100's -lgip ids 19, 20, 15, 14,
   9, 5, 0 for enums 0, 7, 9, 1, 2, 3, 4), names "MIG <profile>", profile info NOT_SUPPORTED
   while MIG mode is off;
-- placements from the NVIDIA tables in providers/mig.py; a placement not in them is
+- placements from the NVIDIA tables in providers/core/mig.py; a placement not in them is
   INVALID_ARGUMENT, one overlapping a GI (or over the compute or +me budget) is
   INSUFFICIENT_RESOURCES;
 - GI ids drawn from per-size pools (8 slots: 0; 4: 1-2; 2: 3-6; 1: 7-14) in a shuffled order,
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from providers.mig import MIG_PROFILES
+from providers.core.mig import MIG_PROFILES
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
@@ -93,7 +93,7 @@ class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
 c_nvmlGpuInstance_t = ctypes.c_void_p
 c_nvmlComputeInstance_t = ctypes.c_void_p
 
-# providers/mig.py rows (1g, 1g+me, 1g double memory, 2g, 3g, 4g, 7g) -> (profile id, enum)
+# providers/core/mig.py rows (1g, 1g+me, 1g double memory, 2g, 3g, 4g, 7g) -> (profile id, enum)
 _ROW_IDS = ((19, 0x0), (20, 0x7), (15, 0x9), (14, 0x1), (9, 0x2), (5, 0x3), (0, 0x4))
 # CI profile enum -> slices (the fake offers the first five, like a 7-slice board)
 _CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}

@@ -14,14 +14,14 @@ import yaml
 
 from adaptor.cli.main import main
 from adaptor.devices.rewrite import rewrite_create_container
-from adaptor.placement import Placement
+from adaptor.node.wiring import user_data_builder
+from adaptor.planning.placement import Placement
 from adaptor.podvm.layout import APF_KEY
 from adaptor.state import SandboxRecord
 from adaptor.ttrpc.gen import agent_pb2
-from adaptor.wiring import user_data_builder
-from providers import contract
-from providers.base import Instance
-from providers.catalogs import load_snapshot
+from providers.core import contract
+from providers.core.base import Instance
+from providers.core.snapshots import load_snapshot
 from tests.cdi.conftest import Oracle
 from tests.devices.requests import create_container
 from tests.podvm.conftest import PodVM

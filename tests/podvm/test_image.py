@@ -41,7 +41,8 @@ def test_the_unit_runs_once_before_kata_agent_after_user_data() -> None:
 
 def test_nvml_is_imported_only_when_prepare_runs() -> None:
     code = (
-        "import sys, adaptor.cli.main, adaptor.userdata, adaptor.wiring, adaptor.podvm.prepare;"
+        "import sys, adaptor.cli.main, adaptor.planning.userdata, adaptor.node.wiring,"
+        " adaptor.podvm.prepare;"
         "adaptor.cli.main.build_parser(); assert 'pynvml' not in sys.modules, 'imported'"
     )
     run = subprocess.run(

@@ -3,11 +3,11 @@ turns out to be."""
 
 from __future__ import annotations
 
-from adaptor.placement import Placement
+from adaptor.planning.placement import Placement
 from adaptor.podvm.layout import Layout, LayoutDocument, parse_document
-from providers import contract
-from providers.base import Instance
-from providers.catalogs import load_snapshot
+from providers.core import contract
+from providers.core.base import Instance
+from providers.core.snapshots import load_snapshot
 
 
 def intent_for(model_field: str, gpus: int = 1) -> contract.VMIntent:

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from adaptor.devices import plan_devices
 from adaptor.podvm.layout import Layout
-from providers.contract import GpuIntent
-from providers.mig import min_gpus, profiles_for
+from providers.core.contract import GpuIntent
+from providers.core.mig import min_gpus, profiles_for
 from tests.podvm.checks import check_bound
 
 MODELS = ("a100-40gb", "a100-80gb", "h100-80gb", "h200", "b200")

@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
-from providers import catalogs
-from providers.contract import GpuIntent, VMIntent
-from providers.errors import InvalidRequest, NoMatch
-from providers.estimates import catalog_gpu_rates, estimate_price
-from providers.loaders import aws
-from providers.request import InstanceRequest
-from providers.selection import Candidate, select
+from providers.clouds.loaders import aws
+from providers.core import snapshots
+from providers.core.contract import GpuIntent, VMIntent
+from providers.core.errors import InvalidRequest, NoMatch
+from providers.core.estimates import catalog_gpu_rates, estimate_price
+from providers.core.request import InstanceRequest
+from providers.core.selection import Candidate, select
 
 
 def top(cloud: str, **fields: Any) -> Candidate:
-    return select(catalogs.load_catalog(cloud), InstanceRequest(**fields)).selected
+    return select(snapshots.load_catalog(cloud), InstanceRequest(**fields)).selected
 
 
 # --- category 5: the GPU families the clouds sell --------------------------------------------
@@ -46,7 +46,7 @@ FAMILIES = [
 def test_bundled_catalogs_carry_the_families_the_clouds_sell(
     cloud: str, name: str, model: str, count: int, arch: str, rdma: str
 ) -> None:
-    t = catalogs.load_catalog(cloud).by_name()[name]
+    t = snapshots.load_catalog(cloud).by_name()[name]
     assert t.gpu is not None and (t.gpu.model, t.gpu.count) == (model, count)
     assert (t.arch, t.rdma) == (arch, rdma)
     assert t.zones
@@ -72,7 +72,7 @@ def test_new_families_are_selected(cloud: str, fields: dict[str, Any], expected:
 
 def test_an_amd_gpu_is_never_an_nvidia_answer_and_a_pod_naming_it_is_refused() -> None:
     # nvidia.com/gpu without a model: NVIDIA only, so never the MI300X (AMD) type
-    azure = select(catalogs.load_catalog("azure"), InstanceRequest(gpus=8))
+    azure = select(snapshots.load_catalog("azure"), InstanceRequest(gpus=8))
     assert all(c.gpu_model != "mi300x" for c in azure.candidates)
     # `peerpods select --gpu-model mi300x` names it: it is in the catalog ...
     assert top("azure", gpus=8, gpu_models=("mi300x",)).name == "Standard_ND96isr_MI300X_v5"
@@ -88,7 +88,7 @@ def test_an_amd_gpu_is_never_an_nvidia_answer_and_a_pod_naming_it_is_refused() -
 
 
 def test_a_gpu_nvidia_com_claim_never_matches_the_amd_type() -> None:
-    from adaptor.planning import plan_manifest
+    from adaptor.cli.pod_plan import plan_manifest
     from tests.providers.test_gpu_skus import _claim_pod
 
     # the MI300X (192 GB, AMD) is Azure's only GPU with 190Gi: no gpu.nvidia.com device has it
@@ -138,7 +138,7 @@ def test_g7_rtx_pro_4500_loads_and_an_unknown_gpu_is_recorded_not_dropped() -> N
 def test_every_bundled_region_has_list_prices(
     cloud: str, region: str, name: str, price: float
 ) -> None:
-    catalog = catalogs.load_catalog(cloud, region)
+    catalog = snapshots.load_catalog(cloud, region)
     assert catalog.by_name()[name].price_per_hour == pytest.approx(price, abs=1e-4)
     gpu_types = [t for t in catalog.types if t.gpu is not None]
     priced = [t for t in gpu_types if t.price_per_hour is not None]
@@ -163,7 +163,7 @@ def test_gcp_attaches_the_cheapest_gpu_that_serves() -> None:
 
 
 def test_an_unpriced_type_ranks_by_an_estimate_from_its_gpus_not_last() -> None:
-    gcp = catalogs.load_catalog("gcp")
+    gcp = snapshots.load_catalog("gcp")
     mega = gcp.by_name()["a3-megagpu-8g"]
     assert mega.price_per_hour is None
     # estimated at the region's own H100 list price (GCP prices GPUs apart from machines)
@@ -178,7 +178,7 @@ def test_an_unpriced_type_ranks_by_an_estimate_from_its_gpus_not_last() -> None:
     assert "estimate" in by["a3-megagpu-8g"].reasons[1]
     # Azure's ND H200 v5 has no bundled price: it ranks between priced 8-GPU types by its
     # estimate, not after every priced type
-    azure = select(catalogs.load_catalog("azure"), InstanceRequest(gpus=8, gpu_memory_mib=81920))
+    azure = select(snapshots.load_catalog("azure"), InstanceRequest(gpus=8, gpu_memory_mib=81920))
     names = [c.name for c in azure.candidates]
     assert names.index("Standard_ND96isr_H200_v5") < names.index("Standard_ND96isr_H100_v5")
 
@@ -187,7 +187,7 @@ def test_an_unpriced_type_ranks_by_an_estimate_from_its_gpus_not_last() -> None:
 
 
 def test_spot_or_flex_start_only_shapes_are_no_on_demand_candidates() -> None:
-    gcp = catalogs.load_catalog("gcp")
+    gcp = snapshots.load_catalog("gcp")
     for name in ("a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g"):
         assert gcp.by_name()[name].provisioning == ("spot", "flex-start")
     assert gcp.by_name()["a3-highgpu-8g"].on_demand

@@ -17,10 +17,10 @@ import pytest
 import requests
 
 from adaptor.cli.main import main
-from providers import catalogs, prices
-from providers.catalog import Catalog
-from providers.errors import CatalogError
-from providers.price_sources import azure_prices, fetch_prices, gcp_prices
+from providers.clouds.price_sources import azure_prices, fetch_prices, gcp_prices
+from providers.core import prices, snapshots
+from providers.core.catalog import Catalog
+from providers.core.errors import CatalogError
 from tests.providers.fakes.http import FakeCloud, PageToken
 
 DATA = Path(__file__).resolve().parent / "fakes" / "data" / "prices"
@@ -58,7 +58,7 @@ def _refresh(
     monkeypatch.setattr(cli, "run", lambda args: real_run(args, session=_session(fake)))
     code = main(["catalog", "refresh", "--types", "snapshot", "--out", str(out), *argv])
     provider = argv[argv.index("--provider") + 1]
-    region = catalogs.DEFAULT_REGIONS[provider]
+    region = snapshots.DEFAULT_REGIONS[provider]
     written = Catalog.model_validate_json((out / f"{provider}-{region}.json").read_text())
     return code, written
 
@@ -75,14 +75,14 @@ def test_aws_refresh_writes_types_and_price_list_prices(
     assert by["g6.xlarge"].price_per_hour == 0.8048
     assert by["p5e.48xlarge"].price_per_hour is None  # a zero rate is no price
     assert by["m7i.large"].price_per_hour is None  # not in the (trimmed) offer file
-    assert len(written.types) == len(catalogs.load_snapshot("aws", "us-east-1").types)
+    assert len(written.types) == len(snapshots.load_snapshot("aws", "us-east-1").types)
     table = prices.known_prices("aws", "us-east-1", tmp_path / "prices")
     assert table == {"g6.xlarge": 0.8048, "p5.4xlarge": 6.88}
     captured = capsys.readouterr()
     assert "2 with an on-demand price" in captured.out
     assert "AWS Price List" in captured.err  # the progress bar's stage
     # the written snapshot is what --catalog-dir reads
-    assert catalogs.load_snapshot("aws", "us-east-1", tmp_path).by_name()["p5.4xlarge"]
+    assert snapshots.load_snapshot("aws", "us-east-1", tmp_path).by_name()["p5.4xlarge"]
 
 
 def test_aws_spot_prices_come_from_the_spot_price_history(
@@ -106,7 +106,7 @@ def test_aws_spot_prices_come_from_the_spot_price_history(
         )
         argv = ["--types", "snapshot", "--out", str(tmp_path), "--no-progress"]
         assert main(["catalog", "refresh", "--provider", "aws", *argv]) == 0
-    written = catalogs.load_snapshot("aws", "us-east-1", tmp_path).by_name()["p5.4xlarge"]
+    written = snapshots.load_snapshot("aws", "us-east-1", tmp_path).by_name()["p5.4xlarge"]
     # the Price List's on-demand rate, and the cheapest zone's Spot price EC2 reports
     assert (written.price_per_hour, written.spot_price_per_hour) == (6.88, moto_price)
     row = prices.price_table("aws", "us-east-1", tmp_path / "prices")["p5.4xlarge"]
@@ -152,7 +152,7 @@ def test_gcp_refresh_builds_machine_plus_gpu_prices(
 def test_gcp_needs_an_api_key_and_http_errors_are_catalog_errors(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    catalog = catalogs.load_snapshot("gcp", "us-central1")
+    catalog = snapshots.load_snapshot("gcp", "us-central1")
     assert main(["catalog", "refresh", "--provider", "gcp", "--types", "snapshot"]) == 2
     assert "API key" in capsys.readouterr().err
     broken = FakeCloud()
@@ -165,4 +165,4 @@ def test_gcp_needs_an_api_key_and_http_errors_are_catalog_errors(
     with pytest.raises(CatalogError, match="no Items"):
         azure_prices("eastus", session=_session(garbage))
     with pytest.raises(CatalogError, match="no products"):
-        fetch_prices(catalogs.load_snapshot("aws", "us-east-1"), session=_session(garbage))
+        fetch_prices(snapshots.load_snapshot("aws", "us-east-1"), session=_session(garbage))

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from providers import contract
-from providers.contract import ContainerPlan, DeviceUnit, GpuIntent
-from providers.errors import AnnotationError
+from providers.core import contract
+from providers.core.contract import ContainerPlan, DeviceUnit, GpuIntent
+from providers.core.errors import AnnotationError
 
 models = st.lists(
     st.sampled_from(["h100", "a100-80gb", "l4", "t4", "h200"]), unique=True, max_size=3

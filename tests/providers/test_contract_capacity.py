@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from providers.capacity import CapacityType
-from providers.contract import (
+from providers.core.capacity import CapacityType
+from providers.core.contract import (
     DEFAULT_GPU_MODEL,
     DEFAULT_GPUS,
     SANDBOX_NAME,
@@ -17,7 +17,7 @@ from providers.contract import (
     encode_gpu_model,
     parse_vm_annotations,
 )
-from providers.errors import AnnotationError
+from providers.core.errors import AnnotationError
 
 POD = {SANDBOX_NAME: "p", SANDBOX_NAMESPACE: "ml"}
 

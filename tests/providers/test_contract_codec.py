@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from providers import contract
-from providers.capacity import CapacityType
-from providers.contract import ContainerPlan, Contract, DeviceUnit, GpuIntent
-from providers.errors import AnnotationError, PeerpodsError
+from providers.core import contract
+from providers.core.capacity import CapacityType
+from providers.core.contract import ContainerPlan, Contract, DeviceUnit, GpuIntent
+from providers.core.errors import AnnotationError, PeerpodsError
 from webhook import Settings, mutate_pod
 
 models = st.lists(st.sampled_from(["h100", "a100-80gb", "l4", "t4"]), unique=True, max_size=3)

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from adaptor.planning import plan_manifest
-from providers.catalogs import load_catalog
-from providers.quantity import to_mib
-from providers.request import InstanceRequest
-from providers.selection import select
-from providers.skus import product_key, product_name
+from adaptor.cli.pod_plan import plan_manifest
+from providers.core.quantity import to_mib
+from providers.core.request import InstanceRequest
+from providers.core.selection import select
+from providers.core.skus import product_key, product_name
+from providers.core.snapshots import load_catalog
 
 PCIE = "NVIDIA A100 80GB PCIe"
 SXM4 = "NVIDIA A100-SXM4-80GB"
@@ -150,8 +150,8 @@ def test_memory_requests_compare_binary_units_with_reported_mib(
 
 
 def test_products_round_trip_the_annotation_contract() -> None:
-    from providers.contract import GpuIntent, decode_gpu_model, encode_gpu_model
-    from providers.errors import AnnotationError
+    from providers.core.contract import GpuIntent, decode_gpu_model, encode_gpu_model
+    from providers.core.errors import AnnotationError
 
     intent = GpuIntent(gpus=2, models=("a100-80gb",), products=("nvidia-a100-80gb-pcie",))
     encoded = encode_gpu_model(intent)
@@ -163,7 +163,7 @@ def test_products_round_trip_the_annotation_contract() -> None:
 
 def test_createvm_reads_the_form_and_selection_enforces_it() -> None:
     # what the adaptor does at CreateVM/StartVM with the webhook's annotations
-    from providers.contract import DEFAULT_GPU_MODEL, DEFAULT_GPUS, parse_vm_annotations
+    from providers.core.contract import DEFAULT_GPU_MODEL, DEFAULT_GPUS, parse_vm_annotations
 
     annotations = {
         "io.kubernetes.cri.sandbox-name": "p",

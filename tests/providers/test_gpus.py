@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from providers.errors import InvalidRequest
-from providers.gpus import (
+from providers.core.errors import InvalidRequest
+from providers.core.gpus import (
     GPU_MODELS,
     aws_gpu,
     azure_size_gpu,

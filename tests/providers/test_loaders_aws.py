@@ -14,9 +14,9 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from providers.catalog import Catalog
-from providers.errors import CatalogError, InvalidRequest
-from providers.loaders import aws, load
+from providers.clouds.loaders import aws, load
+from providers.core.catalog import Catalog
+from providers.core.errors import CatalogError, InvalidRequest
 
 REGION = "us-east-1"
 ROOT = Path(__file__).resolve().parents[2]
@@ -268,7 +268,7 @@ def test_missing_sdk_gives_an_install_hint(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_loading_aws_imports_no_other_cloud_sdk() -> None:
     code = (
-        "import sys, providers.loaders, providers.loaders.aws\n"
+        "import sys, providers.clouds.loaders, providers.clouds.loaders.aws\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('azure', 'google'))\n"
         "assert not bad, bad\n"
     )

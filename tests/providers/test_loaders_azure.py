@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from providers.catalog import Catalog
-from providers.errors import CatalogError, InvalidRequest
-from providers.loaders import azure, load
+from providers.clouds.loaders import azure, load
+from providers.core.catalog import Catalog
+from providers.core.errors import CatalogError, InvalidRequest
 from tests.providers.fakes.azure import SKUS_PATH, compute_client, recorded_skus, serve_skus
 from tests.providers.fakes.http import FakeCloud
 

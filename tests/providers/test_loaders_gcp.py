@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from providers.catalog import Catalog
-from providers.errors import CatalogError, InvalidRequest
-from providers.loaders import gcp, load
+from providers.clouds.loaders import gcp, load
+from providers.core.catalog import Catalog
+from providers.core.errors import CatalogError, InvalidRequest
 from tests.providers.fakes.gcp import COMPUTE, PROJECT, clients, recorded, serve_recorded
 from tests.providers.fakes.http import FakeCloud
 

@@ -8,9 +8,9 @@ from types import ModuleType
 
 import pytest
 
-from providers import prices
-from providers.catalog import Catalog, InstanceType
-from providers.errors import CatalogError
+from providers.core import prices
+from providers.core.catalog import Catalog, InstanceType
+from providers.core.errors import CatalogError
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOTS = ROOT / "providers" / "snapshots"
@@ -122,7 +122,7 @@ def test_malformed_price_files_are_catalog_errors(tmp_path: Path, content: str) 
 
 
 def test_spot_prices_and_attached_gpu_rows_merge(tmp_path: Path) -> None:
-    from providers.catalog import AttachableGpu
+    from providers.core.catalog import AttachableGpu
 
     (tmp_path / "gcp-xx-test1.csv").write_text(
         "instance_type,usd_per_hour,spot_usd_per_hour\n"

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from providers.gpus import GPU_MODELS
-from providers.mig import (
+from providers.core.gpus import GPU_MODELS
+from providers.core.mig import (
     MIG_PROFILES,
     MigPlacement,
     geometry,
@@ -255,9 +255,9 @@ def test_packer_agrees_with_brute_force(case: tuple[str, dict[str, int]]) -> Non
 def test_new_tables_select_on_the_clouds(
     cloud: str, region: str, mig: dict[str, int], arch: str, model: str
 ) -> None:
-    from providers.catalogs import load_catalog
-    from providers.request import InstanceRequest
-    from providers.selection import select
+    from providers.core.request import InstanceRequest
+    from providers.core.selection import select
+    from providers.core.snapshots import load_catalog
 
     request = InstanceRequest.model_validate({"mig": mig, "arch": arch})
     chosen = select(load_catalog(cloud, region), request).selected  # type: ignore[arg-type]

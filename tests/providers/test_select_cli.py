@@ -129,11 +129,11 @@ def test_console_script_does_not_import_other_clouds() -> None:
 def test_live_uses_the_loader(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import providers.loaders.aws as aws_loader
-    from providers import catalogs
-    from providers.catalog import Catalog
+    import providers.clouds.loaders.aws as aws_loader
+    from providers.core import snapshots
+    from providers.core.catalog import Catalog
 
-    snapshot = catalogs.load_catalog("aws", "us-west-2")
+    snapshot = snapshots.load_catalog("aws", "us-west-2")
     asked: list[str] = []
 
     def load_catalog(region: str, *, client: object = None, progress: object = None) -> Catalog:
@@ -143,12 +143,12 @@ def test_live_uses_the_loader(
         return snapshot.model_copy(update={"source": "live"})
 
     monkeypatch.setattr(aws_loader, "load_catalog", load_catalog)
-    catalogs.clear_cache()
+    snapshots.clear_cache()
     try:
         code, out, _ = run(capsys, "--live", "--region", "us-west-2", "--gpus", "1",
                            "--gpu-model", "h100", "--output", "json")  # fmt: skip
     finally:
-        catalogs.clear_cache()
+        snapshots.clear_cache()
     assert code == 0 and asked == ["us-west-2"]
     data = json.loads(out)
     assert data["source"] == "live" and data["region"] == "us-west-2"

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from providers.catalog import AttachableGpu, Catalog, GpuSpec, InstanceType
-from providers.errors import InvalidRequest, NoMatch
-from providers.request import InstanceRequest
-from providers.selection import select
+from providers.core.catalog import AttachableGpu, Catalog, GpuSpec, InstanceType
+from providers.core.errors import InvalidRequest, NoMatch
+from providers.core.request import InstanceRequest
+from providers.core.selection import select
 
 GIB = 1024
 
@@ -51,7 +51,7 @@ def test_caa_counter_example_full_scan() -> None:
 
 
 def test_price_ascending_estimates_for_unpriced_types_ties_by_name() -> None:
-    # An unpriced type ranks by an estimate from its vCPUs and memory (providers.estimates:
+    # An unpriced type ranks by an estimate from its vCPUs and memory (providers.core.estimates:
     # 2 vCPUs and 4 GiB ~ $0.08/h), not after every priced type; names break ties.
     c = catalog(
         it("b.big", 16, 64, price_per_hour=0.5),

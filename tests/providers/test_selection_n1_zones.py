@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from adaptor.placement import Placement
-from providers.base import Accelerator, Instance
-from providers.catalog import AttachableGpu, Catalog, InstanceType
-from providers.catalogs import load_snapshot
-from providers.contract import GpuIntent, VMIntent
-from providers.errors import NoMatch
-from providers.request import InstanceRequest
-from providers.selection import select
+from adaptor.planning.placement import Placement
+from providers.core.base import Accelerator, Instance
+from providers.core.catalog import AttachableGpu, Catalog, InstanceType
+from providers.core.contract import GpuIntent, VMIntent
+from providers.core.errors import NoMatch
+from providers.core.request import InstanceRequest
+from providers.core.selection import select
+from providers.core.snapshots import load_snapshot
 
 P100 = AttachableGpu(model="p100", memory_mib=16384, counts=(1, 2, 4), zones=("z-c", "z-f"))
 T4 = AttachableGpu(model="t4", memory_mib=16384, counts=(1, 2, 4))

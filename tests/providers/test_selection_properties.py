@@ -8,13 +8,13 @@ import fnmatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from providers.catalog import Catalog, GpuSpec, InstanceType
-from providers.errors import NoMatch
-from providers.estimates import catalog_gpu_rates, estimate_price
-from providers.gpus import GPU_MODELS
-from providers.mig import min_gpus
-from providers.request import InstanceRequest
-from providers.selection import select
+from providers.core.catalog import Catalog, GpuSpec, InstanceType
+from providers.core.errors import NoMatch
+from providers.core.estimates import catalog_gpu_rates, estimate_price
+from providers.core.gpus import GPU_MODELS
+from providers.core.mig import min_gpus
+from providers.core.request import InstanceRequest
+from providers.core.selection import select
 
 MODELS = ["t4", "l4", "a100-40gb", "a100-80gb", "h100-80gb"]
 ZONES = ["z-a", "z-b", "z-c"]
@@ -90,7 +90,7 @@ def _family(name: str) -> set[str]:
 
 
 def satisfies(t: InstanceType, r: InstanceRequest, catalog_has_zones: bool) -> bool:
-    """The request's meaning, written out independently of providers.selection."""
+    """The request's meaning, written out independently of providers.core.selection."""
     if t.arch != r.arch or t.vcpus < r.vcpus or t.memory_mib < r.memory_mib:
         return False
     if r.rdma and not t.rdma:
@@ -147,7 +147,8 @@ def test_selection_matches_the_meaning_of_the_request(catalog: Catalog, r: Insta
     assert satisfies(chosen.instance_type, r, has_zones)
 
     # Every candidate is ranked by a price: the list price, else an estimate from what it carries
-    # (providers.estimates), never "unknown, so last"; a real price wins a tie with an estimate.
+    # (providers.core.estimates), never "unknown, so last"; a real price wins a tie with an
+    # estimate.
     rates = catalog_gpu_rates(catalog.types)
 
     def effective(t: InstanceType) -> tuple[float, bool]:

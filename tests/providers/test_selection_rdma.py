@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from providers.catalogs import load_snapshot
-from providers.errors import NoMatch
-from providers.request import InstanceRequest
-from providers.selection import rdma_devices, select
+from providers.core.errors import NoMatch
+from providers.core.request import InstanceRequest
+from providers.core.selection import rdma_devices, select
+from providers.core.snapshots import load_snapshot
 
 
 def test_a_count_excludes_types_with_too_few_interfaces() -> None:

@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest
 
-from providers import catalogs
-from providers.catalog import Catalog
-from providers.errors import CatalogError, InvalidRequest, NoMatch
-from providers.request import InstanceRequest
-from providers.selection import select
+from providers.core import snapshots
+from providers.core.catalog import Catalog
+from providers.core.errors import CatalogError, InvalidRequest, NoMatch
+from providers.core.request import InstanceRequest
+from providers.core.selection import select
 
 GIB = 1024
 H100 = ("h100",)
 
 
 def pick(cloud: str, region: str | None = None, **fields: Any) -> str:
-    catalog = catalogs.load_catalog(cloud, region)
+    catalog = snapshots.load_catalog(cloud, region)
     return select(catalog, InstanceRequest(**fields)).selected.name
 
 
@@ -91,7 +91,7 @@ def test_impossible_asks(cloud: str, fields: dict[str, Any], message: str) -> No
 
 
 def test_caa_counter_example_on_the_real_catalog() -> None:
-    catalog = catalogs.load_catalog("aws", "us-east-1")
+    catalog = snapshots.load_catalog("aws", "us-east-1")
     subset = Catalog(
         cloud="aws",
         region="us-east-1",
@@ -108,7 +108,7 @@ def test_caa_counter_example_on_the_real_catalog() -> None:
 
 
 def test_region_offerings() -> None:
-    east = catalogs.load_catalog("aws", "us-east-1")
+    east = snapshots.load_catalog("aws", "us-east-1")
     names = {t.name for t in east.types}
     assert {"p5en.48xlarge", "p5e.48xlarge"} <= names  # p5e: the recorded supplement
     with pytest.raises(NoMatch, match="not in the aws us-east-1 catalog"):
@@ -122,7 +122,7 @@ def test_region_offerings() -> None:
         p5en = next(t for t in east.types if t.name == "p5en.48xlarge")
         if zone not in p5en.zones:
             assert rejected["p5en.48xlarge"] == f"not offered in zone {zone}"
-    azure = catalogs.load_catalog("azure", "eastus")
+    azure = snapshots.load_catalog("azure", "eastus")
     h200 = InstanceRequest(gpus=8, gpu_models=("h200",), zone="1")
     with pytest.raises(NoMatch, match="offered in zone 1"):
         _ = select(azure, h200).selected
@@ -135,7 +135,7 @@ def test_every_snapshot_loads_and_resolves() -> None:
         ("azure", "eastus"),
         ("gcp", "us-central1"),
     ):
-        catalog = catalogs.load_catalog(cloud, region)
+        catalog = snapshots.load_catalog(cloud, region)
         assert catalog.cloud == cloud and catalog.region == region and catalog.types
         assert select(catalog, InstanceRequest(gpus=1)).candidates
 
@@ -144,46 +144,46 @@ def test_every_snapshot_loads_and_resolves() -> None:
 
 
 def test_snapshot_cache_reuses_and_notices_changes(tmp_path: Path) -> None:
-    catalogs.clear_cache()
-    source = catalogs.snapshot_path("azure", "eastus")
+    snapshots.clear_cache()
+    source = snapshots.snapshot_path("azure", "eastus")
     target = tmp_path / "azure-eastus.json"
     shutil.copy(source, target)
-    first = catalogs.load_catalog("azure", "eastus", catalog_dir=tmp_path)
-    assert catalogs.load_catalog("azure", "eastus", catalog_dir=tmp_path) is first
+    first = snapshots.load_catalog("azure", "eastus", catalog_dir=tmp_path)
+    assert snapshots.load_catalog("azure", "eastus", catalog_dir=tmp_path) is first
     data = json.loads(target.read_text())
     data["types"] = data["types"][:3]
     target.write_text(json.dumps(data))
     os.utime(target, ns=(1, 1))  # a different mtime even on a coarse clock
-    second = catalogs.load_catalog("azure", "eastus", catalog_dir=tmp_path)
+    second = snapshots.load_catalog("azure", "eastus", catalog_dir=tmp_path)
     assert second is not first and len(second.types) == 3
     # an expired TTL reloads too
-    third = catalogs.load_snapshot("azure", "eastus", tmp_path, ttl_seconds=0.0)
+    third = snapshots.load_snapshot("azure", "eastus", tmp_path, ttl_seconds=0.0)
     assert third is not second and third == second
 
 
 def test_snapshot_errors(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="no catalog snapshot for aws eu-west-9"):
-        catalogs.load_catalog("aws", "eu-west-9")
+        snapshots.load_catalog("aws", "eu-west-9")
     with pytest.raises(InvalidRequest, match="unknown provider"):
-        catalogs.load_catalog("oracle", "x")
+        snapshots.load_catalog("oracle", "x")
     with pytest.raises(InvalidRequest, match="invalid region"):
-        catalogs.load_catalog("aws", "../etc")
+        snapshots.load_catalog("aws", "../etc")
     (tmp_path / "aws-us-east-1.json").write_text(
         '{"cloud": "aws", "region": "us-east-1", "types": 3}'
     )
     with pytest.raises(CatalogError, match="invalid catalog at types"):
-        catalogs.load_catalog("aws", "us-east-1", catalog_dir=tmp_path)
+        snapshots.load_catalog("aws", "us-east-1", catalog_dir=tmp_path)
     (tmp_path / "gcp-us-east1.json").write_text('{"cloud": "aws", "region": "us-east-1"}')
     with pytest.raises(CatalogError, match="expected gcp us-east1"):
-        catalogs.load_catalog("gcp", "us-east1", catalog_dir=tmp_path)
+        snapshots.load_catalog("gcp", "us-east1", catalog_dir=tmp_path)
     (tmp_path / "azure-westus.json").write_bytes(b"\xff\xfe not json")
     with pytest.raises(CatalogError):
-        catalogs.load_catalog("azure", "westus", catalog_dir=tmp_path)
-    assert catalogs.available_snapshots("aws", tmp_path) == ["us-east-1"]
+        snapshots.load_catalog("azure", "westus", catalog_dir=tmp_path)
+    assert snapshots.available_snapshots("aws", tmp_path) == ["us-east-1"]
 
 
 def test_live_goes_through_the_loader_and_is_cached(monkeypatch: pytest.MonkeyPatch) -> None:
-    import providers.loaders.aws as aws_loader
+    import providers.clouds.loaders.aws as aws_loader
 
     calls: list[tuple[str, object]] = []
     fake = Catalog(cloud="aws", region="eu-west-1", source="live")
@@ -193,12 +193,12 @@ def test_live_goes_through_the_loader_and_is_cached(monkeypatch: pytest.MonkeyPa
         return fake
 
     monkeypatch.setattr(aws_loader, "load_catalog", load_catalog)
-    catalogs.clear_cache()
+    snapshots.clear_cache()
     seen: list[tuple[str, int]] = []
-    got = catalogs.load_catalog(
+    got = snapshots.load_catalog(
         "aws", "eu-west-1", live=True, progress=lambda s, n: seen.append((s, n))
     )
     assert got is fake and len(calls) == 1 and calls[0][1] is not None
-    assert catalogs.load_catalog("aws", "eu-west-1", live=True) is fake
+    assert snapshots.load_catalog("aws", "eu-west-1", live=True) is fake
     assert len(calls) == 1  # cached
-    catalogs.clear_cache()
+    snapshots.clear_cache()

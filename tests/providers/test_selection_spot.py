@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from adaptor.cli.main import main
-from providers.catalog import AttachableGpu, Catalog, GpuSpec, InstanceType
-from providers.request import InstanceRequest
-from providers.selection import select
+from providers.core.catalog import AttachableGpu, Catalog, GpuSpec, InstanceType
+from providers.core.request import InstanceRequest
+from providers.core.selection import select
 
 GIB = 1024
 

@@ -278,7 +278,7 @@ async def test_stop_closes_shims_and_leaks_nothing(proxy: AgentProxy) -> None:
 
 
 def test_bad_tls_files_are_a_clear_error(tmp_path: Path) -> None:
-    from providers.errors import InvalidRequest
+    from providers.core.errors import InvalidRequest
 
     with pytest.raises(InvalidRequest, match="agent TLS files"):
         client_tls_context(str(tmp_path / "no-ca.pem"), "c", "k")

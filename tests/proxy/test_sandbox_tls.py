@@ -15,8 +15,8 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from adaptor.pki import AdaptorPKI, IssuedPair, certificate_sandboxes
 from adaptor.proxy import AgentProxy, client_tls_context, tcp_dialer
+from adaptor.proxy.pki import AdaptorPKI, IssuedPair, certificate_sandboxes
 from adaptor.ttrpc import TtrpcError
 
 MINE = "a" * 64

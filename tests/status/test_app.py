@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from adaptor.state import SandboxRecord, SandboxState, StateStore
 from adaptor.status import DeviceBook, DeviceState, build_app
 from adaptor.status.app import refresh_sandbox_gauge
-from providers.base import Instance
+from providers.core.base import Instance
 
 
 async def _client(tmp_path: Path) -> tuple[httpx.AsyncClient, StateStore, DeviceBook]:

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from adaptor.ttrpc.gen import agent_pb2, hypervisor_pb2
-from providers import contract
+from providers.core import contract
 from tests.adaptor.daemon_proc import ANNOTATIONS, ServeProcess
 from tests.go.peers import GoServer, echo_server, go_call
 

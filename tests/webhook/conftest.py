@@ -21,7 +21,7 @@ import kubernetes_validate
 import pytest
 import trustme
 
-from providers.catalog import Catalog, GpuSpec, InstanceType
+from providers.core.catalog import Catalog, GpuSpec, InstanceType
 from webhook import Admission, ServerConfig, Settings, VmChoices, WebhookServer
 from webhook._resolver import Resolver
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import jsonpatch
 
-from providers.contract import (
+from providers.core.contract import (
     DEFAULT_GPU_MODEL,
     DEFAULT_GPUS,
     DEFAULT_MEMORY,

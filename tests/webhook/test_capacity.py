@@ -11,16 +11,16 @@ import jsonpatch
 import pytest
 import trustme
 
-from providers.capacity import CapacityType
-from providers.catalog import Catalog
-from providers.contract import (
+from providers.core.capacity import CapacityType
+from providers.core.catalog import Catalog
+from providers.core.contract import (
     DEFAULT_GPU_MODEL,
     SANDBOX_NAME,
     SANDBOX_NAMESPACE,
     VMIntent,
     parse_vm_annotations,
 )
-from providers.errors import AnnotationError, InvalidRequest
+from providers.core.errors import AnnotationError, InvalidRequest
 from tests.webhook.conftest import (
     Running,
     admit_via,

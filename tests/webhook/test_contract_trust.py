@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from providers import contract
+from providers.core import contract
 from webhook import Settings, mutate_pod
 
 KEY = b"k" * 32
@@ -71,7 +71,7 @@ def test_our_own_pod_is_a_fixed_point_and_keeps_its_contract() -> None:
 def test_values_the_adaptor_would_refuse_are_denied_at_admission() -> None:
     import pytest
 
-    from providers.errors import InvalidRequest
+    from providers.core.errors import InvalidRequest
 
     with pytest.raises(InvalidRequest, match="default_vcpus"):
         mutate_pod(pod({}, {"cpu": "99999999"}), settings=Settings(seal_key=KEY), namespace="team")

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import trustme
 
-from providers.catalog import Catalog
-from providers.contract import (
+from providers.core.catalog import Catalog
+from providers.core.contract import (
     DEFAULT_GPU_MODEL,
     DEFAULT_GPUS,
     DEVICES,

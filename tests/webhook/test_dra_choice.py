@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from adaptor.planning import PlanReport, plan_manifest
-from providers.catalog import Catalog
-from providers.catalogs import load_catalog
-from providers.contract import ContainerPlan
+from adaptor.cli.pod_plan import PlanReport, plan_manifest
+from providers.core.catalog import Catalog
+from providers.core.contract import ContainerPlan
+from providers.core.snapshots import load_catalog
 from webhook._devices import RequestPolicy
 
 Doc = dict[str, Any]
@@ -123,9 +123,9 @@ def test_any_mig_device_of_22gib_ranks_no_worse_than_each_alternative(provider: 
     assert chosen.mig_layout is not None and unit_kind(report) == "mig"
     assert "b200" not in report.intent.gpu.models  # type: ignore[union-attr]
     # no single profile on its own would have found a better-ranked VM
-    from providers.mig import profiles_for
-    from providers.request import InstanceRequest
-    from providers.selection import select
+    from providers.core.mig import profiles_for
+    from providers.core.request import InstanceRequest
+    from providers.core.selection import select
 
     catalog = report.catalog
     for model in {t.gpu.model for t in catalog.types if t.gpu is not None}:

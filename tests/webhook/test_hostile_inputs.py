@@ -13,7 +13,7 @@ import pytest
 import trustme
 import yaml
 
-from providers.catalog import Catalog
+from providers.core.catalog import Catalog
 from tests.webhook.conftest import Running, container, patch_of, pod, post, review, serve
 from tests.webhook.test_dra import CLASSES, exactly, template
 from webhook import MemoryResolver, Settings

@@ -21,7 +21,7 @@ import pytest
 import trustme
 import yaml
 
-from providers.catalog import Catalog
+from providers.core.catalog import Catalog
 from tests.webhook.conftest import (
     Running,
     ServerThread,

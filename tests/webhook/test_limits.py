@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from providers.catalog import Catalog
+from providers.core.catalog import Catalog
 from tests.webhook.conftest import Running, client_context, container, pod, post, review, serve
 from webhook import MemoryResolver, Settings
 

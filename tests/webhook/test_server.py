@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from providers.catalog import Catalog
+from providers.core.catalog import Catalog
 from tests.webhook.conftest import Running, client_context, serve
 from webhook import Admission, Settings, TlsFiles, WebhookServer
 

@@ -13,8 +13,8 @@ import jsonpatch
 import pytest
 import trustme
 
-from providers.catalog import Catalog
-from providers.contract import CC_INIT_DATA, DEFAULT_GPUS, DEVICES, IMAGE
+from providers.core.catalog import Catalog
+from providers.core.contract import CC_INIT_DATA, DEFAULT_GPUS, DEVICES, IMAGE
 from tests.webhook.conftest import Running, container, patch_of, pod, post, review, serve
 from webhook import Settings, VmChoices
 

@@ -13,9 +13,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from providers.catalog import Catalog
-from providers.contract import DEVICES, ContainerPlan
-from providers.errors import InvalidRequest
+from providers.core.catalog import Catalog
+from providers.core.contract import DEVICES, ContainerPlan
+from providers.core.errors import InvalidRequest
 from webhook import MemoryResolver, Settings, diff, mutate_pod, pod_resources
 from webhook._cel import CelError, compile_selector, evaluate
 from webhook._devices import DeviceSpace

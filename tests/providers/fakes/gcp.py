@@ -45,7 +45,7 @@ def clients(fake: FakeCloud) -> Any:
     """The loader's GcpClients bundle (regions, machine types, accelerator types) over `fake`."""
     from google.cloud import compute_v1
 
-    from providers.loaders.gcp import GcpClients
+    from providers.clouds.loaders.gcp import GcpClients
 
     return GcpClients(
         regions=client(fake, compute_v1.RegionsClient),

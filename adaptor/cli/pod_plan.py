@@ -1,0 +1,299 @@
+"""The whole decision for a pod manifest, without a cluster: what `peerpods plan` prints.
+
+The steps are the ones a real pod goes through, in order, calling the same code:
+
+1. admission: the webhook's `mutate_pod`, with claims, claim templates and DeviceClasses read
+   from the same manifest (`MemoryResolver`) and DRA selectors evaluated against the catalog;
+2. CreateVM: the mutated pod's annotations read back with `parse_vm_annotations`, exactly as the
+   adaptor reads them, and turned into a selection request (so the plan proves the contract
+   round-trips);
+3. selection: ranked instance types with prices and reasons (`providers.core.selection.select`);
+4. StartVM: the device plan for the chosen type (`plan_devices`): MIG layout and the CDI devices
+   each container gets, from the per-container plan the webhook wrote.
+
+A step that fails ends the plan there with a `Failure` naming the step; the report up to it is
+kept. A manifest that is not one (not YAML, no pod, objects of the wrong shape) raises
+InvalidRequest instead: there is nothing to plan.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from adaptor.devices.naming import CdiNaming
+from adaptor.devices.plan import DevicePlan, MigDevice, plan_devices
+from providers.core.catalog import Catalog
+from providers.core.contract import (
+    DEVICES,
+    SANDBOX_NAME,
+    SANDBOX_NAMESPACE,
+    ContainerPlan,
+    VMIntent,
+    parse_vm_annotations,
+)
+from providers.core.errors import InvalidRequest, NoMatch, PeerpodsError
+from providers.core.selection import Selection, select
+from providers.core.snapshots import DEFAULT_REGIONS, load_catalog, parse_cloud
+
+if TYPE_CHECKING:
+    from webhook import CapacityPolicy
+
+__all__ = [
+    "ContainerDevices",
+    "Failure",
+    "PlanReport",
+    "Stage",
+    "find_pod",
+    "load_documents",
+    "plan_manifest",
+]
+
+Stage = Literal["admission", "selection", "devices"]
+Document = dict[str, Any]
+
+# Workload kinds whose pod template is planned when the file holds no bare Pod.
+_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the plan stops: the step, an HTTP-like code (as the webhook answers) and a message."""
+
+    stage: Stage
+    code: int
+    message: str
+
+
+@dataclass(frozen=True)
+class ContainerDevices:
+    """The CDI devices one container gets in the pod VM."""
+
+    name: str
+    init: bool
+    cdi: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """Everything `peerpods plan` shows; `failure` is None when the pod would run."""
+
+    pod_name: str
+    namespace: str
+    catalog: Catalog
+    peer_pod: bool = True
+    failure: Failure | None = None
+    warnings: tuple[str, ...] = ()
+    patch: tuple[dict[str, Any], ...] = ()
+    annotations: dict[str, str] = field(default_factory=dict)
+    intent: VMIntent | None = None
+    container_plan: ContainerPlan | None = None
+    selection: Selection | None = None
+    devices: DevicePlan | None = None
+    containers: tuple[ContainerDevices, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    @property
+    def mig_layout(self) -> tuple[MigDevice, ...]:
+        return self.devices.mig_layout if self.devices is not None else ()
+
+
+# `plan` is a preview, run offline: its seal is under a fixed key so the same pod plans to the same
+# output everywhere. The real webhook seals under a key derived from its TLS key, so a preview
+# seal is never recognised by it.
+PREVIEW_SEAL_KEY = b"peerpods plan preview"
+
+
+def load_documents(text: str, source: str = "manifest") -> list[Document]:
+    """Every object of a (multi-document) YAML text; InvalidRequest for anything else."""
+    import yaml
+
+    try:
+        raw = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise InvalidRequest(f"{source}: not valid YAML{where}: {problem}") from None
+    documents: list[Document] = []
+    for index, doc in enumerate(raw):
+        items = doc.get("items") if isinstance(doc, dict) and doc.get("kind") == "List" else [doc]
+        if not isinstance(items, list):
+            raise InvalidRequest(f"{source}: document {index + 1}: List.items is not a list")
+        for item in items:
+            if not isinstance(item, dict) or not isinstance(item.get("kind"), str):
+                raise InvalidRequest(
+                    f"{source}: document {index + 1} is not a Kubernetes object (no kind)"
+                )
+            documents.append(item)
+    if not documents:
+        raise InvalidRequest(f"{source}: no Kubernetes objects in it")
+    return documents
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get("name") or "") if isinstance(meta, dict) else ""
+
+
+def _template_pod(obj: Document) -> Document | None:
+    path = _TEMPLATE_PATHS.get(str(obj.get("kind")))
+    if path is None:
+        return None
+    node: Any = obj
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    if not isinstance(node, dict):
+        raise InvalidRequest(f"{obj['kind']} {_name(obj)}: no pod template at {'.'.join(path)}")
+    pod = copy.deepcopy(node)
+    meta = pod.setdefault("metadata", {})
+    if not isinstance(meta, dict):
+        raise InvalidRequest(f"{obj['kind']} {_name(obj)}: pod template metadata is not a map")
+    meta.setdefault("name", _name(obj))
+    outer = obj.get("metadata")
+    if isinstance(outer, dict) and outer.get("namespace"):
+        meta.setdefault("namespace", outer["namespace"])
+    return {"apiVersion": "v1", "kind": "Pod", **pod}
+
+
+def find_pod(documents: Sequence[Document], name: str = "") -> Document:
+    """The one pod to plan: a Pod, else a workload's pod template; `name` picks among several."""
+    pods = [d for d in documents if d.get("kind") == "Pod"]
+    if not pods:
+        pods = [p for p in (_template_pod(d) for d in documents) if p is not None]
+    if name:
+        pods = [p for p in pods if _name(p) == name]
+        if not pods:
+            raise InvalidRequest(f"no pod named {name!r} in the manifest")
+    if not pods:
+        kinds = ", ".join(sorted({str(d.get("kind")) for d in documents}))
+        raise InvalidRequest(f"no Pod (or workload with a pod template) in the manifest: {kinds}")
+    if len(pods) > 1:
+        names = ", ".join(_name(p) or "(unnamed)" for p in pods)
+        raise InvalidRequest(f"{len(pods)} pods in the manifest ({names}): pick one with --pod")
+    pod = pods[0]
+    if not isinstance(pod.get("spec"), dict):
+        raise InvalidRequest(f"pod {_name(pod) or '(unnamed)'}: spec is missing or not a map")
+    if not isinstance(pod.get("metadata", {}), dict):
+        raise InvalidRequest(f"pod {_name(pod) or '(unnamed)'}: metadata is not a map")
+    return pod
+
+
+def _containers(pod: Mapping[str, Any]) -> list[tuple[str, bool]]:
+    spec = pod.get("spec") or {}
+    out: list[tuple[str, bool]] = []
+    for key, init in (("initContainers", True), ("containers", False)):
+        items = spec.get(key) or []
+        if isinstance(items, list):
+            out += [(str(c.get("name", "")), init) for c in items if isinstance(c, dict)]
+    return out
+
+
+def _admission_code(exc: PeerpodsError) -> int:
+    # the codes the webhook answers with (webhook/_admission.py)
+    from webhook import LookupFailed
+
+    if isinstance(exc, NoMatch):
+        return 403
+    if isinstance(exc, LookupFailed):
+        return 503
+    if isinstance(exc, InvalidRequest):
+        return 400
+    return 500
+
+
+def plan_manifest(
+    documents: Iterable[Document],
+    provider: str = "aws",
+    region: str = "",
+    *,
+    catalog: Catalog | None = None,
+    catalog_dir: Path | None = None,
+    pod_name: str = "",
+    allowed_machine_types: Iterable[str] = (),
+    naming: CdiNaming | None = None,
+    capacity: CapacityPolicy | None = None,
+) -> PlanReport:
+    """Plan the manifest's pod on a cloud's catalog (bundled snapshot unless `catalog` is given).
+
+    Raises InvalidRequest/CatalogError when there is nothing to plan (no pod, unknown region);
+    a pod the webhook denies, no instance type, or devices that do not fit the VM are a report
+    with `failure` set.
+    """
+    from webhook import MemoryResolver, Settings, mutate_pod
+
+    documents = list(documents)
+    if catalog is None:
+        cloud = parse_cloud(provider)
+        catalog = load_catalog(cloud, region or DEFAULT_REGIONS[cloud], catalog_dir=catalog_dir)
+    pod = find_pod(documents, pod_name)
+    meta = pod.get("metadata") or {}
+    name = _name(pod) or str(meta.get("generateName") or "")
+    namespace = str(meta.get("namespace") or "default")
+    base = PlanReport(pod_name=name, namespace=namespace, catalog=catalog)
+    settings = Settings(
+        allowed_machine_types=frozenset(allowed_machine_types), seal_key=PREVIEW_SEAL_KEY
+    )
+    if capacity is not None:
+        settings = replace(settings, capacity=capacity)
+    try:
+        result = mutate_pod(
+            pod,
+            resolver=MemoryResolver(documents),
+            catalog=catalog,
+            settings=settings,
+            namespace=namespace,
+        )
+    except PeerpodsError as exc:
+        failure = Failure("admission", _admission_code(exc), str(exc))
+        return replace(base, failure=failure)
+    annotations = dict((result.pod.get("metadata") or {}).get("annotations") or {})
+    report = replace(
+        base,
+        warnings=tuple(result.warnings),
+        patch=tuple(result.patch),
+        annotations=annotations,
+    )
+    if result.intent is None:
+        return replace(report, peer_pod=False)
+    # CreateVM: what the adaptor reads from the annotations Kata forwards.
+    try:
+        intent = parse_vm_annotations(
+            {**annotations, SANDBOX_NAME: name or "pod", SANDBOX_NAMESPACE: namespace}
+        )
+        encoded = annotations.get(DEVICES)
+        container_plan = ContainerPlan.decode(encoded) if encoded else None
+    except PeerpodsError as exc:
+        return replace(report, failure=Failure("selection", 400, f"annotations: {exc}"))
+    report = replace(report, intent=intent, container_plan=container_plan)
+    selection = select(catalog, intent.to_request())
+    try:
+        chosen = selection.selected
+    except NoMatch as exc:
+        where = f"{catalog.cloud} {catalog.region}"
+        message = f"no instance type in the {where} catalog can serve this pod: {exc}"
+        return replace(report, selection=selection, failure=Failure("selection", 403, message))
+    report = replace(report, selection=selection)
+    try:
+        devices = plan_devices(container_plan, intent.gpu, chosen.instance_type, naming)
+    except PeerpodsError as exc:
+        message = f"{chosen.name}: {exc}"
+        return replace(report, failure=Failure("devices", 400, message))
+    per_container = tuple(
+        ContainerDevices(cname, init, tuple(devices.for_container(cname)) if cname else ())
+        for cname, init in _containers(result.pod)
+    )
+    return replace(report, devices=devices, containers=per_container)

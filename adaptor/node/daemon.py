@@ -1,0 +1,422 @@
+"""`peerpods serve`: wires the state store, the provider, the sandbox manager and the hypervisor
+ttrpc server, and owns their lifetime.
+
+Start: lock the state directory (one daemon per state), open the store, build the provider,
+serve again the agent sockets of sandboxes that were running, then listen on --socket.
+Shutdown (SIGTERM/SIGINT): stop accepting, give in-flight calls a bounded grace, close every
+socket; VMs and records stay, so the next start picks the sandboxes up again. A second signal
+cuts the grace short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import socket
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from adaptor.devices import CdiConfig, CdiNaming
+from adaptor.hypervisor.gc import GarbageCollector
+from adaptor.hypervisor.preemption import PreemptionWatcher
+from adaptor.hypervisor.reaper import Reaper
+from adaptor.hypervisor.sandboxes import (
+    AgentProxyHandle,
+    ManagerConfig,
+    ProxyFactory,
+    SandboxHook,
+    SandboxManager,
+)
+from adaptor.hypervisor.service import HypervisorService
+from adaptor.node.settings import ServeSettings
+from adaptor.node.wiring import (
+    ForgetDevices,
+    container_hooks,
+    count_capacity_fallback,
+    count_proxy_call,
+    placement_for,
+    user_data_builder,
+)
+from adaptor.planning.placement import Placement
+from adaptor.planning.vmpolicy import VmPolicy
+from adaptor.podnet import PodNet, PodNetSettings, SandboxPodNetwork
+from adaptor.proxy import CreateContainerHook
+from adaptor.proxy.pki import AdaptorPKI
+from adaptor.state import SandboxRecord, StateStore
+from adaptor.status import DeviceBook, build_app
+from adaptor.status.app import refresh_sandbox_gauge
+from adaptor.status.server import StatusServer
+from adaptor.ttrpc.server import Server
+from providers.clouds import registry, sdk
+from providers.clouds.retry import observe_capacity_fallbacks
+from providers.core.base import Instance, Provider
+from providers.core.catalog import CLOUDS
+from providers.core.errors import PeerpodsError
+from providers.core.markets import Inspectable
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = "serve.lock"
+
+
+class StateLocked(PeerpodsError):
+    """Another `peerpods serve` already uses this state directory."""
+
+
+def agent_tls_context(
+    settings: ServeSettings,
+) -> tuple[ssl.SSLContext | None, AdaptorPKI | None]:
+    """The client TLS context for forwarder connections (None with --no-agent-tls), and the
+    adaptor's CA when it is the one in use (no TLS files given). Blocking file IO."""
+    tls = settings.agent_tls
+    if not tls.enabled:
+        return None, None
+    from adaptor.proxy import client_tls_context
+
+    pki: AdaptorPKI | None = None
+    if tls.ca_file is None:
+        pki = AdaptorPKI.load_or_create(settings.state_dir)
+        files = (pki.ca_file, pki.client_cert_file, pki.client_key_file)
+    else:
+        assert tls.cert_file and tls.key_file  # checked by AgentTls
+        files = (tls.ca_file, tls.cert_file, tls.key_file)
+    try:
+        return client_tls_context(*(str(f) for f in files)), pki
+    except (OSError, ssl.SSLError) as exc:
+        raise PeerpodsError(f"cannot load agent TLS files: {exc}") from exc
+
+
+# A sandbox (with its VM) -> the CreateContainer rewrite for its proxy, or None to pass through.
+ContainerHookFactory = Callable[[SandboxRecord], CreateContainerHook | None]
+# A VM -> the (host, port) its forwarder is dialled at, instead of the VM's own address (tests).
+EndpointResolver = Callable[[Instance], tuple[str, int]]
+
+
+def agent_proxy_factory(
+    tls: ssl.SSLContext | None,
+    container_hooks: ContainerHookFactory | None = None,
+    resolve_endpoint: EndpointResolver | None = None,
+    on_upstream_lost: Callable[[str], None] | None = None,
+    check_sandbox: bool = False,
+) -> ProxyFactory:
+    """Builds each sandbox's AgentProxy dialing its forwarder (over mTLS when `tls` is set;
+    with `check_sandbox`, the forwarder's certificate must name the sandbox, as the adaptor's
+    own CA issues them); `resolve_endpoint` overrides where a VM's forwarder is dialled (tests),
+    and `on_upstream_lost(sandbox id)` hears of each dropped connection."""
+
+    def make(record: SandboxRecord, socket_path: str, host: str, port: int) -> AgentProxyHandle:
+        from adaptor.proxy import AgentProxy, tcp_dialer
+
+        if resolve_endpoint is not None and record.instance is not None:
+            host, port = resolve_endpoint(record.instance)
+
+        proxy: AgentProxyHandle = AgentProxy(
+            socket_path,
+            tcp_dialer(host, port, ssl=tls, sandbox_id=record.id if check_sandbox else None),
+            sandbox_id=record.id,
+            create_container_hook=container_hooks(record) if container_hooks else None,
+            on_call=count_proxy_call,
+            on_upstream_lost=(
+                (lambda: on_upstream_lost(record.id)) if on_upstream_lost is not None else None
+            ),
+        )
+        return proxy
+
+    return make
+
+
+class Daemon:
+    """The node daemon's parts, started and closed together."""
+
+    def __init__(
+        self,
+        settings: ServeSettings,
+        *,
+        provider: Provider | None = None,
+        proxy_factory: ProxyFactory | None = None,
+        resolve_endpoint: EndpointResolver | None = None,
+        container_hooks: ContainerHookFactory | None = None,
+        provider_args: argparse.Namespace | None = None,
+        cdi: CdiConfig | None = None,
+        placement: Placement | None = None,
+        hooks: Sequence[SandboxHook] = (),
+    ) -> None:
+        self.settings = settings
+        self._provider = provider
+        self._proxy_factory = proxy_factory
+        self._resolve_endpoint = resolve_endpoint
+        self._container_hooks = container_hooks
+        self._provider_args = provider_args
+        self._cdi = cdi or CdiConfig("annotations", CdiNaming(), None)
+        self._placement = placement
+        self._hooks = tuple(hooks)
+        self.devices = DeviceBook()
+        self.status: StatusServer | None = None
+        self._unobserve: Callable[[], None] | None = None
+        self._lock_fd: int | None = None
+        self.store: StateStore | None = None
+        self.manager: SandboxManager | None = None
+        self.server: Server | None = None
+        self.gc: GarbageCollector | None = None
+        self.reaper: Reaper | None = None
+        self.podnet: PodNet | None = None
+        self.watcher: PreemptionWatcher | None = None
+
+    async def start(self) -> None:
+        """Bring everything up; on failure, whatever started is closed again."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close(grace_seconds=0)
+            raise
+
+    async def _start(self) -> None:
+        settings = self.settings
+        # Provider and catalog first: a bad provider setting fails before anything is written.
+        provider = self._provider or registry.create(
+            settings.provider,
+            registry.ProviderOptions(
+                static_endpoints=settings.static_endpoints,
+                leases=_StoreLeases(self),
+                args=self._provider_args,
+                owner_id=settings.owner_id or f"peerpods-{socket.gethostname()}",
+            ),
+        )
+        placement = self._placement
+        if placement is None:
+            placement = await asyncio.to_thread(
+                placement_for, provider, self._cdi, settings.catalog_dir
+            )
+        self._lock_fd = await asyncio.to_thread(_lock_state_dir, str(settings.state_dir))
+        await asyncio.to_thread(_refuse_live_socket, str(settings.socket))
+        self.store = await StateStore.open(settings.state_dir)
+        placement.use_quota(settings.gpu_quota, self.store)
+        self._unobserve = observe_capacity_fallbacks(count_capacity_fallback)
+        tls, pki = await asyncio.to_thread(agent_tls_context, settings)
+        proxy_factory = self._proxy_factory or agent_proxy_factory(
+            tls,
+            self._container_hooks or container_hooks(self._cdi, self.devices),
+            self._resolve_endpoint,
+            on_upstream_lost=self._upstream_lost,
+            # the adaptor's CA issues each cloud VM its own certificate (in its user data);
+            # pre-provisioned pools (static) keep the certificate they were given once
+            check_sandbox=pki is not None and provider.name in CLOUDS,
+        )
+        self.podnet = PodNet(
+            PodNetSettings(
+                vxlan_min_id=settings.vxlan_min_id,
+                vxlan_port=settings.vxlan_port,
+                pod_subnet_cidrs=settings.pod_subnet_cidrs,
+                host_interface=settings.host_interface,
+                ext_network_via_podvm=settings.ext_network_via_podvm,
+            ),
+            self.store,
+        )
+        await self.podnet.scan()
+        if provider.name in CLOUDS and placement.user_data is None:
+            placement.user_data = user_data_builder(provider.name, pki, settings.pods_dir)
+        self.manager = SandboxManager(
+            ManagerConfig(
+                pods_dir=settings.pods_dir,
+                forwarder_port=settings.forwarder_port,
+                proxy_timeout_seconds=settings.proxy_timeout_seconds,
+                start_timeout_seconds=settings.start_timeout_seconds,
+                stop_wait_seconds=settings.stop_wait_seconds,
+            ),
+            self.store,
+            provider,
+            placement,
+            proxy_factory,
+            hooks=(*self._hooks, ForgetDevices(self.devices)),
+            pod_network=SandboxPodNetwork(self.podnet, settings.pods_dir),
+            vm_policy=VmPolicy(
+                frozenset(settings.allowed_machine_types), frozenset(settings.allowed_images)
+            ).check,
+        )
+        await self.manager.recover()
+        if isinstance(provider, Inspectable):
+            self.watcher = PreemptionWatcher(
+                self.manager, provider, settings.preemption_check_interval_seconds
+            )
+            self.watcher.start()
+        owner_id = getattr(provider, "owner_id", None)
+        if settings.gc_interval_seconds > 0 and isinstance(owner_id, str) and owner_id:
+            # Only a provider whose owner tag is this node's own may be swept: another node's
+            # sandboxes are unknown here, and their VMs must never look like orphans.
+            store = self.store
+
+            async def known() -> list[str]:
+                # a quarantined record still names its sandbox: its VM is not an orphan
+                ids = [r.id for r in await store.records()]
+                return ids + list(await store.quarantined())
+
+            self.gc = GarbageCollector(
+                provider, owner_id, known, interval_seconds=settings.gc_interval_seconds
+            )
+            self.gc.start()
+        if settings.reap_grace_seconds > 0:
+            self.reaper = Reaper(self.manager, grace_seconds=settings.reap_grace_seconds)
+            self.reaper.start()
+        if settings.status_address:
+            store = self.store
+            app = build_app(
+                store, self.devices, refresh_metrics=lambda: refresh_sandbox_gauge(store)
+            )
+            self.status = StatusServer(app, settings.status_address)
+            await self.status.start()
+            log.info("status API on %s", self.status.url)
+        server = Server()
+        HypervisorService(self.manager).register(server)
+        await server.start_unix(str(settings.socket), mode=0o600)
+        self.server = server
+        log.info(
+            "serving hypervisor.Hypervisor on %s (provider %s)", settings.socket, provider.name
+        )
+
+    async def close(self, grace_seconds: float | None = None) -> None:
+        """Stop accepting, let in-flight calls finish within the grace, close every socket.
+
+        Cancelling a close (a second signal) closes what is left without grace.
+        """
+        grace = self.settings.shutdown_grace_seconds if grace_seconds is None else grace_seconds
+        if self.server is not None:
+            await _graceful(self.server.close, grace)
+            self.server = None
+        if self.gc is not None:
+            await self.gc.stop()
+            self.gc = None
+        if self.reaper is not None:
+            await self.reaper.stop()
+            self.reaper = None
+        if self.watcher is not None:
+            await self.watcher.stop()
+            self.watcher = None
+        if self.status is not None:
+            await self.status.stop()
+            self.status = None
+        if self._unobserve is not None:
+            self._unobserve()
+            self._unobserve = None
+        if self.manager is not None:
+            await _graceful(self.manager.close, grace)
+            self.manager = None
+        # The cloud SDK calls' pool and the deletes of failed creates it runs in the background.
+        await _graceful(sdk.shutdown, grace)
+        if self.podnet is not None:
+            await self.podnet.close()
+            self.podnet = None
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _upstream_lost(self, sandbox_id: str) -> None:
+        """A sandbox's forwarder connection dropped: ask the cloud whether its VM lives."""
+        if self.watcher is not None:
+            self.watcher.nudge(sandbox_id)
+
+
+class _StoreLeases:
+    """The daemon's state store as a pool provider's lease book, once the store is open."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+
+    def _store(self) -> StateStore:
+        if self._daemon.store is None:
+            raise PeerpodsError("the state store is not open")
+        return self._daemon.store
+
+    async def acquire_lease(
+        self, pool: str, sandbox_id: str, endpoints: Sequence[str]
+    ) -> str | None:
+        return await self._store().acquire_lease(pool, sandbox_id, endpoints)
+
+    async def release_lease(self, pool: str, endpoint: str) -> None:
+        await self._store().release_lease(pool, endpoint)
+
+    async def leases(self, pool: str) -> dict[str, str]:
+        return await self._store().leases(pool)
+
+
+async def _graceful(close: Callable[[float], Awaitable[None]], grace: float) -> None:
+    try:
+        await close(grace)
+    except asyncio.CancelledError:
+        await close(0)
+        raise
+
+
+class SocketInUse(PeerpodsError):
+    """A live daemon already serves the hypervisor socket."""
+
+
+def _refuse_live_socket(path: str) -> None:
+    """Refuse to take over a socket a live process answers on (a stale file is replaced)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2)
+    try:
+        probe.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+        return  # nothing there, or a socket file nobody listens on any more
+    except OSError:
+        return
+    else:
+        raise SocketInUse(f"another peerpods serve is serving {path}; stop it first")
+    finally:
+        probe.close()
+
+
+def _lock_state_dir(state_dir: str) -> int:
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(state_dir, LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StateLocked(f"another peerpods serve is using {state_dir}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+async def serve(settings: ServeSettings, **hooks: Any) -> None:
+    """Run the daemon until SIGTERM or SIGINT; a second signal skips the grace period."""
+    loop = asyncio.get_running_loop()
+    stop, force = asyncio.Event(), asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        (force if stop.is_set() else stop).set()
+
+    daemon = Daemon(settings, **hooks)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await daemon.start()
+        status = f" (status API {daemon.status.url})" if daemon.status else ""
+        print(f"peerpods serve: listening on {settings.socket}{status}", flush=True)
+        await stop.wait()
+        closing = asyncio.create_task(daemon.close(), name="daemon-close")
+        forced = asyncio.create_task(force.wait(), name="daemon-force")
+        await asyncio.wait({closing, forced}, return_when=asyncio.FIRST_COMPLETED)
+        forced.cancel()
+        if not closing.done():
+            log.warning("second signal: closing without grace")
+            closing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await closing
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await daemon.close(grace_seconds=0)

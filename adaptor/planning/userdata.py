@@ -1,0 +1,189 @@
+"""Cloud-init user data for a pod VM, CAA-compatible, with each cloud's size limit checked.
+
+The VM's agent-protocol-forwarder reads `/run/peerpod/apf.json` (CAA's keys: `pod-network`,
+`pod-namespace`, `pod-name`, `tls-server-key`, `tls-server-cert`, `tls-client-ca`), so a CAA pod
+VM image boots unchanged. GPU VMs also get their device layout under apf.json's `peerpods-devices`
+key (`adaptor.podvm.layout`: per device its GPU, MIG profile and start slot, and the CDI name
+CreateContainer will carry), which `peerpods podvm prepare` turns into MIG devices and CDI specs
+before kata-agent starts; CAA's forwarder ignores the key. `/run/peerpod/devices.json` (the
+older, nameless form) is still written for cloud-init images with an older pod VM half.
+
+Limits: AWS 16 KiB of raw user data; Azure 64 KiB of base64 custom data; GCP 256 KiB per metadata
+value. Going over is a clear InvalidRequest before any cloud call, never a cloud-side failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from adaptor.podvm.layout import APF_KEY
+from providers.core.errors import InvalidRequest
+
+APF_PATH = "/run/peerpod/apf.json"
+DEVICES_PATH = "/run/peerpod/devices.json"
+CDI_SPEC_PATH = "/var/run/cdi/nvidia.yaml"
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A user data size limit: bytes, counted raw or after base64."""
+
+    max_bytes: int
+    counted: Literal["raw", "base64"]
+    what: str
+
+
+LIMITS: dict[str, Limit] = {
+    "aws": Limit(16 * 1024, "raw", "EC2 user data"),
+    "azure": Limit(64 * 1024, "base64", "Azure custom data (base64)"),
+    "gcp": Limit(256 * 1024, "raw", "GCP metadata value user-data"),
+}
+
+
+@dataclass(frozen=True)
+class MigSlot:
+    """One MIG device to create at boot: its profile and first memory slot."""
+
+    profile: str
+    start: int
+
+
+@dataclass(frozen=True)
+class GpuSetup:
+    """What the VM does with its GPUs before kata-agent starts."""
+
+    model: str = ""
+    mig: tuple[tuple[MigSlot, ...], ...] = ()
+    generate_cdi: bool = True
+    cdi_spec_path: str = CDI_SPEC_PATH
+
+    @classmethod
+    def from_layout(cls, layout: Any, generate_cdi: bool = True) -> GpuSetup:
+        """From a providers.core.mig.MigLayout (anything with `.model` and `.per_gpu()`)."""
+        return cls(
+            model=str(layout.model),
+            mig=tuple(
+                tuple(MigSlot(p.profile, p.start) for p in group) for group in layout.per_gpu()
+            ),
+            generate_cdi=generate_cdi,
+        )
+
+    @classmethod
+    def from_plan(cls, plan: Any, generate_cdi: bool = True) -> GpuSetup:
+        """From an adaptor.devices.DevicePlan: MIG devices on the GPU indices the plan gave them
+        (whole GPUs come first and carry none), so the VM creates what CreateContainer names."""
+        gpus = max([m.gpu + 1 for m in plan.mig_layout] + [len(plan.gpus)], default=0)
+        groups: list[list[MigSlot]] = [[] for _ in range(gpus)]
+        for device in sorted(plan.mig_layout, key=lambda m: (m.gpu, m.start)):
+            groups[device.gpu].append(MigSlot(device.profile, device.start))
+        return cls(
+            model=str(plan.model),
+            mig=tuple(tuple(g) for g in groups) if plan.mig_layout else (),
+            generate_cdi=generate_cdi,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "v": 1,
+            "gpu_model": self.model,
+            "mig": [[{"profile": s.profile, "start": s.start} for s in gpu] for gpu in self.mig],
+            "cdi": {
+                "generate": self.generate_cdi,
+                "kind": "nvidia.com/gpu",
+                "spec": self.cdi_spec_path,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class PodVMConfig:
+    """Everything the pod VM is told at boot."""
+
+    pod_namespace: str
+    pod_name: str
+    tls_server_cert: str = ""
+    tls_server_key: str = ""
+    tls_client_ca: str = ""
+    pod_network: Mapping[str, Any] | None = None
+    gpu: GpuSetup | None = None
+    device_layouts: Mapping[str, Any] | None = None  # adaptor.podvm.LayoutDocument JSON
+    extra_files: Sequence[tuple[str, str]] = field(default_factory=tuple)
+
+    def apf_json(self) -> dict[str, Any]:
+        """The forwarder configuration, CAA's keys (TLS keys omitted when TLS is off)."""
+        config: dict[str, Any] = {
+            "pod-network": dict(self.pod_network) if self.pod_network is not None else None,
+            "pod-namespace": self.pod_namespace,
+            "pod-name": self.pod_name,
+        }
+        for key, value in (
+            ("tls-server-key", self.tls_server_key),
+            ("tls-server-cert", self.tls_server_cert),
+            ("tls-client-ca", self.tls_client_ca),
+        ):
+            if value:
+                config[key] = value
+        if self.device_layouts is not None:
+            config[APF_KEY] = dict(self.device_layouts)
+        return config
+
+
+def render(config: PodVMConfig) -> str:
+    """The `#cloud-config` document writing apf.json (and devices.json for GPU VMs)."""
+    files: list[dict[str, str]] = [
+        {
+            "path": APF_PATH,
+            "permissions": "0600",
+            "content": json.dumps(config.apf_json(), separators=(",", ":"), sort_keys=True),
+        }
+    ]
+    if config.gpu is not None:
+        files.append(
+            {
+                "path": DEVICES_PATH,
+                "permissions": "0644",
+                "content": json.dumps(config.gpu.to_json(), separators=(",", ":"), sort_keys=True),
+            }
+        )
+    for path, content in config.extra_files:
+        files.append({"path": path, "permissions": "0644", "content": content})
+    body = yaml.safe_dump({"write_files": files}, sort_keys=False, width=1 << 16)
+    return "#cloud-config\n" + body
+
+
+def counted_size(cloud: str, user_data: str) -> int:
+    """The size the cloud's limit applies to."""
+    limit = _limit(cloud)
+    raw = user_data.encode()
+    return len(base64.b64encode(raw)) if limit.counted == "base64" else len(raw)
+
+
+def check_size(cloud: str, user_data: str) -> None:
+    """InvalidRequest, naming the cloud's limit, when `user_data` is too large for `cloud`."""
+    limit = _limit(cloud)
+    size = counted_size(cloud, user_data)
+    if size > limit.max_bytes:
+        raise InvalidRequest(
+            f"pod VM user data is {size} bytes, over the {limit.what} limit of "
+            f"{limit.max_bytes} bytes"
+        )
+
+
+def build(cloud: str, config: PodVMConfig) -> str:
+    """Render and check in one step: the user data StartVM hands to the provider."""
+    user_data = render(config)
+    check_size(cloud, user_data)
+    return user_data
+
+
+def _limit(cloud: str) -> Limit:
+    try:
+        return LIMITS[cloud]
+    except KeyError:
+        raise InvalidRequest(f"unknown cloud {cloud!r} for user data") from None

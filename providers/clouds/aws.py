@@ -1,0 +1,505 @@
+"""AWS EC2 pod VMs: create with capacity fallback, delete, list the ones this adaptor owns.
+
+Every instance is tagged at launch (TagSpecifications, so no untagged moment exists) with the
+sandbox, pod and owner. A create first looks for an instance already tagged with the sandbox, and
+each RunInstances carries a ClientToken derived from the sandbox and placement, so a retried
+create finds the VM instead of launching a second. botocore's own retries are off: one bounded,
+jittered retry policy (providers.clouds.retry) owns them and reports what it tried.
+
+Spot VMs (VMSpec.capacity_type) are one-time Spot requests whose interruption behaviour is
+terminate, so a preempted VM bills nothing more; `inspect` tells the adaptor a VM is gone and
+`purge` removes what a lost VM may leave (volumes tagged with its sandbox).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from providers.clouds.flags import add_common_flags, add_flag, csv, truthy
+from providers.clouds.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
+from providers.clouds.sdk import discard, sdk_call
+from providers.core.base import (
+    TAG_OWNER,
+    TAG_POD_NAME,
+    TAG_POD_NAMESPACE,
+    TAG_SANDBOX,
+    Instance,
+    Resolver,
+    VMSpec,
+    identity,
+)
+from providers.core.capacity import ON_DEMAND, SPOT, TAG_CAPACITY_TYPE
+from providers.core.errors import (
+    CapacityError,
+    InstanceNotFound,
+    InvalidRequest,
+    ProviderError,
+    TransientError,
+)
+from providers.core.markets import VMCondition, create_in_markets
+
+log = logging.getLogger(__name__)
+
+USER_DATA_LIMIT_BYTES = 16 * 1024  # EC2 user data, before base64
+
+CAPACITY_CODES = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientCapacity",
+        "InsufficientHostCapacity",
+        "InsufficientReservedInstanceCapacity",
+        "Unsupported",
+        "InstanceLimitExceeded",
+        "VcpuLimitExceeded",
+        "MaxSpotInstanceCountExceeded",
+        "SpotMaxPriceTooLow",
+        "UnfulfillableCapacity",
+    }
+)
+TRANSIENT_CODES = frozenset(
+    {
+        "RequestLimitExceeded",
+        "Throttling",
+        "ThrottlingException",
+        "RequestThrottled",
+        "InternalError",
+        "InternalFailure",
+        "ServiceUnavailable",
+        "Unavailable",
+        "IdempotentParameterMismatch",
+    }
+)
+NOT_FOUND_CODES = frozenset(
+    {"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed", "InvalidVolume.NotFound"}
+)
+LIVE_STATES = ("pending", "running", "stopping", "stopped")
+# One-time Spot, terminated (never stopped or hibernated) when EC2 takes the capacity back.
+SPOT_MARKET_OPTIONS = {
+    "MarketType": "spot",
+    "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+}
+
+
+@dataclass(frozen=True)
+class AwsConfig:
+    """Where and how pod VMs are launched (CAA-compatible settings)."""
+
+    region: str
+    image_id: str = ""
+    instance_type: str = "t3.small"
+    allowed_instance_types: tuple[str, ...] = ()
+    subnet_ids: tuple[str, ...] = ()
+    zones: tuple[str, ...] = ()
+    security_group_ids: tuple[str, ...] = ()
+    key_name: str = ""
+    endpoint_url: str = ""
+    use_public_ip: bool = False
+    ready_timeout_seconds: float = 300.0
+    poll_interval_seconds: float = 2.0
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+def map_error(exc: BaseException, what: str) -> ProviderError:
+    """Translate a botocore error into the peerpods tree (most specific first)."""
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectionError,
+        HTTPClientError,
+        NoCredentialsError,
+        NoRegionError,
+    )
+
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        message = f"{what}: {code}: {error.get('Message', '')}".rstrip(": ")
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code in CAPACITY_CODES:
+            return CapacityError(message)
+        if code in NOT_FOUND_CODES:
+            return InstanceNotFound(message)
+        if code in TRANSIENT_CODES or status >= 500 or status == 429:
+            return TransientError(message)
+        return ProviderError(message)
+    if isinstance(exc, NoCredentialsError | NoRegionError):
+        return ProviderError(f"{what}: {exc} (set credentials by the AWS SDK's default chain)")
+    if isinstance(exc, ConnectionError | HTTPClientError):
+        return TransientError(f"{what}: {exc}")
+    if isinstance(exc, BotoCoreError):
+        return ProviderError(f"{what}: {exc}")
+    return ProviderError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+def make_client(config: AwsConfig) -> Any:
+    """An EC2 client with botocore retries off (our policy retries) and explicit timeouts."""
+    import boto3
+    from botocore.config import Config
+
+    botocfg = Config(
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        connect_timeout=10,
+        read_timeout=60,
+        max_pool_connections=64,
+    )
+    kwargs: dict[str, Any] = {"region_name": config.region, "config": botocfg}
+    if config.endpoint_url:
+        kwargs["endpoint_url"] = config.endpoint_url
+    return boto3.session.Session().client("ec2", **kwargs)
+
+
+def client_token(sandbox_id: str, placement: Site, spot: bool = False) -> str:
+    """Idempotency token: one per sandbox, placement and market (RunInstances allows 64 ASCII
+    chars); a Spot and an on-demand launch of one placement are different requests."""
+    key = f"{sandbox_id}|{placement.instance_type}|{placement.zone}" + ("|spot" if spot else "")
+    digest = hashlib.sha256(key.encode())
+    return "pp-" + digest.hexdigest()[:60]
+
+
+def tags_for(spec: VMSpec, owner_id: str, spot: bool = False) -> dict[str, str]:
+    """Every tag a pod VM carries; the ownership tags win over caller-supplied ones."""
+    tags = {str(k)[:128]: str(v)[:256] for k, v in spec.tags.items()}
+    tags.update(
+        {
+            "Name": f"podvm-{spec.pod_name}-{spec.sandbox_id[:8]}"[:256],
+            TAG_OWNER: owner_id,
+            TAG_SANDBOX: spec.sandbox_id,
+            TAG_POD_NAMESPACE: spec.pod_namespace,
+            TAG_POD_NAME: spec.pod_name,
+            TAG_CAPACITY_TYPE: SPOT if spot else ON_DEMAND,
+        }
+    )
+    return tags
+
+
+class AwsProvider:
+    """The `aws` provider."""
+
+    name = "aws"
+
+    def __init__(
+        self,
+        config: AwsConfig,
+        owner_id: str,
+        *,
+        client: Any = None,
+        resolve: Resolver = identity,
+    ) -> None:
+        if not owner_id:
+            raise InvalidRequest("aws provider: an owner id is required")
+        self.config = config
+        self.owner_id = owner_id
+        self.client = client if client is not None else make_client(config)
+        self.resolve = resolve
+        self._subnet_zones: dict[str, str] | None = None
+
+    # --- what selection needs ----------------------------------------------------------------
+
+    @property
+    def region(self) -> str:
+        return self.config.region
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        return self.config.zones
+
+    @property
+    def allowed_types(self) -> tuple[str, ...]:
+        return self.config.allowed_instance_types
+
+    @property
+    def default_type(self) -> str:
+        return self.config.instance_type
+
+    async def _call(self, what: str, method: str, **kwargs: Any) -> Any:
+        return await sdk_call(what, map_error, getattr(self.client, method), **kwargs)
+
+    async def _zones(self) -> list[tuple[str, str]]:
+        """(zone, subnet) pairs to try: one per configured subnet, else the configured zones."""
+        if self.config.subnet_ids:
+            if self._subnet_zones is None:
+                out = await self._call(
+                    "describe subnets", "describe_subnets", SubnetIds=list(self.config.subnet_ids)
+                )
+                found = {s["SubnetId"]: s.get("AvailabilityZone", "") for s in out["Subnets"]}
+                self._subnet_zones = {s: found.get(s, "") for s in self.config.subnet_ids}
+            return [(zone, subnet) for subnet, zone in self._subnet_zones.items()]
+        return [(zone, "") for zone in self.config.zones] or [("", "")]
+
+    # --- Provider ----------------------------------------------------------------------------
+
+    async def create(self, spec: VMSpec) -> Instance:
+        what = f"sandbox {spec.sandbox_id[:12]} (pod {spec.pod_namespace}/{spec.pod_name})"
+        image = spec.image or self.config.image_id
+        if not image:
+            raise InvalidRequest(f"{what}: no pod VM image (set --aws-image-id or --pod-vm-image)")
+        if len(spec.user_data.encode()) > USER_DATA_LIMIT_BYTES:
+            raise InvalidRequest(
+                f"{what}: user data is {len(spec.user_data.encode())} bytes, "
+                f"over the EC2 limit of {USER_DATA_LIMIT_BYTES}"
+            )
+        existing = await self._find(spec.sandbox_id)
+        if existing is not None:
+            log.info("%s: adopting existing instance %s", what, existing["InstanceId"])
+            return await self._finish(what, existing["InstanceId"])
+        zones = await self._zones()
+        subnet_of = dict(zones)
+        order = sites(spec.candidates, [z for z, _ in zones])
+
+        async def attempt(placement: Site, spot: bool) -> Instance:
+            tags = tags_for(spec, self.owner_id, spot)
+            tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
+            request: dict[str, Any] = {
+                "ImageId": image,
+                "InstanceType": placement.instance_type,
+                "MinCount": 1,
+                "MaxCount": 1,
+                "ClientToken": client_token(spec.sandbox_id, placement, spot),
+                "TagSpecifications": [
+                    {"ResourceType": kind, "Tags": tag_list} for kind in ("instance", "volume")
+                ],
+                "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            }
+            if spot:
+                request["InstanceMarketOptions"] = SPOT_MARKET_OPTIONS
+            if spec.user_data:
+                request["UserData"] = spec.user_data
+            if self.config.key_name:
+                request["KeyName"] = self.config.key_name
+            subnet = subnet_of.get(placement.zone, "")
+            if subnet:
+                interface: dict[str, Any] = {"DeviceIndex": 0, "SubnetId": subnet}
+                if self.config.security_group_ids:
+                    interface["Groups"] = list(self.config.security_group_ids)
+                if self.config.use_public_ip:
+                    interface["AssociatePublicIpAddress"] = True
+                request["NetworkInterfaces"] = [interface]
+            else:
+                if placement.zone:
+                    request["Placement"] = {"AvailabilityZone": placement.zone}
+                if self.config.security_group_ids:
+                    request["SecurityGroupIds"] = list(self.config.security_group_ids)
+            market = "Spot" if spot else "on-demand"
+            out = await self._call(
+                f"{what}: launch {market} {placement}", "run_instances", **request
+            )
+            instance_id = out["Instances"][0]["InstanceId"]
+            return await self._finish(what, instance_id)
+
+        async def in_market(spot: bool) -> Instance:
+            async def one(placement: Site) -> Instance:
+                return await attempt(placement, spot)
+
+            return await create_with_fallback(what, order, one, self.config.policy, self.name)
+
+        return await create_in_markets(what, spec.capacity_type, in_market)
+
+    async def _finish(self, what: str, instance_id: str) -> Instance:
+        """Wait until the VM is running with an address; on any failure, delete it."""
+        try:
+            return await self._wait_running(what, instance_id)
+        except BaseException:
+            policy = self.config.policy
+            await discard(f"{what}: {instance_id}", lambda: self.delete(instance_id), policy)
+            raise
+
+    async def _wait_running(self, what: str, instance_id: str) -> Instance:
+        deadline = time.monotonic() + self.config.ready_timeout_seconds
+        while True:
+            try:
+                out = await self._call(
+                    f"{what}: describe {instance_id}",
+                    "describe_instances",
+                    InstanceIds=[instance_id],
+                )
+            except (InstanceNotFound, TransientError) as exc:
+                # Eventual consistency: a fresh instance may not be visible yet.
+                log.debug("%s: %s not visible yet: %s", what, instance_id, exc)
+            else:
+                found = [i for r in out["Reservations"] for i in r["Instances"]]
+                if found:
+                    raw = found[0]
+                    state = raw["State"]["Name"]
+                    if state == "running" and self._addresses(raw):
+                        return self.resolve(self._instance(raw))
+                    if state in ("shutting-down", "terminated", "stopping", "stopped"):
+                        reason = raw.get("StateReason", {})
+                        message = f"{what}: {instance_id} went {state}: {reason.get('Message', '')}"
+                        if "InsufficientInstanceCapacity" in str(reason.get("Code", "")):
+                            raise CapacityError(message)
+                        raise ProviderError(message)
+            if time.monotonic() >= deadline:
+                waited = self.config.ready_timeout_seconds
+                raise ProviderError(f"{what}: {instance_id} not running after {waited:g}s")
+            await asyncio.sleep(self.config.poll_interval_seconds)
+
+    def _addresses(self, raw: Mapping[str, Any]) -> tuple[str, ...]:
+        private = raw.get("PrivateIpAddress", "")
+        public = raw.get("PublicIpAddress", "")
+        ordered = (public, private) if self.config.use_public_ip else (private, public)
+        return tuple(a for a in ordered if a)
+
+    def _instance(self, raw: Mapping[str, Any]) -> Instance:
+        tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+        return Instance(
+            id=raw["InstanceId"],
+            name=tags.get("Name", raw["InstanceId"]),
+            addresses=self._addresses(raw),
+            instance_type=raw.get("InstanceType", ""),
+            zone=raw.get("Placement", {}).get("AvailabilityZone", ""),
+            tags=tags,
+            extra={"state": raw.get("State", {}).get("Name", "")},
+            capacity_type=SPOT
+            if raw.get("InstanceLifecycle") == "spot" or tags.get(TAG_CAPACITY_TYPE) == SPOT
+            else ON_DEMAND,
+        )
+
+    async def _describe_owned(self, extra_filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        filters = [
+            {"Name": f"tag:{TAG_OWNER}", "Values": [self.owner_id]},
+            {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
+            *extra_filters,
+        ]
+        found: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            kwargs: dict[str, Any] = {"Filters": filters, "MaxResults": 1000}
+            if token:
+                kwargs["NextToken"] = token
+            out = await self._call("list owned instances", "describe_instances", **kwargs)
+            found.extend(i for r in out["Reservations"] for i in r["Instances"])
+            token = out.get("NextToken", "")
+            if not token:
+                return found
+
+    async def _find(self, sandbox_id: str) -> dict[str, Any] | None:
+        found = await self._describe_owned([{"Name": f"tag:{TAG_SANDBOX}", "Values": [sandbox_id]}])
+        return found[0] if found else None
+
+    async def delete(self, instance_id: str) -> None:
+        async def once() -> None:
+            try:
+                out = await self._call(
+                    f"terminate {instance_id}", "terminate_instances", InstanceIds=[instance_id]
+                )
+            except InstanceNotFound:
+                return
+            states = [c["CurrentState"]["Name"] for c in out.get("TerminatingInstances", [])]
+            if states and not all(s in ("shutting-down", "terminated") for s in states):
+                raise TransientError(f"terminate {instance_id}: still {', '.join(states)}")
+
+        await retry_transient(f"delete {instance_id}", once, self.config.policy)
+
+    async def list_owned(self) -> list[Instance]:
+        return [self._instance(raw) for raw in await self._describe_owned([])]
+
+    # --- preemption ----------------------------------------------------------------------------
+
+    async def _state(self, instance_id: str) -> tuple[str, str]:
+        """(state, EC2's reason for it); ("gone", ...) when EC2 no longer knows the instance."""
+        gone = ("gone", f"EC2 instance {instance_id} no longer exists")
+        try:
+            out = await self._call(
+                f"inspect {instance_id}", "describe_instances", InstanceIds=[instance_id]
+            )
+        except InstanceNotFound:
+            return gone
+        found = [i for r in out["Reservations"] for i in r["Instances"]]
+        if not found:
+            return gone
+        state = str(found[0].get("State", {}).get("Name", ""))
+        reason = found[0].get("StateReason", {})
+        said = str(reason.get("Message") or reason.get("Code") or "no reason given")
+        return state, f"EC2 instance {instance_id} is {state}: {said}"
+
+    async def inspect(self, instance_id: str) -> VMCondition:
+        """Alive while pending or running; gone, terminated or stopped by EC2 otherwise."""
+        state, reason = await self._state(instance_id)
+        if state in ("pending", "running"):
+            return VMCondition(True)
+        return VMCondition(False, reason)
+
+    async def purge(self, instance: Instance) -> None:
+        """Terminate the instance and delete the volumes its sandbox's tag still marks."""
+        await self.delete(instance.id)
+        sandbox_id = instance.tags.get(TAG_SANDBOX, "")
+        if not sandbox_id:
+            return
+        # A volume detaches only once the instance is terminated: wait for that (bounded).
+        deadline = time.monotonic() + self.config.ready_timeout_seconds
+        while (await self._state(instance.id))[0] == "shutting-down":
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(self.config.poll_interval_seconds)
+        filters = [
+            {"Name": f"tag:{TAG_OWNER}", "Values": [self.owner_id]},
+            {"Name": f"tag:{TAG_SANDBOX}", "Values": [sandbox_id]},
+            {"Name": "status", "Values": ["available", "error"]},
+        ]
+        out = await self._call(
+            f"volumes of {instance.id}", "describe_volumes", Filters=filters, MaxResults=500
+        )
+        for volume in out.get("Volumes", []):
+            volume_id = volume["VolumeId"]
+
+            async def remove(volume_id: str = volume_id) -> None:
+                with contextlib.suppress(InstanceNotFound):
+                    await self._call(f"delete {volume_id}", "delete_volume", VolumeId=volume_id)
+
+            await retry_transient(f"delete volume {volume_id}", remove, self.config.policy)
+            log.info("deleted volume %s left by %s", volume_id, instance.id)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """The aws provider's flags (CAA-compatible names where CAA has one)."""
+    add_common_flags(parser)
+    add_flag(parser, "--aws-region", "", "AWS region (default: the SDK's, e.g. AWS_REGION)")
+    add_flag(parser, "--aws-image-id", "", "AMI of the pod VM (overrides --pod-vm-image)")
+    add_flag(parser, "--aws-subnet-id", "", "subnets, comma-separated: one zone each, in order")
+    add_flag(parser, "--aws-zones", "", "availability zones to try when no subnet is given")
+    add_flag(parser, "--aws-security-group-ids", "", "security groups, comma-separated")
+    add_flag(parser, "--aws-key-name", "", "EC2 key pair for the pod VM (debugging only)")
+    add_flag(parser, "--aws-endpoint-url", "", "EC2 endpoint override (a local test server)")
+    add_flag(parser, "--aws-use-public-ip", "", "dial the pod VM's public address (true/false)")
+
+
+def config_from_args(args: argparse.Namespace) -> AwsConfig:
+    region = args.aws_region
+    if not region:
+        import boto3
+
+        region = boto3.session.Session().region_name or ""
+    if not region:
+        raise InvalidRequest("aws provider: no region (set --aws-region or AWS_REGION)")
+    return AwsConfig(
+        region=region,
+        image_id=args.aws_image_id or args.pod_vm_image,
+        instance_type=args.instance_type or "t3.small",
+        allowed_instance_types=csv(args.allowed_instance_types),
+        subnet_ids=csv(args.aws_subnet_id),
+        zones=csv(args.aws_zones),
+        security_group_ids=csv(args.aws_security_group_ids),
+        key_name=args.aws_key_name,
+        endpoint_url=args.aws_endpoint_url,
+        use_public_ip=truthy(args.aws_use_public_ip),
+    )
+
+
+def from_args(args: argparse.Namespace, owner_id: str, resolve: Resolver = identity) -> AwsProvider:
+    """The provider `peerpods serve --provider aws` runs."""
+    config = config_from_args(args)
+    if not config.image_id:
+        # Refused at start: otherwise the daemon would run and fail every pod's StartVM.
+        raise InvalidRequest(
+            "aws provider: no pod VM image (set --aws-image-id or --pod-vm-image, "
+            "env PEERPODS_POD_VM_IMAGE)"
+        )
+    return AwsProvider(config, owner_id, resolve=resolve)

@@ -1,0 +1,566 @@
+"""GCP Compute Engine pod VMs: create with zone/type fallback, delete, list the ones we own.
+
+Names are deterministic (`podvm-<hash of the sandbox id>`), so a retried create in the same zone
+meets 409 and adopts the VM, and a create first looks the name up in every zone. Labels carry
+ownership in GCP's label alphabet (lowercase, 63 characters); the exact sandbox id, pod and owner
+are also kept in metadata, which is what list_owned reports. GPU VMs get
+`on_host_maintenance=TERMINATE`; an N1 candidate carries its attached GPUs as a typed
+`Accelerator` (selection's model id, mapped here to GCP's accelerator type). An instance id is
+`<zone>/<name>`.
+
+A Spot VM (VMSpec.capacity_type) has provisioning model SPOT and termination action DELETE: a
+preempted VM is deleted with its boot disk (auto-delete), never left TERMINATED holding disks.
+`inspect` reports a VM that is gone, or stopped or suspended by the cloud, and `purge` deletes
+the VM record, whatever its status, and so its disks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from providers.clouds.flags import add_common_flags, add_flag, csv, truthy
+from providers.clouds.loaders.gcp import SPOT_OR_FLEX_ONLY
+from providers.clouds.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
+from providers.clouds.sdk import discard, sdk_call
+from providers.core.base import (
+    TAG_OWNER,
+    TAG_POD_NAME,
+    TAG_POD_NAMESPACE,
+    TAG_SANDBOX,
+    Instance,
+    Resolver,
+    VMCandidate,
+    VMSpec,
+    identity,
+    sandbox_hash,
+)
+from providers.core.capacity import ON_DEMAND, SPOT, TAG_CAPACITY_TYPE, CapacityType
+from providers.core.errors import (
+    CapacityError,
+    InstanceNotFound,
+    InvalidRequest,
+    ProviderError,
+    TransientError,
+)
+from providers.core.markets import VMCondition, create_in_markets
+
+log = logging.getLogger(__name__)
+
+USER_DATA_LIMIT_BYTES = 256 * 1024  # one metadata value
+CAPACITY_MARKERS = (
+    "ZONE_RESOURCE_POOL_EXHAUSTED",
+    "QUOTA_EXCEEDED",
+    "quotaExceeded",
+    "resourcePoolExhausted",
+    "UNSUPPORTED_OPERATION",
+)
+TRANSIENT_MARKERS = (
+    "rateLimitExceeded",
+    "RESOURCE_OPERATION_RATE_EXCEEDED",
+    "userRateLimitExceeded",
+)
+GPU_FAMILIES = ("a2-", "a3-", "a4-", "g2-", "g4-")
+# Statuses of an instance that no longer runs the pod: stopped, or suspended, by the cloud.
+STOPPED_STATUSES = frozenset({"STOPPING", "STOPPED", "TERMINATED", "SUSPENDING", "SUSPENDED"})
+# Confidential VMs that take GPUs: Intel TDX on a3-highgpu-1g (H100). SEV takes none.
+CONFIDENTIAL_GPU_TYPES = {
+    "TDX": frozenset({"a3-highgpu-1g"}),
+    "SEV": frozenset(),
+    "SEV_SNP": frozenset(),
+}
+N1_ACCELERATORS = {
+    "t4": "nvidia-tesla-t4",
+    "v100": "nvidia-tesla-v100",
+    "p100": "nvidia-tesla-p100",
+    "p4": "nvidia-tesla-p4",
+}
+_LABEL_BAD = re.compile(r"[^a-z0-9_-]")
+
+
+@dataclass(frozen=True)
+class GcpConfig:
+    """Where and how pod VMs are created."""
+
+    project: str
+    zones: tuple[str, ...]
+    image: str = ""
+    machine_type: str = "e2-medium"
+    allowed_instance_types: tuple[str, ...] = ()
+    network: str = "global/networks/default"
+    subnetwork: str = ""
+    disk_size_gb: int = 20
+    disk_type: str = "pd-balanced"
+    use_public_ip: bool = False
+    confidential_type: str = ""  # "", "SEV", "SEV_SNP" or "TDX"
+    operation_timeout_seconds: float = 600.0
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+def label_value(value: str) -> str:
+    """A string in GCP's label alphabet (lowercase, [a-z0-9_-], at most 63 characters)."""
+    return _LABEL_BAD.sub("-", value.lower())[:63]
+
+
+def vm_name(sandbox_id: str) -> str:
+    """The deterministic instance name of a sandbox."""
+    return f"podvm-{sandbox_hash(sandbox_id, 20)}"
+
+
+def accelerator_type(candidate: VMCandidate) -> tuple[str, int]:
+    """GCP's accelerator type and count of a candidate's attached GPUs ("", 0 when none)."""
+    if candidate.accelerator is None:
+        return "", 0
+    model = candidate.accelerator.model
+    return N1_ACCELERATORS.get(model, model), candidate.accelerator.count
+
+
+def has_gpu(machine_type: str, accelerator: str) -> bool:
+    return bool(accelerator) or machine_type.startswith(GPU_FAMILIES)
+
+
+class AlreadyExists(ProviderError):
+    """409 on insert: a retried create whose VM already exists (adopted, never duplicated)."""
+
+
+def _error_markers(exc: BaseException) -> str:
+    parts = [str(exc)]
+    for item in getattr(exc, "errors", None) or []:
+        if isinstance(item, Mapping):
+            parts += [str(item.get("reason", "")), str(item.get("code", ""))]
+        else:
+            parts += [str(getattr(item, "code", "")), str(getattr(item, "message", ""))]
+    return " ".join(parts)
+
+
+def map_error(exc: BaseException, what: str) -> ProviderError:
+    """Translate a google-api-core / transport error into the peerpods tree."""
+    from google.api_core import exceptions as gexc
+
+    markers = _error_markers(exc)
+    message = f"{what}: {markers}"[:2000]
+    if any(m in markers for m in CAPACITY_MARKERS):
+        return CapacityError(message)
+    if isinstance(exc, gexc.NotFound):
+        return InstanceNotFound(message)
+    if isinstance(exc, gexc.Conflict):
+        return AlreadyExists(message)
+    if any(m in markers for m in TRANSIENT_MARKERS) or isinstance(
+        exc,
+        gexc.TooManyRequests
+        | gexc.ServerError
+        | gexc.DeadlineExceeded
+        | gexc.ServiceUnavailable
+        | TimeoutError
+        | ConnectionError,
+    ):
+        return TransientError(message)
+    try:
+        import requests
+
+        if isinstance(exc, requests.ConnectionError | requests.Timeout):
+            return TransientError(message)
+    except ImportError:  # pragma: no cover - requests ships with google-auth
+        pass
+    return ProviderError(message)
+
+
+def make_client() -> Any:
+    """An InstancesClient using Application Default Credentials (none: one clear error)."""
+    from google.auth.exceptions import DefaultCredentialsError
+    from google.cloud import compute_v1
+
+    try:
+        return compute_v1.InstancesClient()
+    except DefaultCredentialsError as exc:
+        raise ProviderError(f"gcp provider: no credentials: {exc}") from None
+
+
+class GcpProvider:
+    """The `gcp` provider."""
+
+    name = "gcp"
+
+    def __init__(
+        self,
+        config: GcpConfig,
+        owner_id: str,
+        *,
+        client: Any = None,
+        resolve: Resolver = identity,
+    ) -> None:
+        if not owner_id:
+            raise InvalidRequest("gcp provider: an owner id is required")
+        _require_location(config)
+        if config.confidential_type not in ("", *CONFIDENTIAL_GPU_TYPES):
+            raise InvalidRequest(
+                f"gcp provider: unknown confidential type {config.confidential_type!r}"
+            )
+        self.config = config
+        self.owner_id = owner_id
+        self.client = client if client is not None else make_client()
+        self.resolve = resolve
+
+    # --- what selection needs ----------------------------------------------------------------
+
+    @property
+    def region(self) -> str:
+        """The zones' region (us-central1-a -> us-central1)."""
+        zone = self.config.zones[0]
+        return zone.rsplit("-", 1)[0] if zone.count("-") >= 2 else zone
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        return self.config.zones
+
+    @property
+    def allowed_types(self) -> tuple[str, ...]:
+        return self.config.allowed_instance_types
+
+    @property
+    def default_type(self) -> str:
+        return self.config.machine_type
+
+    async def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
+        return await sdk_call(what, map_error, fn, **kwargs)
+
+    async def _run_operation(self, what: str, method: str, **kwargs: Any) -> None:
+        timeout = self.config.operation_timeout_seconds
+
+        def run() -> None:
+            operation = getattr(self.client, method)(**kwargs)
+            operation.result(timeout=timeout)
+
+        await self._call(what, run)
+
+    # --- building the request --------------------------------------------------------------
+
+    def _labels(self, spec: VMSpec, spot: bool = False) -> dict[str, str]:
+        labels = {label_value(str(k))[:63]: label_value(str(v)) for k, v in spec.tags.items() if k}
+        labels.update(
+            {
+                TAG_OWNER: label_value(self.owner_id),
+                TAG_SANDBOX: label_value(spec.sandbox_id),
+                TAG_POD_NAMESPACE: label_value(spec.pod_namespace),
+                TAG_POD_NAME: label_value(spec.pod_name),
+                TAG_CAPACITY_TYPE: SPOT if spot else ON_DEMAND,
+            }
+        )
+        return labels
+
+    def _body(
+        self, spec: VMSpec, image: str, candidate: VMCandidate, zone: str, spot: bool = False
+    ) -> Any:
+        from google.cloud import compute_v1
+
+        machine_type = candidate.instance_type
+        accelerator, count = accelerator_type(candidate)
+        gpu = has_gpu(machine_type, accelerator)
+        metadata = [
+            ("user-data", spec.user_data),
+            (TAG_OWNER, self.owner_id),
+            (TAG_SANDBOX, spec.sandbox_id),
+            (TAG_POD_NAMESPACE, spec.pod_namespace),
+            (TAG_POD_NAME, spec.pod_name),
+        ]
+        interface = compute_v1.NetworkInterface(network=self.config.network)
+        if self.config.subnetwork:
+            interface.subnetwork = self.config.subnetwork
+        if self.config.use_public_ip:
+            interface.access_configs = [
+                compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")
+            ]
+        instance = compute_v1.Instance(
+            name=vm_name(spec.sandbox_id),
+            machine_type=f"zones/{zone}/machineTypes/{machine_type}",
+            labels=self._labels(spec, spot),
+            metadata=compute_v1.Metadata(
+                items=[compute_v1.Items(key=k, value=v) for k, v in metadata if v]
+            ),
+            disks=[
+                compute_v1.AttachedDisk(
+                    boot=True,
+                    auto_delete=True,
+                    initialize_params=compute_v1.AttachedDiskInitializeParams(
+                        disk_name=vm_name(spec.sandbox_id),
+                        source_image=image,
+                        disk_size_gb=self.config.disk_size_gb,
+                        disk_type=f"zones/{zone}/diskTypes/{self.config.disk_type}",
+                        labels=self._labels(spec, spot),
+                    ),
+                )
+            ],
+            network_interfaces=[interface],
+        )
+        confidential = self.config.confidential_type
+        if spot:
+            # Spot: deleted (with its auto-delete boot disk) when preempted, never restarted.
+            instance.scheduling = compute_v1.Scheduling(
+                provisioning_model="SPOT",
+                instance_termination_action="DELETE",
+                on_host_maintenance="TERMINATE",
+                automatic_restart=False,
+            )
+        elif gpu or confidential:
+            instance.scheduling = compute_v1.Scheduling(
+                on_host_maintenance="TERMINATE", automatic_restart=True
+            )
+        if accelerator:
+            instance.guest_accelerators = [
+                compute_v1.AcceleratorConfig(
+                    accelerator_type=f"zones/{zone}/acceleratorTypes/{accelerator}",
+                    accelerator_count=count,
+                )
+            ]
+        if confidential:
+            instance.confidential_instance_config = compute_v1.ConfidentialInstanceConfig(
+                confidential_instance_type=confidential
+            )
+        return instance
+
+    def _usable(self, candidates: tuple[VMCandidate, ...]) -> tuple[VMCandidate, ...]:
+        """Drop GPU candidates a confidential VM cannot take (SEV: none; TDX: a3-highgpu-1g)."""
+        confidential = self.config.confidential_type
+        if not confidential:
+            return candidates
+        allowed = CONFIDENTIAL_GPU_TYPES[confidential]
+        usable = []
+        for candidate in candidates:
+            machine_type = candidate.instance_type
+            accelerator, _ = accelerator_type(candidate)
+            if has_gpu(machine_type, accelerator) and (accelerator or machine_type not in allowed):
+                log.info(
+                    "%s: skipped, a %s confidential VM cannot take its GPUs",
+                    candidate,
+                    confidential,
+                )
+                continue
+            usable.append(candidate)
+        if not usable:
+            raise InvalidRequest(
+                f"no candidate can run as a {confidential} confidential VM with GPUs "
+                f"(tried {', '.join(str(c) for c in candidates)})"
+            )
+        return tuple(usable)
+
+    # --- Provider ----------------------------------------------------------------------------
+
+    async def create(self, spec: VMSpec) -> Instance:
+        what = f"sandbox {spec.sandbox_id[:12]} (pod {spec.pod_namespace}/{spec.pod_name})"
+        image = spec.image or self.config.image
+        if not image:
+            raise InvalidRequest(f"{what}: no pod VM image (set --gcp-image or --pod-vm-image)")
+        size = len(spec.user_data.encode())
+        if size > USER_DATA_LIMIT_BYTES:
+            raise InvalidRequest(
+                f"{what}: user data is {size} bytes, over the GCP metadata value limit of "
+                f"{USER_DATA_LIMIT_BYTES}"
+            )
+        candidates = self._usable(spec.candidates)
+        name = vm_name(spec.sandbox_id)
+        for zone in self.config.zones:
+            existing = await self._get(zone, name)
+            if existing is not None:
+                log.info("%s: adopting existing instance %s/%s", what, zone, name)
+                return await self._finish(what, zone, name)
+
+        async def attempt(placement: Site, spot: bool) -> Instance:
+            zone = placement.zone
+            body = self._body(spec, image, placement.candidate, zone, spot)
+            market = "Spot" if spot else "on-demand"
+            try:
+                await self._run_operation(
+                    f"{what}: insert {market} {placement}",
+                    "insert",
+                    project=self.config.project,
+                    zone=zone,
+                    instance_resource=body,
+                )
+            except ProviderError as exc:
+                if isinstance(exc, AlreadyExists):
+                    return await self._finish(what, zone, name)
+                # a failed insert may leave a stopped instance behind: never keep it
+                if isinstance(exc, CapacityError) and await self._get(zone, name) is not None:
+                    await discard(
+                        f"{what}: {zone}/{name}",
+                        lambda: self.delete(f"{zone}/{name}"),
+                        self.config.policy,
+                    )
+                raise
+            return await self._finish(what, zone, name)
+
+        order = sites(candidates, self.config.zones)
+
+        async def in_market(spot: bool) -> Instance:
+            async def one(placement: Site) -> Instance:
+                return await attempt(placement, spot)
+
+            # spot-or-on-demand's on-demand pass skips the shapes GCP sells only as Spot or
+            # Flex-start (its Spot ranking may hold them): creating one on-demand is refused,
+            # not short of capacity. An on-demand pod never has them (selection).
+            fallback = not spot and spec.capacity_type is CapacityType.SPOT_OR_ON_DEMAND
+            sold = [p for p in order if not fallback or p.instance_type not in SPOT_OR_FLEX_ONLY]
+            if not sold:
+                names = ", ".join(dict.fromkeys(p.instance_type for p in order))
+                raise CapacityError(f"{what}: {names} cannot be created on-demand (Spot only)")
+            return await create_with_fallback(what, sold, one, self.config.policy, self.name)
+
+        return await create_in_markets(what, spec.capacity_type, in_market)
+
+    async def _get(self, zone: str, name: str) -> Any:
+        try:
+            return await self._call(
+                f"get {zone}/{name}",
+                self.client.get,
+                project=self.config.project,
+                zone=zone,
+                instance=name,
+            )
+        except InstanceNotFound:
+            return None
+
+    async def _finish(self, what: str, zone: str, name: str) -> Instance:
+        try:
+            raw = await self._get(zone, name)
+            if raw is None:
+                raise ProviderError(f"{what}: {zone}/{name} vanished after insert")
+            if raw.status in ("TERMINATED", "STOPPING", "SUSPENDED"):
+                raise ProviderError(f"{what}: {zone}/{name} is {raw.status}")
+            vm = self._instance(raw, zone)
+            if not vm.addresses:
+                raise ProviderError(f"{what}: {zone}/{name} has no address")
+            return self.resolve(vm)
+        except BaseException:
+            await discard(
+                f"{what}: {zone}/{name}", lambda: self.delete(f"{zone}/{name}"), self.config.policy
+            )
+            raise
+
+    def _instance(self, raw: Any, zone: str) -> Instance:
+        meta = {item.key: item.value for item in raw.metadata.items if item.key != "user-data"}
+        tags = dict(raw.labels)
+        for key in (TAG_OWNER, TAG_SANDBOX, TAG_POD_NAMESPACE, TAG_POD_NAME):
+            if key in meta:
+                tags[key] = meta[key]
+        addresses: list[str] = []
+        for nic in raw.network_interfaces:
+            public = [a.nat_i_p for a in nic.access_configs if a.nat_i_p]
+            private = [nic.network_i_p] if nic.network_i_p else []
+            addresses += (public + private) if self.config.use_public_ip else (private + public)
+        return Instance(
+            id=f"{zone}/{raw.name}",
+            name=raw.name,
+            addresses=tuple(addresses),
+            instance_type=raw.machine_type.rsplit("/", 1)[-1],
+            zone=zone,
+            tags=tags,
+            extra={"status": raw.status},
+            capacity_type=SPOT if raw.scheduling.provisioning_model == "SPOT" else ON_DEMAND,
+        )
+
+    async def delete(self, instance_id: str) -> None:
+        zone, _, name = instance_id.partition("/")
+        if not zone or not name:
+            raise InvalidRequest(f"not a GCP instance id (want ZONE/NAME): {instance_id!r}")
+
+        async def once() -> None:
+            try:
+                await self._run_operation(
+                    f"delete {instance_id}",
+                    "delete",
+                    project=self.config.project,
+                    zone=zone,
+                    instance=name,
+                )
+            except InstanceNotFound:
+                return
+
+        await retry_transient(f"delete {instance_id}", once, self.config.policy)
+
+    # --- preemption ----------------------------------------------------------------------------
+
+    async def inspect(self, instance_id: str) -> VMCondition:
+        """Alive unless the instance is gone (preempted with action DELETE, or deleted) or
+        stopped or suspended (preempted with action STOP, a host event, or someone)."""
+        zone, _, name = instance_id.partition("/")
+        raw = await self._get(zone, name)
+        if raw is None:
+            return VMCondition(False, f"GCP instance {instance_id} no longer exists")
+        if raw.status in STOPPED_STATUSES:
+            spot = raw.scheduling.provisioning_model == "SPOT"
+            said = f": {raw.status_message}" if raw.status_message else ""
+            by = "stopped by the cloud (Spot preemption)" if spot else "stopped by the cloud"
+            return VMCondition(False, f"GCP instance {instance_id} is {raw.status}, {by}{said}")
+        return VMCondition(True)
+
+    async def purge(self, instance: Instance) -> None:
+        """Delete the instance record whatever its status; its boot disk auto-deletes with it."""
+        await self.delete(instance.id)
+
+    async def list_owned(self) -> list[Instance]:
+        from google.cloud import compute_v1
+
+        request = compute_v1.AggregatedListInstancesRequest(
+            project=self.config.project,
+            filter=f'labels.{TAG_OWNER} = "{label_value(self.owner_id)}"',
+        )
+
+        def collect() -> list[tuple[str, Any]]:
+            found = []
+            for scope, scoped in self.client.aggregated_list(request=request):
+                zone = scope.rsplit("/", 1)[-1]
+                found += [(zone, raw) for raw in scoped.instances]
+            return found
+
+        pairs = await self._call("list owned instances", collect)
+        owned = [self._instance(raw, zone) for zone, raw in pairs]
+        return [vm for vm in owned if vm.tags.get(TAG_OWNER) == self.owner_id]
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """The gcp provider's flags."""
+    add_common_flags(parser)
+    add_flag(parser, "--gcp-project", "", "project of the pod VMs")
+    add_flag(parser, "--gcp-zones", "", "zones, comma-separated, tried in order")
+    add_flag(parser, "--gcp-image", "", "pod VM image (overrides --pod-vm-image)")
+    add_flag(parser, "--gcp-network", "global/networks/default", "VPC network")
+    add_flag(parser, "--gcp-subnetwork", "", "subnetwork")
+    add_flag(parser, "--gcp-disk-type", "pd-balanced", "boot disk type")
+    add_flag(parser, "--gcp-confidential-type", "", "SEV, SEV_SNP or TDX for confidential VMs")
+    add_flag(parser, "--gcp-use-public-ip", "", "dial the pod VM's external address (true/false)")
+
+
+def config_from_args(args: argparse.Namespace) -> GcpConfig:
+    return GcpConfig(
+        project=args.gcp_project,
+        zones=csv(args.gcp_zones),
+        image=args.gcp_image or args.pod_vm_image,
+        machine_type=args.instance_type or "e2-medium",
+        allowed_instance_types=csv(args.allowed_instance_types),
+        network=args.gcp_network,
+        subnetwork=args.gcp_subnetwork,
+        disk_type=args.gcp_disk_type,
+        confidential_type=args.gcp_confidential_type.upper(),
+        use_public_ip=truthy(args.gcp_use_public_ip),
+    )
+
+
+def _require_location(config: GcpConfig) -> None:
+    if not config.project or not config.zones:
+        raise InvalidRequest("gcp provider: --gcp-project and --gcp-zones are required")
+
+
+def from_args(args: argparse.Namespace, owner_id: str, resolve: Resolver = identity) -> GcpProvider:
+    """The provider `peerpods serve --provider gcp` runs."""
+    config = config_from_args(args)
+    if config.project and config.zones and not config.image:  # a missing project or zones first
+        # Refused at start: otherwise the daemon would run and fail every pod's StartVM.
+        raise InvalidRequest(
+            "gcp provider: no pod VM image (set --gcp-image or --pod-vm-image, "
+            "env PEERPODS_POD_VM_IMAGE)"
+        )
+    return GcpProvider(config, owner_id, resolve=resolve)

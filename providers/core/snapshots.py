@@ -1,0 +1,209 @@
+"""Where catalogs come from: bundled snapshots (offline, the default) or the live cloud APIs.
+
+A snapshot is `providers/snapshots/<cloud>-<region>.json`, a `providers.core.catalog.Catalog`
+as JSON.
+Loaded catalogs are cached for a TTL (a snapshot also until its file changes), so the webhook and
+the adaptor parse a catalog once, and selection's per-catalog indexes live as long as it does.
+Live loading imports the cloud's loader module only when asked, so an AWS-only install never
+imports the Azure SDK.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import cast
+
+from pydantic import ValidationError
+
+from providers.core.catalog import CLOUDS, Catalog, Cloud
+from providers.core.errors import CatalogError, InvalidRequest
+
+__all__ = [
+    "CLOUDS",
+    "DEFAULT_REGIONS",
+    "DEFAULT_TTL_SECONDS",
+    "available_snapshots",
+    "clear_cache",
+    "default_catalog_dir",
+    "load_catalog",
+    "load_live",
+    "load_snapshot",
+    "parse_cloud",
+    "snapshot_json",
+    "snapshot_path",
+]
+
+DEFAULT_REGIONS: dict[str, str] = {"aws": "us-east-1", "azure": "eastus", "gcp": "us-central1"}
+DEFAULT_TTL_SECONDS = 3600.0
+
+Progress = Callable[[str, int], None]  # (stage, items in the page just read): loaders' callback
+
+
+def default_catalog_dir() -> Path:
+    """`$PEERPODS_CATALOG_DIR`, else the bundled `providers/snapshots` (package data)."""
+    env = os.environ.get("PEERPODS_CATALOG_DIR", "").strip()
+    if env:
+        return Path(env)
+    return Path(str(resources.files("providers") / "snapshots"))
+
+
+def parse_cloud(name: str) -> Cloud:
+    """A cloud name, checked."""
+    if name not in CLOUDS:
+        raise InvalidRequest(f"unknown provider {name!r} (one of {', '.join(CLOUDS)})")
+    return name
+
+
+def snapshot_path(cloud: str, region: str, catalog_dir: Path | None = None) -> Path:
+    if not region or "/" in region or region.startswith("."):
+        raise InvalidRequest(f"invalid region {region!r}")
+    return (catalog_dir or default_catalog_dir()) / f"{cloud}-{region}.json"
+
+
+def snapshot_json(catalog: Catalog) -> str:
+    """A catalog as snapshot JSON: one instance type per line, defaults left out (diffs well)."""
+    import json
+
+    head = catalog.model_dump(mode="json", exclude={"types"})
+    lines = [
+        json.dumps(t.model_dump(mode="json", exclude_defaults=True), separators=(",", ":"))
+        for t in catalog.types
+    ]
+    body = ",\n".join(lines)
+    return json.dumps(head)[:-1] + ', "types": [\n' + body + "\n]}\n"
+
+
+def available_snapshots(cloud: str, catalog_dir: Path | None = None) -> list[str]:
+    """Regions with a bundled snapshot for this cloud."""
+    folder = catalog_dir or default_catalog_dir()
+    prefix = f"{cloud}-"
+    return sorted(p.stem[len(prefix) :] for p in folder.glob(f"{prefix}*.json"))
+
+
+@dataclass(frozen=True)
+class _Entry:
+    catalog: Catalog
+    loaded_at: float
+    stamp: tuple[int, int] | None  # snapshot file (mtime_ns, size); None for live
+
+
+_CACHE: dict[tuple[str, str, str], _Entry] = {}
+_LOCK = threading.Lock()
+
+
+def clear_cache() -> None:
+    """Forget every loaded catalog (tests; a forced refresh)."""
+    with _LOCK:
+        _CACHE.clear()
+
+
+def _fresh(entry: _Entry | None, ttl_seconds: float, stamp: tuple[int, int] | None) -> bool:
+    if entry is None or time.monotonic() - entry.loaded_at > ttl_seconds:
+        return False
+    return entry.stamp == stamp
+
+
+def load_snapshot(
+    cloud: str,
+    region: str,
+    catalog_dir: Path | None = None,
+    ttl_seconds: float = DEFAULT_TTL_SECONDS,
+) -> Catalog:
+    """The bundled catalog for a cloud region (cached until the TTL or the file changes)."""
+    parse_cloud(cloud)
+    path = snapshot_path(cloud, region, catalog_dir)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        known = ", ".join(available_snapshots(cloud, catalog_dir)) or "none"
+        raise CatalogError(
+            f"no catalog snapshot for {cloud} {region} in {path.parent} (regions: {known}); "
+            "use --live to read the cloud's API"
+        ) from None
+    stamp = (info.st_mtime_ns, info.st_size)
+    key = ("snapshot", str(path), "")
+    with _LOCK:
+        entry = _CACHE.get(key)
+        if _fresh(entry, ttl_seconds, stamp):
+            assert entry is not None
+            return entry.catalog
+    try:
+        catalog = Catalog.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise CatalogError(f"{path}: invalid catalog at {where}: {first['msg']}") from None
+    except OSError as exc:
+        raise CatalogError(f"{path}: {exc.strerror or exc}") from None
+    if catalog.cloud != cloud or catalog.region != region:
+        raise CatalogError(
+            f"{path}: holds {catalog.cloud} {catalog.region}, expected {cloud} {region}"
+        )
+    with _LOCK:
+        _CACHE[key] = _Entry(catalog, time.monotonic(), stamp)
+    return catalog
+
+
+def _loader(cloud: str) -> Callable[..., Catalog]:
+    module_name = f"providers.clouds.loaders.{cloud}"
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CatalogError(
+            f"live {cloud} catalogs need the {cloud} SDK: pip install 'peerpods[{cloud}]' ({exc})"
+        ) from None
+    function = getattr(module, "load_catalog", None)
+    if not callable(function):
+        raise CatalogError(f"{module_name} has no load_catalog()")
+    return cast(Callable[..., Catalog], function)
+
+
+def load_live(
+    cloud: str,
+    region: str,
+    ttl_seconds: float = DEFAULT_TTL_SECONDS,
+    progress: Progress | None = None,
+    **client_options: object,
+) -> Catalog:
+    """The catalog from the cloud's API (blocking: call it in a thread from async code)."""
+    parse_cloud(cloud)
+    key = ("live", cloud, region)
+    with _LOCK:
+        entry = _CACHE.get(key)
+        if not client_options and _fresh(entry, ttl_seconds, None):
+            assert entry is not None
+            return entry.catalog
+    function = _loader(cloud)
+    options = dict(client_options)
+    if progress is not None:
+        options["progress"] = progress
+    catalog = function(region, **options)
+    if not isinstance(catalog, Catalog):
+        raise CatalogError(f"the {cloud} loader returned {type(catalog).__name__}, not a Catalog")
+    with _LOCK:
+        _CACHE[key] = _Entry(catalog, time.monotonic(), None)
+    return catalog
+
+
+def load_catalog(
+    cloud: str,
+    region: str | None = None,
+    *,
+    live: bool = False,
+    catalog_dir: Path | None = None,
+    ttl_seconds: float = DEFAULT_TTL_SECONDS,
+    progress: Progress | None = None,
+) -> Catalog:
+    """The catalog selection should use: the bundled snapshot unless `live`."""
+    parse_cloud(cloud)
+    region = region or DEFAULT_REGIONS[cloud]
+    if live:
+        return load_live(cloud, region, ttl_seconds, progress)
+    return load_snapshot(cloud, region, catalog_dir, ttl_seconds)
