@@ -144,17 +144,17 @@ def report_json(report: PlanReport) -> dict[str, Any]:
 
 
 def _selected(report: PlanReport) -> str | None:
-    selection = report.selection
-    return selection.selected.name if selection is not None and selection.count else None
+    return report.chosen
 
 
 def _price_used(report: PlanReport) -> dict[str, Any] | None:
     """The price the selected type was ranked by: which market's, and whether it is a ceiling
     or an estimate (no list price known)."""
     selection = report.selection
-    if selection is None or not selection.count:
+    chosen = report.chosen
+    if selection is None or chosen is None:
         return None
-    best = selection.selected
+    best = next(c for c in selection.iter_candidates() if c.name == chosen)
     return {
         "market": "spot" if selection.request.provisioning == "spot" else "on-demand",
         "per_hour": best.price_per_hour,
@@ -225,7 +225,7 @@ def print_report(report: PlanReport, limit: int, out: TextIO) -> None:
             )
             print(
                 f"capacity: {intent.capacity_type}; ranked by {price['market']} price, "
-                f"{selection.selected.name} at {mark}${price['per_hour']:.4g}/h{then}",
+                f"{report.chosen} at {mark}${price['per_hour']:.4g}/h{then}",
                 file=out,
             )
     devices = report.devices

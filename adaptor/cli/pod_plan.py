@@ -7,9 +7,10 @@ The steps are the ones a real pod goes through, in order, calling the same code:
 2. CreateVM: the mutated pod's annotations read back with `parse_vm_annotations`, exactly as the
    adaptor reads them, and turned into a selection request (so the plan proves the contract
    round-trips);
-3. selection: ranked instance types with prices and reasons (`providers.core.selection.select`);
-4. StartVM: the device plan for the chosen type (`plan_devices`): MIG layout and the CDI devices
-   each container gets, from the per-container plan the webhook wrote.
+3. StartVM's plan: the same `Placement` object `serve` plans with (selection under the allow
+   list, zones, candidate cap and GPU quota), with every type ranked or rejected and why;
+4. devices: the device plan for the first candidate (`plan_devices`): MIG layout and the CDI
+   devices each container gets, from the per-container plan the webhook wrote.
 
 A step that fails ends the plan there with a `Failure` naming the step; the report up to it is
 kept. A manifest that is not one (not YAML, no pod, objects of the wrong shape) raises
@@ -18,6 +19,7 @@ InvalidRequest instead: there is nothing to plan.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from adaptor.devices.naming import CdiNaming
 from adaptor.devices.plan import DevicePlan, MigDevice, plan_devices
+from adaptor.planning.placement import Placement, Plan
 from providers.core.catalog import Catalog
 from providers.core.contract import (
     DEVICES,
@@ -36,7 +39,7 @@ from providers.core.contract import (
     parse_vm_annotations,
 )
 from providers.core.errors import InvalidRequest, NoMatch, PeerpodsError
-from providers.core.selection import Selection, select
+from providers.core.selection import Selection
 from providers.core.snapshots import DEFAULT_REGIONS, load_catalog, parse_cloud
 
 if TYPE_CHECKING:
@@ -99,12 +102,18 @@ class PlanReport:
     intent: VMIntent | None = None
     container_plan: ContainerPlan | None = None
     selection: Selection | None = None
+    plan: Plan | None = None
     devices: DevicePlan | None = None
     containers: tuple[ContainerDevices, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.failure is None
+
+    @property
+    def chosen(self) -> str | None:
+        """The instance type StartVM would try first (None when the plan stopped before)."""
+        return self.plan.candidates[0].instance_type if self.plan and self.plan.candidates else None
 
     @property
     def mig_layout(self) -> tuple[MigDevice, ...]:
@@ -226,9 +235,12 @@ def plan_manifest(
     allowed_machine_types: Iterable[str] = (),
     naming: CdiNaming | None = None,
     capacity: CapacityPolicy | None = None,
+    placement: Placement | None = None,
 ) -> PlanReport:
     """Plan the manifest's pod on a cloud's catalog (bundled snapshot unless `catalog` is given).
 
+    `placement` is StartVM's own (`adaptor.planning.placement.Placement`: allow list, zones,
+    candidate cap, GPU quota); without one, the catalog with `allowed_machine_types`.
     Raises InvalidRequest/CatalogError when there is nothing to plan (no pod, unknown region);
     a pod the webhook denies, no instance type, or devices that do not fit the VM are a report
     with `failure` set.
@@ -279,18 +291,28 @@ def plan_manifest(
     except PeerpodsError as exc:
         return replace(report, failure=Failure("selection", 400, f"annotations: {exc}"))
     report = replace(report, intent=intent, container_plan=container_plan)
-    selection = select(catalog, intent.to_request())
-    try:
-        chosen = selection.selected
-    except NoMatch as exc:
-        where = f"{catalog.cloud} {catalog.region}"
-        message = f"no instance type in the {where} catalog can serve this pod: {exc}"
-        return replace(report, selection=selection, failure=Failure("selection", 403, message))
+    # StartVM: the very Placement `serve` plans with (allow list, zones, candidate cap, quota).
+    if placement is None:
+        placement = Placement(catalog=catalog, allowed=tuple(allowed_machine_types))
+    placement = replace(placement, catalog=catalog, naming=naming or placement.naming)
+    selection = placement.explain(intent)
     report = replace(report, selection=selection)
+    where = f"{catalog.cloud} {catalog.region}"
     try:
-        devices = plan_devices(container_plan, intent.gpu, chosen.instance_type, naming)
+        plan = asyncio.run(placement.plan(intent, name or "pod"))
+        if not plan.candidates:
+            raise NoMatch("no candidate is left")
+    except NoMatch as exc:
+        message = f"no instance type in the {where} catalog can serve this pod: {exc}"
+        return replace(report, failure=Failure("selection", 403, message))
+    finally:
+        placement.release(name or "pod")
+    chosen = plan.candidates[0]
+    report = replace(report, plan=plan)
+    try:
+        devices = plan_devices(container_plan, intent.gpu, chosen.inventory, placement.naming)
     except PeerpodsError as exc:
-        message = f"{chosen.name}: {exc}"
+        message = f"{chosen.instance_type}: {exc}"
         return replace(report, failure=Failure("devices", 400, message))
     per_container = tuple(
         ContainerDevices(cname, init, tuple(devices.for_container(cname)) if cname else ())

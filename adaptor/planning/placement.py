@@ -32,7 +32,7 @@ from providers.core.errors import InvalidRequest, NoMatch
 from providers.core.gpus import resolve_gpu
 from providers.core.mig import min_gpus
 from providers.core.quota import Demand, Holdings, QuotaPool, demand_of_type, parse_quota
-from providers.core.selection import Candidate, select
+from providers.core.selection import Candidate, Selection, select
 
 log = logging.getLogger(__name__)
 
@@ -193,13 +193,19 @@ class Placement:
 
     # --- selection -------------------------------------------------------------------------------
 
+    def explain(self, intent: VMIntent) -> Selection:
+        """The whole selection for the intent under this placement's allow and deny lists: every
+        type ranked or rejected with its reason (what `plan` prints). Needs a catalog."""
+        if self.catalog is None:
+            raise NoMatch("this provider has no catalog to select from")
+        return select(self.catalog, intent.to_request(allow=self.allowed, deny=self.denied))
+
     def ranked(self, intent: VMIntent) -> list[Candidate]:
         """Ranked candidates for the intent; NoMatch (counted by reason) when none serves it."""
         if self.catalog is None:
             return []
-        request = intent.to_request(allow=self.allowed, deny=self.denied)
         try:
-            selection = select(self.catalog, request)
+            selection = self.explain(intent)
             selection.selected  # noqa: B018 - raises NoMatch with selection's summary when empty
             if not self.zones:
                 return selection.top(self.max_candidates)
@@ -261,13 +267,17 @@ class Placement:
 
     def use_quota(self, spec: str, store: StateStore) -> None:
         """Enable a `--gpu-quota` spec ("" leaves the pool off), counting the store's sandboxes."""
-        limits = parse_quota(spec)
-        if limits:
-            self.quota = QuotaPool(limits, self.catalog, store_holdings(store))
+        self.quota = quota_pool(spec, self.catalog, store_holdings(store))
 
     def user_data_for(self, record: SandboxRecord, plan: Plan) -> str:
         """The pod VM's user data ("" when the daemon gives none: static and local)."""
         return self.user_data(record, plan) if self.user_data is not None else ""
+
+
+def quota_pool(spec: str, catalog: Catalog | None, holdings: Holdings | None) -> QuotaPool | None:
+    """The GPU quota pool of a `--gpu-quota` spec (None for ""), counting `holdings`' VMs."""
+    limits = parse_quota(spec)
+    return QuotaPool(limits, catalog, holdings) if limits else None
 
 
 def allowed(name: str, patterns: Sequence[str]) -> bool:
