@@ -42,7 +42,7 @@ class GpuModel:
     vendor: str
     product_name: str  # as NVIDIA's DRA driver publishes it
     architecture: str
-    memory_mib: int  # nominal memory per GPU
+    memory_mib: int  # per GPU, as the driver reports it (the one figure for every cloud)
     mig_profiles: tuple[MigProfileSpec, ...] = ()
     mig_capable: bool = False  # True also where the profile table is not known here
 
@@ -53,47 +53,51 @@ class GpuModel:
 
 
 def _model(
-    id: str, vendor: str, product: str, arch: str, memory_gib: float, mig: bool = False
+    id: str, vendor: str, product: str, arch: str, memory_mib: int, mig: bool = False
 ) -> GpuModel:
     profiles = MIG_PROFILES.get(id, ())
-    return GpuModel(
-        id, vendor, product, arch, round(memory_gib * GIB), profiles, mig or bool(profiles)
-    )
+    return GpuModel(id, vendor, product, arch, memory_mib, profiles, mig or bool(profiles))
 
 
+# Memory per GPU in MiB as the driver reports it, the one figure every cloud's catalog uses.
+# "aws": EC2 DescribeInstanceTypes `GpuInfo.Gpus[].MemoryInfo.SizeInMiB` (moto bundles the real
+# records; tests/providers/test_gpu_memory.py compares them). "spec": the GiB figure of the
+# cloud's size table or NVIDIA's datasheet, where no cloud API reports one (Azure and GCP give
+# none). NVIDIA's "180 GB" B200 and "186 GB" GB200 are decimal-ish marketing figures: the driver
+# reports 183359 and 189440 MiB, never 180 or 186 GiB.
 _ALL = (
-    _model("b300", "NVIDIA", "NVIDIA B300 SXM6 AC", "Blackwell", 270, mig=True),
-    _model("b200", "NVIDIA", "NVIDIA B200", "Blackwell", 180),
-    _model("gb200", "NVIDIA", "NVIDIA GB200", "Blackwell", 186, mig=True),
+    _model("b300", "NVIDIA", "NVIDIA B300 SXM6 AC", "Blackwell", 275040, mig=True),  # aws
+    _model("b200", "NVIDIA", "NVIDIA B200", "Blackwell", 183359),  # aws p6-b200
+    _model("gb200", "NVIDIA", "NVIDIA GB200", "Blackwell", 189440, mig=True),  # aws p6e-gb200
     _model("rtx-pro-6000", "NVIDIA", "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-           "Blackwell", 96, mig=True),
+           "Blackwell", 98304, mig=True),  # aws g7e
     _model("rtx-pro-4500", "NVIDIA", "NVIDIA RTX PRO 4500 Blackwell Server Edition",
-           "Blackwell", 32),
-    _model("h200", "NVIDIA", "NVIDIA H200", "Hopper", 141),
-    _model("gh200", "NVIDIA", "NVIDIA GH200 480GB", "Hopper", 96, mig=True),
-    _model("h100-80gb", "NVIDIA", "NVIDIA H100 80GB HBM3", "Hopper", 80),
-    _model("h100-nvl", "NVIDIA", "NVIDIA H100 NVL", "Hopper", 94),
-    _model("a100-80gb", "NVIDIA", "NVIDIA A100-SXM4-80GB", "Ampere", 80),
-    _model("a100-40gb", "NVIDIA", "NVIDIA A100-SXM4-40GB", "Ampere", 40),
-    _model("a30", "NVIDIA", "NVIDIA A30", "Ampere", 24),
-    _model("a10g", "NVIDIA", "NVIDIA A10G", "Ampere", 24),
-    _model("a10", "NVIDIA", "NVIDIA A10", "Ampere", 24),
-    _model("l40s", "NVIDIA", "NVIDIA L40S", "Ada Lovelace", 48),
-    _model("l40", "NVIDIA", "NVIDIA L40", "Ada Lovelace", 48),
-    _model("l4", "NVIDIA", "NVIDIA L4", "Ada Lovelace", 24),
-    _model("t4", "NVIDIA", "Tesla T4", "Turing", 16),
-    _model("t4g", "NVIDIA", "NVIDIA T4G", "Turing", 16),
-    _model("v100-32gb", "NVIDIA", "Tesla V100-SXM2-32GB", "Volta", 32),
-    _model("v100", "NVIDIA", "Tesla V100-SXM2-16GB", "Volta", 16),
-    _model("p100", "NVIDIA", "Tesla P100-PCIE-16GB", "Pascal", 16),
-    _model("p40", "NVIDIA", "Tesla P40", "Pascal", 24),
-    _model("p4", "NVIDIA", "Tesla P4", "Pascal", 8),
-    _model("m60", "NVIDIA", "Tesla M60", "Maxwell", 8),
-    _model("k80", "NVIDIA", "Tesla K80", "Kepler", 12),
-    _model("radeon-pro-v520", "AMD", "Radeon Pro V520", "RDNA", 8),
-    _model("radeon-instinct-mi25", "AMD", "Radeon Instinct MI25", "Vega", 16),
-    _model("mi300x", "AMD", "AMD Instinct MI300X", "CDNA3", 192),
-    _model("gaudi-hl-205", "Habana", "Gaudi HL-205", "Gaudi", 32),
+           "Blackwell", 32 * GIB),  # spec
+    _model("h200", "NVIDIA", "NVIDIA H200", "Hopper", 144384),  # aws p5e/p5en
+    _model("gh200", "NVIDIA", "NVIDIA GH200 480GB", "Hopper", 96 * GIB, mig=True),  # spec
+    _model("h100-80gb", "NVIDIA", "NVIDIA H100 80GB HBM3", "Hopper", 81920),  # aws p5
+    _model("h100-nvl", "NVIDIA", "NVIDIA H100 NVL", "Hopper", 94 * GIB),  # spec (Azure NC H100 v5)
+    _model("a100-80gb", "NVIDIA", "NVIDIA A100-SXM4-80GB", "Ampere", 81920),  # aws p4de
+    _model("a100-40gb", "NVIDIA", "NVIDIA A100-SXM4-40GB", "Ampere", 40960),  # aws p4d
+    _model("a30", "NVIDIA", "NVIDIA A30", "Ampere", 24 * GIB),  # spec
+    _model("a10g", "NVIDIA", "NVIDIA A10G", "Ampere", 22888),  # aws g5
+    _model("a10", "NVIDIA", "NVIDIA A10", "Ampere", 24 * GIB),  # spec (Azure NVadsA10 v5)
+    _model("l40s", "NVIDIA", "NVIDIA L40S", "Ada Lovelace", 45776),  # aws g6e
+    _model("l40", "NVIDIA", "NVIDIA L40", "Ada Lovelace", 48 * GIB),  # spec
+    _model("l4", "NVIDIA", "NVIDIA L4", "Ada Lovelace", 22888),  # aws g6
+    _model("t4", "NVIDIA", "Tesla T4", "Turing", 16384),  # aws g4dn
+    _model("t4g", "NVIDIA", "NVIDIA T4G", "Turing", 16384),  # aws g5g
+    _model("v100-32gb", "NVIDIA", "Tesla V100-SXM2-32GB", "Volta", 32768),  # aws p3dn
+    _model("v100", "NVIDIA", "Tesla V100-SXM2-16GB", "Volta", 16 * GIB),  # spec
+    _model("p100", "NVIDIA", "Tesla P100-PCIE-16GB", "Pascal", 16 * GIB),  # spec
+    _model("p40", "NVIDIA", "Tesla P40", "Pascal", 24 * GIB),  # spec
+    _model("p4", "NVIDIA", "Tesla P4", "Pascal", 8 * GIB),  # spec
+    _model("m60", "NVIDIA", "Tesla M60", "Maxwell", 8 * GIB),  # spec
+    _model("k80", "NVIDIA", "Tesla K80", "Kepler", 12 * GIB),  # spec
+    _model("radeon-pro-v520", "AMD", "Radeon Pro V520", "RDNA", 8192),  # aws g4ad
+    _model("radeon-instinct-mi25", "AMD", "Radeon Instinct MI25", "Vega", 16 * GIB),  # spec
+    _model("mi300x", "AMD", "AMD Instinct MI300X", "CDNA3", 192 * GIB),  # spec
+    _model("gaudi-hl-205", "Habana", "Gaudi HL-205", "Gaudi", 32768),  # aws dl1
 )  # fmt: skip
 
 GPU_MODELS: Mapping[str, GpuModel] = MappingProxyType({m.id: m for m in _ALL})

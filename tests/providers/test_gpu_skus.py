@@ -122,8 +122,8 @@ def test_pcie_a100_is_not_sold_on_aws() -> None:
     [
         # AWS reports 22888 MiB for A10G and L4: short of 23Gi, so the L40S (45776 MiB)
         ("aws", "g6e", {"a10g", "l4"}),
-        # GCP's L4 is listed with 24 GB
-        ("gcp", "g2", set()),
+        # GCP's L4 is the same GPU, 22888 MiB there too: an A100 serves 23Gi
+        ("gcp", "a2", {"l4"}),
         ("azure", None, set()),
     ],
 )
