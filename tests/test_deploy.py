@@ -62,8 +62,9 @@ def test_daemonset_serves_the_kata_socket_directory() -> None:
     daemonset = next(d for _, d in DOCUMENTS if d["kind"] == "DaemonSet")
     volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
     assert volumes["run-peerpod"]["hostPath"]["path"] == "/run/peerpod"
-    init = daemonset["spec"]["template"]["spec"]["initContainers"][0]
-    assert "kata.peerpods.io~1vm" in " ".join(init["command"])
+    # the node's capacity is advertised by the adaptor itself (tests/node/test_advertise.py)
+    (adaptor,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert "PEERPODS_NODE_NAME" in {e["name"] for e in adaptor["env"]}
 
 
 def test_daemonset_has_what_pod_networking_needs_and_no_more() -> None:

@@ -107,6 +107,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         parser,
+        "--shutdown-drain",
+        default="15s",
+        type=flags.duration,
+        help="after SIGTERM the agent sockets close first (Kata's Go shim then stops its pod "
+        "with one StopVM); how long the hypervisor socket stays to take those StopVMs and "
+        "finish their teardowns",
+    )
+    flags.add(
+        parser,
+        "--reconnect-grace",
+        default="5m",
+        type=flags.duration,
+        help="a sandbox found running at start whose shim does not connect to its agent socket "
+        "within this is treated as gone: its VM, tunnel and record are removed (Kata's Go shim "
+        "never reconnects after losing its agent connection); 0s: wait forever",
+    )
+    flags.add(
+        parser,
         "--allowed-machine-types",
         default="",
         help="comma-separated instance types a pod may pin with the machine_type annotation "
@@ -190,6 +208,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="tell pod VMs to reach external networks through their own secondary NIC "
         "(experimental in CAA's pod VM)",
     )
+    flags.add(
+        parser,
+        "--node-name",
+        default="",
+        help="the Kubernetes Node this daemon runs on: its status gets kata.peerpods.io/vm "
+        "(--vm-capacity), patched at start and restored whenever it differs (needs get on "
+        "nodes and patch on nodes/status); empty: not advertised",
+    )
+    flags.add(
+        parser,
+        "--vm-capacity",
+        type=int,
+        default=10,
+        help="how many peer pods this node may run (kata.peerpods.io/vm on its Node)",
+    )
     from adaptor.cli.cdi_flags import add_cdi_flags
 
     add_cdi_flags(parser)
@@ -219,6 +252,8 @@ def run(args: argparse.Namespace) -> int:
         stop_wait_seconds=args.stop_wait,
         reap_grace_seconds=args.reap_grace,
         shutdown_grace_seconds=args.shutdown_grace,
+        shutdown_drain_seconds=args.shutdown_drain,
+        reconnect_grace_seconds=args.reconnect_grace,
         gc_interval_seconds=args.gc_interval,
         preemption_check_interval_seconds=args.preemption_check_interval,
         static_endpoints=args.static_endpoints,
@@ -232,6 +267,8 @@ def run(args: argparse.Namespace) -> int:
         pod_subnet_cidrs=args.pod_subnet_cidrs,
         host_interface=args.host_interface,
         ext_network_via_podvm=args.ext_network_via_podvm,
+        node_name=args.node_name,
+        vm_capacity=args.vm_capacity,
         agent_tls={
             "enabled": args.agent_tls,
             "ca_file": args.agent_tls_ca,

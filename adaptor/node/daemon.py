@@ -34,6 +34,7 @@ from adaptor.hypervisor.sandboxes import (
     SandboxManager,
 )
 from adaptor.hypervisor.service import HypervisorService
+from adaptor.node.advertise import CapacityAdvertiser, KubeNodeApi, NodeApi
 from adaptor.node.settings import ServeSettings
 from adaptor.node.wiring import (
     ForgetDevices,
@@ -146,6 +147,7 @@ class Daemon:
         cdi: CdiConfig | None = None,
         placement: Placement | None = None,
         hooks: Sequence[SandboxHook] = (),
+        node_api: NodeApi | None = None,
     ) -> None:
         self.settings = settings
         self._provider = provider
@@ -167,6 +169,8 @@ class Daemon:
         self.reaper: Reaper | None = None
         self.podnet: PodNet | None = None
         self.watcher: PreemptionWatcher | None = None
+        self._node_api = node_api
+        self.advertiser: CapacityAdvertiser | None = None
 
     async def start(self) -> None:
         """Bring everything up; on failure, whatever started is closed again."""
@@ -275,6 +279,16 @@ class Daemon:
         HypervisorService(self.manager).register(server)
         await server.start_unix(str(settings.socket), mode=0o600)
         self.server = server
+        if settings.node_name:
+            # Advertised only once the socket serves: the scheduler sends pods from then on.
+            self.advertiser = CapacityAdvertiser(
+                self._node_api or KubeNodeApi(),
+                settings.node_name,
+                settings.vm_capacity,
+                interval_seconds=settings.capacity_check_interval_seconds,
+                retry_seconds=min(5.0, settings.capacity_check_interval_seconds),
+            )
+            self.advertiser.start()
         log.info(
             "serving hypervisor.Hypervisor on %s (provider %s)", settings.socket, provider.name
         )
@@ -285,6 +299,9 @@ class Daemon:
         Cancelling a close (a second signal) closes what is left without grace.
         """
         grace = self.settings.shutdown_grace_seconds if grace_seconds is None else grace_seconds
+        if self.advertiser is not None:
+            await self.advertiser.stop()
+            self.advertiser = None
         if self.server is not None:
             await _graceful(self.server.close, grace)
             self.server = None

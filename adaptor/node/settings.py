@@ -70,6 +70,12 @@ class ServeSettings(BaseModel):
         600.0, ge=0, description="failed/stopping sandboxes' VMs deleted after this; 0: off"
     )
     shutdown_grace_seconds: float = Field(10.0, ge=0, description="in-flight calls at exit")
+    shutdown_drain_seconds: float = Field(
+        15.0, ge=0, description="at exit, the wait for the StopVMs of the shims it disconnects"
+    )
+    reconnect_grace_seconds: float = Field(
+        300.0, ge=0, description="a recovered sandbox's wait for its shim; 0: forever"
+    )
     gc_interval_seconds: float = Field(300.0, ge=0, description="orphan VM sweeps; 0: off")
     preemption_check_interval_seconds: float = Field(
         30.0, ge=0, description="lost-VM sweeps of running sandboxes; 0: on connection loss only"
@@ -87,6 +93,12 @@ class ServeSettings(BaseModel):
     pod_subnet_cidrs: tuple[str, ...] = Field((), description="extra routes via the pod gateway")
     host_interface: str = Field("", description="worker NIC of the tunnel ('': primary)")
     ext_network_via_podvm: bool = False
+    # This node's peer-pod capacity on its Node status (adaptor.node.advertise).
+    node_name: str = Field("", description="the Node to advertise capacity on ('': off)")
+    vm_capacity: int = Field(10, ge=0, description="kata.peerpods.io/vm advertised (peer pods)")
+    capacity_check_interval_seconds: float = Field(
+        30.0, gt=0, description="how often the advertised capacity is checked and restored"
+    )
 
     @field_validator("pod_subnet_cidrs", mode="before")
     @classmethod
