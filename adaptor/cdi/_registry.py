@@ -41,13 +41,6 @@ class Registry:
         self.errors: dict[str, list[str]] = {}
         self.refresh()
 
-    @classmethod
-    def from_specs(cls, specs: Iterable[Spec]) -> Registry:
-        """A registry over already-loaded specs (their `priority` decides conflicts)."""
-        registry = cls(())
-        registry._index(list(specs))
-        return registry
-
     def refresh(self) -> None:
         specs: list[Spec] = []
         self.errors = {}

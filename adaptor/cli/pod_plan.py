@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -117,7 +118,7 @@ class PlanReport:
 
     @property
     def mig_layout(self) -> tuple[MigDevice, ...]:
-        return self.devices.mig_layout if self.devices is not None else ()
+        return self.devices.mig if self.devices is not None else ()
 
 
 # `plan` is a preview, run offline: its seal is under a fixed key so the same pod plans to the same
@@ -211,6 +212,17 @@ def _containers(pod: Mapping[str, Any]) -> list[tuple[str, bool]]:
     return out
 
 
+def _run_to_end(step: Coroutine[Any, Any, Plan]) -> Plan:
+    """Run StartVM's (async) planning step from this synchronous preview; inside a running loop
+    (the CLI called from async code) on a loop of its own in a worker thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(step)
+    with ThreadPoolExecutor(1, thread_name_prefix="plan") as pool:
+        return pool.submit(asyncio.run, step).result()
+
+
 def _admission_code(exc: PeerpodsError) -> int:
     # the codes the webhook answers with (webhook/_admission.py)
     from webhook import LookupFailed
@@ -299,7 +311,7 @@ def plan_manifest(
     report = replace(report, selection=selection)
     where = f"{catalog.cloud} {catalog.region}"
     try:
-        plan = asyncio.run(placement.plan(intent, name or "pod"))
+        plan = _run_to_end(placement.plan(intent, name or "pod"))
         if not plan.candidates:
             raise NoMatch("no candidate is left")
     except NoMatch as exc:

@@ -28,10 +28,9 @@ class CdiNaming(BaseModel):
 
     gpu: str = "peerpods.io/gpu=gpu{index}"
     mig: str = "peerpods.io/gpu=gpu{gpu}-mig{mig}"
-    all_gpus: str = "peerpods.io/gpu=all"
     rdma: str = "rdma.peerpods.io/hca={index}"
 
-    @field_validator("gpu", "mig", "all_gpus", "rdma")
+    @field_validator("gpu", "mig", "rdma")
     @classmethod
     def _qualified(cls, template: str) -> str:
         try:

@@ -54,10 +54,6 @@ class DevicePlan(BaseModel):
     containers: dict[str, tuple[str, ...]] | None = None
 
     @property
-    def mig_layout(self) -> tuple[MigDevice, ...]:
-        return self.mig
-
-    @property
     def default(self) -> tuple[str, ...]:
         """The whole inventory: what each app container gets without a per-container plan."""
         return (*self.gpus, *(m.name for m in self.mig), *self.rdma)

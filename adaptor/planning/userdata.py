@@ -78,13 +78,13 @@ class GpuSetup:
     def from_plan(cls, plan: Any, generate_cdi: bool = True) -> GpuSetup:
         """From an adaptor.devices.DevicePlan: MIG devices on the GPU indices the plan gave them
         (whole GPUs come first and carry none), so the VM creates what CreateContainer names."""
-        gpus = max([m.gpu + 1 for m in plan.mig_layout] + [len(plan.gpus)], default=0)
+        gpus = max([m.gpu + 1 for m in plan.mig] + [len(plan.gpus)], default=0)
         groups: list[list[MigSlot]] = [[] for _ in range(gpus)]
-        for device in sorted(plan.mig_layout, key=lambda m: (m.gpu, m.start)):
+        for device in sorted(plan.mig, key=lambda m: (m.gpu, m.start)):
             groups[device.gpu].append(MigSlot(device.profile, device.start))
         return cls(
             model=str(plan.model),
-            mig=tuple(tuple(g) for g in groups) if plan.mig_layout else (),
+            mig=tuple(tuple(g) for g in groups) if plan.mig else (),
             generate_cdi=generate_cdi,
         )
 

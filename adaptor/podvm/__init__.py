@@ -7,7 +7,7 @@ name the adaptor injects to the device created (`peerpods podvm prepare`, at boo
 
 from adaptor.podvm.layout import (
     APF_KEY,
-    GpuSpec,
+    GpuLayout,
     Layout,
     LayoutDocument,
     LayoutError,
@@ -17,7 +17,7 @@ from adaptor.podvm.layout import (
 
 __all__ = [
     "APF_KEY",
-    "GpuSpec",
+    "GpuLayout",
     "Layout",
     "LayoutDocument",
     "LayoutError",

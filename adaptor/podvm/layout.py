@@ -61,7 +61,7 @@ class MigSpec(BaseModel):
         return self
 
 
-class GpuSpec(BaseModel):
+class GpuLayout(BaseModel):
     """One GPU of the VM by NVML index: a whole GPU (`name`) or carrying MIG devices (`mig`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -71,7 +71,7 @@ class GpuSpec(BaseModel):
     mig: tuple[MigSpec, ...] = ()
 
     @model_validator(mode="after")
-    def _valid(self) -> GpuSpec:
+    def _valid(self) -> GpuLayout:
         if bool(self.name) == bool(self.mig):
             raise ValueError(f"GPU {self.index}: needs either a whole-GPU name or MIG devices")
         if self.name:
@@ -88,7 +88,7 @@ class Layout(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str = ""
-    gpus: tuple[GpuSpec, ...] = ()
+    gpus: tuple[GpuLayout, ...] = ()
     rdma: tuple[str, ...] = Field((), description="RDMA device names, index order")
 
     @model_validator(mode="after")
@@ -122,7 +122,7 @@ class Layout(BaseModel):
     def from_plan(cls, plan: Any) -> Layout:
         """From an adaptor.devices.DevicePlan: its whole GPUs, MIG devices and RDMA devices
         with the very names CreateContainer will carry."""
-        gpus = [GpuSpec(index=i, name=name) for i, name in enumerate(plan.gpus)]
+        gpus = [GpuLayout(index=i, name=name) for i, name in enumerate(plan.gpus)]
         by_gpu: dict[int, list[MigSpec]] = {}
         for m in plan.mig:
             by_gpu.setdefault(m.gpu, []).append(
@@ -130,7 +130,7 @@ class Layout(BaseModel):
             )
         for index in sorted(by_gpu):
             mig = tuple(sorted(by_gpu[index], key=lambda s: s.start))
-            gpus.append(GpuSpec(index=index, mig=mig))
+            gpus.append(GpuLayout(index=index, mig=mig))
         return cls(model=str(plan.model), gpus=tuple(gpus), rdma=tuple(plan.rdma))
 
 
@@ -165,11 +165,11 @@ def legacy_layout(raw: Mapping[str, Any], where: str) -> Layout:
     groups = raw.get("mig")
     if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups):
         raise LayoutError(f"{where}: 'mig' must be a list of lists")
-    gpus: list[GpuSpec] = []
+    gpus: list[GpuLayout] = []
     try:
         for index, group in enumerate(groups):
             if not group:
-                gpus.append(GpuSpec(index=index, name=LEGACY_GPU_NAME.format(index=index)))
+                gpus.append(GpuLayout(index=index, name=LEGACY_GPU_NAME.format(index=index)))
                 continue
             slots = sorted(group, key=lambda s: int(s["start"]))
             mig = tuple(
@@ -180,7 +180,7 @@ def legacy_layout(raw: Mapping[str, Any], where: str) -> Layout:
                 )
                 for rank, s in enumerate(slots)
             )
-            gpus.append(GpuSpec(index=index, mig=mig))
+            gpus.append(GpuLayout(index=index, mig=mig))
         return Layout(model=str(raw.get("gpu_model", "")), gpus=tuple(gpus))
     except (KeyError, TypeError, ValueError) as exc:
         detail = _first_error(exc) if isinstance(exc, ValidationError) else f"bad slot: {exc}"

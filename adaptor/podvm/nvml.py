@@ -106,7 +106,7 @@ class ComputeInstance:
 
 
 @dataclass(frozen=True)
-class MigDevice:
+class NvmlMigDevice:
     index: int  # the raw index nvmlDeviceGetMigDeviceHandleByIndex accepted
     uuid: str
     gi: int
@@ -346,9 +346,9 @@ class Nvml:
 
     # --- MIG devices ---------------------------------------------------------------------------
 
-    def mig_devices(self, gpu: Gpu) -> list[MigDevice]:
+    def mig_devices(self, gpu: Gpu) -> list[NvmlMigDevice]:
         """Every MIG device of the GPU, read back by UUID and GI/CI id (indices have holes)."""
-        out: list[MigDevice] = []
+        out: list[NvmlMigDevice] = []
         for index in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", gpu.handle))):
             try:
                 handle = self._call("nvmlDeviceGetMigDeviceHandleByIndex", gpu.handle, index)
@@ -357,7 +357,7 @@ class Nvml:
                     continue
                 raise
             out.append(
-                MigDevice(
+                NvmlMigDevice(
                     index=index,
                     uuid=_text(self._call("nvmlDeviceGetUUID", handle)),
                     gi=int(self._call("nvmlDeviceGetGpuInstanceId", handle)),

@@ -24,7 +24,7 @@ class DeviceState(enum.StrEnum):
 
 
 @dataclass
-class ContainerDevices:
+class ContainerDeviceState:
     """One container's planned devices and their status."""
 
     devices: tuple[str, ...]
@@ -39,20 +39,20 @@ class ContainerDevices:
 class DeviceBook:
     """Device status of every sandbox, updated by the proxy's CreateContainer path."""
 
-    _sandboxes: dict[str, dict[str, ContainerDevices]] = field(default_factory=dict)
+    _sandboxes: dict[str, dict[str, ContainerDeviceState]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def set_devices(self, sandbox_id: str, container: str, devices: tuple[str, ...]) -> None:
         """A container's CreateContainer carried these devices: pending until the agent answers."""
         with self._lock:
             containers = self._sandboxes.setdefault(sandbox_id, {})
-            containers[container] = ContainerDevices(devices)
+            containers[container] = ContainerDeviceState(devices)
 
     def mark(self, sandbox_id: str, container: str, state: DeviceState, reason: str = "") -> None:
         """Set one container's status (a container outside the plan is tracked with no devices)."""
         with self._lock:
             containers = self._sandboxes.setdefault(sandbox_id, {})
-            entry = containers.setdefault(container, ContainerDevices(()))
+            entry = containers.setdefault(container, ContainerDeviceState(()))
             entry.state = state
             entry.reason = reason
 

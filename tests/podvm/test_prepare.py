@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from adaptor.cli.main import main
-from adaptor.podvm.layout import GpuSpec, Layout, MigSpec
+from adaptor.podvm.layout import GpuLayout, Layout, MigSpec
 from tests.podvm import fake_nvml, fakehost
 from tests.podvm.checks import check_bound, nodes_of
 from tests.podvm.conftest import PodVM
@@ -18,8 +18,8 @@ from tests.podvm.conftest import PodVM
 MIXED = Layout(
     model="h100-80gb",
     gpus=(
-        GpuSpec(index=0, name="peerpods.io/gpu=gpu0"),
-        GpuSpec(
+        GpuLayout(index=0, name="peerpods.io/gpu=gpu0"),
+        GpuLayout(
             index=1,
             mig=(
                 MigSpec(profile="1g.10gb", start=0, name="peerpods.io/gpu=gpu1-mig0"),
@@ -197,7 +197,7 @@ def test_a_profile_the_gpu_lacks_fails_naming_what_it_offers(make_vm: Any) -> No
         Layout(
             model="h200",
             gpus=(
-                GpuSpec(
+                GpuLayout(
                     index=0,
                     mig=(MigSpec(profile="1g.10gb", start=0, name="peerpods.io/gpu=gpu0-mig0"),),
                 ),
@@ -221,7 +221,7 @@ def test_more_gpus_planned_than_present_fail_alone(make_vm: Any) -> None:
 def test_a_whole_gpu_left_in_mig_mode_is_switched_back(make_vm: Any) -> None:
     vm = make_vm(gpus=1)
     _pre_existing(vm, 0, "7g.80gb", 0)
-    vm.send(Layout(model="h100-80gb", gpus=(GpuSpec(index=0, name="peerpods.io/gpu=gpu0"),)))
+    vm.send(Layout(model="h100-80gb", gpus=(GpuLayout(index=0, name="peerpods.io/gpu=gpu0"),)))
     assert vm.prepare().exit_code == 0, vm.lines
     assert vm.machine.gpus[0].mig_current == 0 and not vm.machine.gpus[0].gis
 
@@ -329,7 +329,7 @@ def test_the_layout_of_the_vms_gpu_model_is_used(make_vm: Any) -> None:
     other = Layout(
         model="h100-80gb",
         gpus=(
-            GpuSpec(
+            GpuLayout(
                 index=0,
                 mig=(MigSpec(profile="3g.40gb", start=0, name="peerpods.io/gpu=gpu0-mig0"),),
             ),
@@ -338,7 +338,7 @@ def test_the_layout_of_the_vms_gpu_model_is_used(make_vm: Any) -> None:
     mine = Layout(
         model="h200",
         gpus=(
-            GpuSpec(
+            GpuLayout(
                 index=0,
                 mig=(MigSpec(profile="3g.71gb", start=0, name="peerpods.io/gpu=gpu0-mig0"),),
             ),
@@ -354,7 +354,7 @@ def test_rdma_names_bind_the_uverbs_devices(make_vm: Any) -> None:
     vm.send(
         Layout(
             model="h100-80gb",
-            gpus=(GpuSpec(index=0, name="peerpods.io/gpu=gpu0"),),
+            gpus=(GpuLayout(index=0, name="peerpods.io/gpu=gpu0"),),
             rdma=("rdma.peerpods.io/hca=0", "rdma.peerpods.io/hca=1", "rdma.peerpods.io/hca=2"),
         )
     )
