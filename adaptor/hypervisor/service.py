@@ -6,7 +6,8 @@ its errors to the status codes the shim sees.
     SandboxBusy                           FAILED_PRECONDITION
     StartAborted (StopVM came)            ABORTED
     StartTimeout (--start-timeout)        DEADLINE_EXCEEDED
-    CapacityError, QuotaExhausted         RESOURCE_EXHAUSTED
+    CapacityError, QuotaExhausted,        RESOURCE_EXHAUSTED
+    VniExhausted (no VNI free)
     NoMatch (selection found no type)     FAILED_PRECONDITION
     TransientError                        UNAVAILABLE
     TtrpcError (forwarder unreachable)    its own code (UNAVAILABLE)
@@ -29,6 +30,7 @@ from adaptor.hypervisor.sandboxes import (
     StartTimeout,
 )
 from adaptor.hypervisor.version import package_version
+from adaptor.podnet import VniExhausted
 from adaptor.ttrpc.gen import hypervisor_pb2 as pb
 from adaptor.ttrpc.server import CallContext, Handler, Server
 from adaptor.ttrpc.status import Code, TtrpcError
@@ -70,7 +72,7 @@ def to_status(exc: Exception) -> TtrpcError:
         return TtrpcError(Code.ABORTED, str(exc))
     if isinstance(exc, StartTimeout):
         return TtrpcError(Code.DEADLINE_EXCEEDED, str(exc))
-    if isinstance(exc, CapacityError | QuotaExhausted):
+    if isinstance(exc, CapacityError | QuotaExhausted | VniExhausted):
         return TtrpcError(Code.RESOURCE_EXHAUSTED, str(exc))
     if isinstance(exc, NoMatch):
         return TtrpcError(Code.FAILED_PRECONDITION, str(exc))

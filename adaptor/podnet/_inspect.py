@@ -152,10 +152,13 @@ def inspect_pod(
     vxlan_port: int,
     pod_subnet_cidrs: Sequence[str] = (),
     external_net_via_pod_vm: bool = False,
+    netns_dirs: Sequence[str] = _netns.NETNS_DIRS,
+    host_netns: str | None = None,
 ) -> PodNetwork:
     """CAA's Inspect: the pod interface (single IPv4 address, MAC, MTU), its routes and
-    permanent neighbours, plus an extra route via the pod's gateway per --pod-subnet-cidrs."""
-    _netns.check_netns(netns)
+    permanent neighbours, plus an extra route via the pod's gateway per --pod-subnet-cidrs.
+    `netns` must be a pod's: directly in `netns_dirs`, not the worker's (`host_netns`)."""
+    _netns.check_pod_netns(netns, netns_dirs, host_netns)
     try:
         with _netns.iproute(netns) as ipr:
             index_, name = _primary(ipr, f"pod network namespace {netns}")

@@ -27,6 +27,7 @@ from typing import Protocol, TypeVar
 from adaptor.podnet import _inspect, _tunnel
 from adaptor.podnet._errors import PodNetError, VniExhausted
 from adaptor.podnet._model import MAX_VNI, Tunnel, TunnelState
+from adaptor.podnet._netns import NETNS_DIRS
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class PodNetSettings:
     pod_subnet_cidrs: tuple[str, ...] = ()
     host_interface: str = ""
     ext_network_via_podvm: bool = False
+    # Where CreateVM's pod netns paths may point (the CRI's directories); not a CAA flag.
+    netns_dirs: tuple[str, ...] = NETNS_DIRS
 
 
 class VniLeases(Protocol):
@@ -126,7 +129,7 @@ class PodNet:
             chosen = await self._leases.acquire_lease(VNI_POOL, sandbox_id, window)
             if chosen is None:
                 raise VniExhausted(
-                    f"every VNI from {low} to {MAX_VNI} is held; raise no limit, stop pods"
+                    f"every VNI from {low} to {MAX_VNI} is held: stop pods or lower --vxlan-min-id"
                 )
             self._cursor = int(chosen) + 1
             return int(chosen)
@@ -162,6 +165,8 @@ class PodNet:
                     vxlan_port=settings.vxlan_port,
                     pod_subnet_cidrs=settings.pod_subnet_cidrs,
                     external_net_via_pod_vm=settings.ext_network_via_podvm,
+                    netns_dirs=settings.netns_dirs,
+                    host_netns=self._host_netns,
                 )
             )
         except BaseException:

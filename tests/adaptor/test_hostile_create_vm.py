@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from adaptor.ttrpc.gen import hypervisor_pb2 as pb
 from tests.adaptor.daemon_proc import ANNOTATIONS, ServeProcess
 
 pytestmark = pytest.mark.go
@@ -55,6 +56,16 @@ async def test_ids_are_matched_in_full(serve: ServeProcess) -> None:
         assert answer["code"] == 3, (repr(bad), answer)
     assert serve.rows("SELECT id FROM sandboxes") == []
     assert (await serve.create_vm(SID))["code"] == 0
+
+
+async def test_bad_netns_paths_are_invalid_argument(serve: ServeProcess) -> None:
+    """A NUL in the path, or a path outside the CRI's netns directories, is the caller's."""
+    for path in ("/run/netns/a\0b", "/proc/self/ns/net", "/run/netns/../../proc/self/ns/net"):
+        request = pb.CreateVMRequest(id=SID, annotations=ANNOTATIONS, networkNamespacePath=path)
+        answer = await serve.call("CreateVM", request)
+        assert answer["code"] == 3, (repr(path), answer, serve.log())
+        assert "network namespace" in answer["message"], answer
+    assert serve.rows("SELECT id FROM sandboxes") == []
 
 
 async def test_vm_choices_need_the_nodes_allowlists(serve: ServeProcess) -> None:

@@ -80,7 +80,7 @@ async def test_lifecycle_across_a_restart(topo: Topology, tmp_path: Path) -> Non
     first = manager(tmp_path, store, pool, topo.worker)
     try:
         with pytest.raises(InvalidRequest, match="does not exist"):
-            await first.create_vm("bad", ANNOTATIONS, str(tmp_path / "nope"))
+            await first.create_vm("bad", ANNOTATIONS, "/run/netns/pp-nope")
         assert await store.get("bad") is None
         for i in range(2):
             pool.addresses[f"sb{i}"] = vms[i][2]

@@ -51,7 +51,8 @@ async def store(tmp_path: Path) -> StateStore:
 async def test_bad_netns_paths_fail_clearly_holding_nothing(
     topo: Topology, store: StateStore, tmp_path: Path
 ) -> None:
-    podnet = PodNet(PodNetSettings(), store, host_netns=topo.worker)
+    settings = PodNetSettings(netns_dirs=(str(tmp_path), *_netns.NETNS_DIRS))
+    podnet = PodNet(settings, store, host_netns=topo.worker)
     pod, ip = await asyncio.to_thread(topo.add_pod)
     pod2, _ = await asyncio.to_thread(topo.add_pod)
     before = await asyncio.to_thread(snapshot, topo.worker)
@@ -60,7 +61,7 @@ async def test_bad_netns_paths_fail_clearly_holding_nothing(
     cases = {
         str(tmp_path / "missing"): "does not exist",
         str(plain): "is not a network namespace",
-        "/proc/self/ns/uts": "not a network namespace",
+        "/proc/self/ns/uts": "is not a file directly in",
     }
     try:
         for path, message in cases.items():
