@@ -80,7 +80,9 @@ def project_imports() -> dict[str, set[tuple[str, int]]]:
 
 
 def layer_of(module: str, layers: list[str]) -> int | None:
-    matches = [i for i, layer in enumerate(layers) if module == layer or module.startswith(layer + ".")]
+    matches = [
+        i for i, layer in enumerate(layers) if module == layer or module.startswith(layer + ".")
+    ]
     return max(matches, key=lambda i: len(layers[i])) if matches else None
 
 
@@ -89,9 +91,7 @@ def test_the_page_names_every_package_the_code_has_and_no_other() -> None:
     assert len(layers) == len(set(layers)), "a layer is named twice in docs/architecture.md"
     missing = [layer for layer in layers if layer not in MODULES]
     assert not missing, f"docs/architecture.md names packages that do not exist: {missing}"
-    unplaced = [
-        m for m in MODULES if m not in PACKAGES and layer_of(m, layers) is None
-    ]
+    unplaced = [m for m in MODULES if m not in PACKAGES and layer_of(m, layers) is None]
     assert not unplaced, f"modules in no documented layer: {unplaced}"
     top_packages = sorted(
         m for m in MODULES if m.count(".") == 1 and (ROOT / m.replace(".", "/")).is_dir()
@@ -111,9 +111,12 @@ def test_every_import_points_down() -> None:
                 continue  # the top-level packages' own (empty) __init__ modules
             if there > here:
                 upward.append(f"{module}:{line} imports {target} ({layers[there]} is above)")
-            if target.startswith("webhook") and module.startswith("adaptor"):
-                if not module.startswith(WEBHOOK_IMPORTERS):
-                    upward.append(f"{module}:{line} imports {target} outside the CLI")
+            if (
+                target.startswith("webhook")
+                and module.startswith("adaptor")
+                and not module.startswith(WEBHOOK_IMPORTERS)
+            ):
+                upward.append(f"{module}:{line} imports {target} outside the CLI")
     assert not upward, "imports that point up:\n" + "\n".join(upward)
 
 
@@ -168,9 +171,7 @@ def without_facades(graph: dict[str, set[tuple[str, int]]]) -> dict[str, set[str
     public surface, which Python resolves after `_a` itself."""
     simple: dict[str, set[str]] = {}
     for module, targets in graph.items():
-        simple[module] = {
-            target for target, _ in targets if not module.startswith(target + ".")
-        }
+        simple[module] = {target for target, _ in targets if not module.startswith(target + ".")}
     return simple
 
 

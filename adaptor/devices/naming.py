@@ -9,7 +9,7 @@ construction; being a kind of our own, they never clash with the `nvidia.com/gpu
 
 Pod VM images without `peerpods podvm` set the templates to nvidia-ctk's names
 (`nvidia.com/gpu={index}`, `nvidia.com/gpu={gpu}:{mig}`); its MIG index is NVML's own, which
-need not follow start slots (FACTS-PODVM B.3), so MIG names are only reliable with one MIG
+need not follow start slots (docs/podvm.md), so MIG names are only reliable with one MIG
 device per GPU there.
 """
 

@@ -96,7 +96,8 @@ class Host:
     # --- MIG capabilities ----------------------------------------------------------------------
 
     def mig_minors(self) -> dict[str, int]:
-        """`<cap> -> minor` from mig-minors (FACTS-PODVM C); {} when the file is missing."""
+        """`<cap> -> minor` from mig-minors (docs/podvm.md, Names and nvidia-ctk); {} when the file
+        is missing."""
         try:
             text = self.path(MIG_MINORS).read_text()
         except OSError:

@@ -2,7 +2,7 @@
 
 The adaptor decides every name it will inject into CreateContainer and sends them with the layout,
 so the pod VM binds those exact names to the devices it actually created; it needs no naming rule
-of its own (an enumeration-order rule is what got MIG names wrong: FACTS-PODVM B.3, B.4).
+of its own (an enumeration-order rule is what got MIG names wrong: docs/podvm.md).
 
 Where it travels: as the `peerpods-devices` key of `/run/peerpod/apf.json`, which CAA's pod VM
 images provision (their forwarder ignores keys it does not know). Images provisioned by cloud-init

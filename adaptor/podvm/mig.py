@@ -4,7 +4,7 @@ Idempotent: a GPU instance already at a planned (profile, start slot) is kept wi
 instance; anything else on the GPU conflicts and is destroyed only when no process holds it
 (otherwise the planned devices it overlaps fail, saying which processes hold it). Each planned GPU
 instance is created *at its placement* and gets one compute instance spanning it. Ids are read
-back, never computed: GI ids come from per-size pools in no fixed order (FACTS-PODVM B.4).
+back, never computed: GI ids come from per-size pools in no fixed order (docs/podvm.md).
 """
 
 from __future__ import annotations

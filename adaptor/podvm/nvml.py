@@ -1,11 +1,12 @@
 """The NVML calls `podvm prepare` makes, over a pynvml-like module (`nvidia-ml-py`, or a stand-in).
 
 Only this module touches pynvml: it allocates the ctypes arguments the wrappers expect (they set
-no argtypes: FACTS-PODVM B.2), reads the structs back into plain dataclasses, and turns
+no argtypes, so each argument is passed as NVML's C type expects), reads the structs back into
+plain dataclasses, and turns
 `NVMLError` into `NvmlError` carrying the NVML return code. pynvml is imported on first use
 (`load()`), so nothing else in peerpods needs it installed.
 
-Two numbering systems meet here (FACTS-PODVM B.1): a GPU-instance profile *enum* is what
+Two numbering systems meet here (docs/podvm.md): a GPU-instance profile *enum* is what
 `nvmlDeviceGetGpuInstanceProfileInfo` takes; the `id` it returns is what every other GI call
 takes. Profiles are keyed by their name ("3g.40gb"), the one thing the adaptor's plan and the
 driver share.

@@ -3,7 +3,8 @@
 One spec file per kind, named `peerpods-<vendor>_<class>.json`, beside whatever
 `nvidia-ctk cdi generate` writes (`nvidia.yaml`, kind `nvidia.com/gpu`): our default kind is
 `peerpods.io/gpu`, so the two never define the same device. Contents follow what nvidia-ctk puts in
-its spec (FACTS-PODVM C): a MIG device is its parent `/dev/nvidia<minor>` and its GI and CI
+its spec (docs/podvm.md, Names and nvidia-ctk): a MIG device is its parent `/dev/nvidia<minor>` and
+its GI and CI
 access nodes under `/dev/nvidia-caps` (minors read from mig-minors, keyed by the GPU's minor
 number); a whole GPU is `/dev/nvidia<minor>`; the spec-level edits carry the control nodes, the
 driver's libraries, firmware, binaries and sockets as read-only bind mounts, and the

@@ -1,6 +1,7 @@
 """The annotation contract between the webhook (writer) and the adaptor (reader).
 
-Kata forwards exactly these pod annotations to CreateVM (FACTS 2), so the VM-level intent lives in
+Kata forwards exactly these pod annotations to CreateVM (docs/annotations.md), so the VM-level
+intent lives in
 Kata's own keys:
 
     io.katacontainers.config.hypervisor.default_vcpus      vCPUs (integer)
@@ -22,7 +23,8 @@ Kata's own keys:
     cap=spot                the capacity type: spot | spot-or-on-demand (absent: on-demand)
 
 e.g. `v1:m=h100|h200;mig=1g.10gb:2`. The capacity type rides in this value because Kata passes
-CreateVM only its fixed set of keys (FACTS-PODVM part D): a key of our own would never arrive.
+CreateVM only its fixed set of keys (docs/annotations.md, What the adaptor accepts at CreateVM): a
+key of our own would never arrive.
 A value without the `v1:` prefix is read as CAA does: a comma-separated list of model names.
 Unknown fields are an error, so a newer webhook cannot be silently misread by an older adaptor.
 

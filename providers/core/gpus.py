@@ -275,7 +275,8 @@ _AZURE_SERIES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"^NV\d+as_v4$", "radeon-instinct-mi25"),
     )
 )
-# NV*ads_A10_v5 slices one A10 by vCPU count (FACTS 7): 6 -> 1/6, 12 -> 1/3, 18 -> 1/2.
+# NV*ads_A10_v5 slices one A10 by vCPU count (docs/gpus.md, section 2):
+# 6 -> 1/6, 12 -> 1/3, 18 -> 1/2.
 _A10_V5_FRACTION = {6: 1 / 6, 12: 1 / 3, 18: 1 / 2}
 
 

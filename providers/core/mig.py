@@ -1,10 +1,11 @@
 """MIG profiles per GPU model and the placement packer.
 
 How many GPUs a set of MIG devices needs is decided by placing them with NVIDIA's placement rules
-(FACTS 8), never by dividing memory: on a 7-slice GPU 3g+4g fits one GPU, 2x3g+1g does not. A
-GPU has 8 memory slots (4 on an A30 or RTX PRO 6000); each profile occupies `memory_slots`
-contiguous slots from one of its allowed starts, uses `compute_slices` of the GPU's compute, and at
-most one "+me" profile fits a GPU (a GPU has one JPEG decoder and one OFA, and "+me" takes both).
+(docs/gpus.md, section 2), never by dividing memory: on a 7-slice GPU 3g+4g fits one GPU,
+2x3g+1g does not. A GPU has 8 memory slots (4 on an A30 or RTX PRO 6000); each profile occupies
+`memory_slots` contiguous slots from one of its allowed starts, uses `compute_slices` of the GPU's
+compute, and at most one "+me" profile fits a GPU (a GPU has one JPEG decoder and one OFA, and
+"+me" takes both).
 
 The tables are NVIDIA's MIG user guide ("Supported MIG Profiles"): seven-slice GPUs (A100, H100,
 H100 NVL, H100 on GH200, H200, B200, GB200, B300) share one geometry and differ only in names;
@@ -53,8 +54,8 @@ class _Geometry:
 _SEVEN = _Geometry(memory_slots=8, compute_slices=7)
 _FOUR = _Geometry(memory_slots=4, compute_slices=4)
 
-# Rows of FACTS 8: (memory slots, compute slices, max per GPU, +me, starts), then one name per
-# column (the MIG guide's per-product tables; names follow each part's memory).
+# Rows of NVIDIA's MIG profile table: (memory slots, compute slices, max per GPU, +me, starts),
+# then one name per column (the MIG guide's per-product tables; names follow each part's memory).
 _ROWS: tuple[tuple[int, int, int, bool, tuple[int, ...]], ...] = (
     (1, 1, 7, False, (0, 1, 2, 3, 4, 5, 6)),
     (1, 1, 1, True, (0, 1, 2, 3, 4, 5, 6)),

@@ -1,7 +1,8 @@
 """Instance selection: every type of a catalog checked against a request, the fits ranked.
 
 Each type is checked in full (no ordering or monotonicity is assumed: CAA's binary search misses
-fits, FACTS 7). Checks run in a fixed order of stages, GPU first, policy last, and the first that
+fits, docs/gpus.md section 2). Checks run in a fixed order of stages, GPU first, policy last, and
+the first that
 fails is the type's rejection; when nothing fits, the rejections that got furthest say why in one
 line ("no type offers MIG profile 9g.99gb", "16 h100-80gb GPUs exceed the largest type, 8").
 

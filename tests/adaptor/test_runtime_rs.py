@@ -1,6 +1,7 @@
 """The daemon driven exactly as Kata 4's runtime-rs drives it, and as the Go runtime does.
 
-runtime-rs (FACTS-PODVM part D): one ttrpc connection kept for every call; CreateVM with all nine
+runtime-rs (docs/annotations.md, What the adaptor accepts at CreateVM): one ttrpc connection kept
+for every call; CreateVM with all nine
 keys, empty when unset, `default_vcpus` a Rust f32 ("1.5"), the sandbox name copied from CRI-O's
 keys; StartVM with a deadline of 10,000 s; StopVM with a 1 s deadline whose errors it ignores.
 The cloud here takes 5 s to delete a VM: StopVM must answer within its second (the server turns

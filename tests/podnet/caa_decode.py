@@ -1,4 +1,5 @@
-"""CAA's decoder of apf.json's pod-network, written from FACTS-PODVM A.1 (test code).
+"""CAA's decoder of apf.json's pod-network, written from CAA's apf.json format (docs/networking.md;
+test code).
 
 Strict as Go's types make it: every key of tunneler.Config with its JSON type, `podip` and
 `worker-node-ip` parse as prefixes, route protocol/scope strings from netops' fixed sets (any other

@@ -9,7 +9,8 @@
     its podns   X<i>:  the netns the pod VM's forwarder puts the pod interface in (A.3)
 
 `podvm_setup` does, from the apf.json the adaptor wrote, what CAA's agent-protocol-forwarder does
-in the pod VM (FACTS-PODVM A.3): NOTRACK rules, vxlan0 moved into podns and renamed to the pod
+in the pod VM (docs/networking.md, Topology): NOTRACK rules, vxlan0 moved into podns and renamed to
+the pod
 interface with the pod's MAC, MTU min(mtu, 1450), the pod IP, the kernel's subnet route swapped
 for the config's routes (no-gateway ones first, forced to scope link), the neighbours.
 """

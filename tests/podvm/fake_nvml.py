@@ -1,4 +1,4 @@
-"""A stand-in for the `pynvml` module, behaving as FACTS-PODVM B says the real NVML does.
+"""A stand-in for the `pynvml` module, behaving as the real NVML does (docs/podvm.md).
 
 Module-level functions with pynvml's names and signatures act on the installed `Machine`
 (`install()`), so the code under test gets this module where it would get pynvml (also as

@@ -1,5 +1,5 @@
 """The capacity type in the contract: inside `default_gpu_model`, the one value of ours Kata
-passes to CreateVM (FACTS-PODVM part D)."""
+passes to CreateVM (docs/annotations.md, What the adaptor accepts at CreateVM)."""
 
 from __future__ import annotations
 

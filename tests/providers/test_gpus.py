@@ -146,7 +146,7 @@ def test_table_is_consistent() -> None:
         assert model.memory_mib > 0
         if model.mig_profiles:
             assert model.mig_capable
-    # FACTS 8: MIG capable or not
+    # NVIDIA's MIG guide: MIG capable or not
     for mig in ("a100-40gb", "a100-80gb", "a30", "h100-80gb", "h100-nvl", "h200", "b200"):
         assert GPU_MODELS[mig].mig_profiles
     for plain in ("t4", "t4g", "v100", "a10", "a10g", "l4", "l40s"):

@@ -1,4 +1,5 @@
-"""The MIG packer: FACTS 8's placement rules, and agreement with a brute-force search."""
+"""The MIG packer: NVIDIA's MIG placement rules (docs/gpus.md), and agreement with a brute-force
+search."""
 
 from __future__ import annotations
 
@@ -153,7 +154,7 @@ def test_four_slice_parts() -> None:
 
 
 def test_seven_slice_parts_share_the_geometry() -> None:
-    # 3g+4g fits one GPU, 2x3g+1g does not (FACTS 8), whatever the names
+    # 3g+4g fits one GPU, 2x3g+1g does not (NVIDIA's MIG placement rules), whatever the names
     for model, three, four, one in (
         ("gb200", "3g.93gb", "4g.93gb", "1g.23gb"),
         ("b300", "3g.135gb", "4g.135gb", "1g.34gb"),

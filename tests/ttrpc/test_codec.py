@@ -22,7 +22,8 @@ from adaptor.ttrpc.codec import (
 from adaptor.ttrpc.gen import ttrpc_pb2
 from adaptor.ttrpc.status import Code
 
-# FACTS section 1: Health.Check on stream 1 with a 30 s timeout, and the OK reply.
+# ttrpc's framing (docs/architecture.md, adaptor.ttrpc): Health.Check on stream 1 with a 30 s
+# timeout, and the OK reply.
 CHECK_REQUEST = (
     bytes.fromhex("0000001a0000000101000a0b")
     + b"grpc.Health"

@@ -84,7 +84,7 @@ async def test_facts_frame_against_go_server_and_ours(server_path: str) -> None:
     assert header == bytes.fromhex("00000004000000010200")
     response = ttrpc_pb2.Response.FromString(body)
     assert response.status.code == Code.OK and response.payload == b"\x08\x01"
-    # our server answers the FACTS request with the FACTS bytes, as Go >= 1.2 does
+    # our server answers the reference request with the reference bytes, as Go >= 1.2 does
     events = await exchange(server_path, CHECK_REQUEST, want=1)
     assert isinstance(events[0], Frame)
     assert encode_frame(1, 2, events[0].data) == OK_RESPONSE
