@@ -373,7 +373,7 @@ def _check_possible(
         where = f"{catalog.cloud} {catalog.region}"
         message = f"no instance type in the {where} catalog can serve this pod: {exc}"
         if settings.impossible == "deny":
-            raise NoMatch(message, exc.reasons) from None
+            raise NoMatch(message, exc.reasons, exc.stage) from None
         warnings.append(message)
 
 

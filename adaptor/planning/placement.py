@@ -216,12 +216,13 @@ class Placement:
             )
             kept = list(found)
             if not kept:
-                raise NoMatch(f"no candidate's GPU is offered in the zones {', '.join(self.zones)}")
+                raise NoMatch(
+                    f"no candidate's GPU is offered in the zones {', '.join(self.zones)}",
+                    stage="offering",
+                )
             return kept
         except NoMatch as exc:
-            metrics.SELECTION_FAILURES.labels(
-                reason=metrics.selection_reason_category(str(exc))
-            ).inc()
+            metrics.SELECTION_FAILURES.labels(reason=exc.stage).inc()
             raise
 
     def candidates(self, intent: VMIntent) -> tuple[PlanCandidate, ...]:
@@ -232,9 +233,10 @@ class Placement:
                 return ()
             if not allowed(name, self.allowed):
                 error = NoMatch(
-                    f"instance type {name} is not in the allowed list {', '.join(self.allowed)}"
+                    f"instance type {name} is not in the allowed list {', '.join(self.allowed)}",
+                    stage="policy",
                 )
-                metrics.SELECTION_FAILURES.labels(reason="policy").inc()
+                metrics.SELECTION_FAILURES.labels(reason=error.stage).inc()
                 raise error
             return (PlanCandidate(VMCandidate(name), intent_inventory(intent)),)
         return tuple(_typed(c) for c in self.ranked(intent))

@@ -72,6 +72,13 @@ PREEMPTIONS = Counter(
     ["provider", "capacity_type"],
     registry=REGISTRY,
 )
+ABANDONED = Counter(
+    "peerpods_sandboxes_abandoned_total",
+    "Sandboxes found running at start whose shim never connected again (within the reconnect "
+    "grace): torn down, VM deleted.",
+    ["provider"],
+    registry=REGISTRY,
+)
 
 STATES = ("created", "starting", "running", "stopping", "failed", "preempted")
 
@@ -83,21 +90,3 @@ def set_sandbox_counts(counts: dict[str, int]) -> None:
     for state, count in counts.items():
         if state not in STATES:
             SANDBOXES.labels(state=state).set(count)
-
-
-def selection_reason_category(message: str) -> str:
-    """A bounded label for a selection failure message."""
-    text = message.lower()
-    for needle, category in (
-        ("mig", "mig"),
-        ("quota", "quota"),
-        ("not offered", "offering"),
-        ("exceed", "too_large"),
-        ("model", "gpu_model"),
-        ("memory", "memory"),
-        ("allow", "policy"),
-        ("deny", "policy"),
-    ):
-        if needle in text:
-            return category
-    return "other"

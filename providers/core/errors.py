@@ -34,11 +34,22 @@ class AnnotationError(InvalidRequest):
 
 
 class NoMatch(PeerpodsError):
-    """No instance type satisfies a valid request; `reasons` summarise why."""
+    """No instance type satisfies a valid request; `reasons` summarise why, and `stage` names the
+    check that ruled the last types out (a bounded label: metrics count by it, never by text)."""
 
-    def __init__(self, message: str, reasons: list[str] | None = None) -> None:
+    STAGES = (
+        "gpu_model", "memory", "mig", "too_large", "arch", "rdma", "offering", "policy", "quota",
+        "other",
+    )  # fmt: skip
+
+    def __init__(
+        self, message: str, reasons: list[str] | None = None, stage: str = "other"
+    ) -> None:
         super().__init__(message)
+        if stage not in self.STAGES:
+            raise ValueError(f"unknown selection stage {stage!r}")
         self.reasons = reasons or []
+        self.stage = stage
 
 
 class CatalogError(PeerpodsError):

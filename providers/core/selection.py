@@ -55,6 +55,12 @@ STAGE_NAMES: Final = (
     "allow/deny lists",
 )  # fmt: skip
 
+# The NoMatch stage label of each stage: what a metric counts a failed selection by.
+STAGE_LABELS: Final = (
+    "gpu_model", "gpu_model", "memory", "gpu_model", "mig", "too_large", "arch", "rdma",
+    "too_large", "too_large", "offering", "policy",
+)  # fmt: skip
+
 _GIB = 1024
 _NVIDIA = frozenset(m.id for m in GPU_MODELS.values() if m.vendor == "NVIDIA")
 
@@ -624,7 +630,9 @@ class Selection:
         if not self._fits:
             head = self._furthest()
             reasons = [f"{r.name}: {r.reason}" for r in head[:20]]
-            raise NoMatch(_summarise(self.request, head, _index(self.catalog).gpu_types), reasons)
+            summary = _summarise(self.request, head, _index(self.catalog).gpu_types)
+            stage = STAGE_LABELS[head[0].stage] if head else "other"
+            raise NoMatch(summary, reasons, stage)
         if "candidates" in self.__dict__:
             return self.candidates[0]
         return self._candidate(0, len(self._fits))
