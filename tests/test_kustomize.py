@@ -82,7 +82,10 @@ BUILT = build(DEPLOY)
 
 
 def _workload(kind: str) -> dict[str, Any]:
-    (found,) = [d for d in BUILT if d["kind"] == kind]
+    """The adaptor's DaemonSet or the webhook's Deployment (the node installer is its own)."""
+    (found,) = [
+        d for d in BUILT if d["kind"] == kind and d["metadata"]["name"] != "peerpods-node-installer"
+    ]
     return found
 
 

@@ -24,6 +24,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "adaptor.cli.catalog",
         "refresh a catalog snapshot with types and prices from the cloud's public sources",
     ),
+    "node": (
+        "adaptor.cli.node",
+        "on a worker node: install or remove the kata-remote runtime (Kata and containerd)",
+    ),
     "podvm": (
         "adaptor.cli.podvm",
         "in the pod VM: create the planned devices, write their CDI specs",
