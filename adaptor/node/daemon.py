@@ -42,6 +42,7 @@ from adaptor.node.wiring import (
     count_capacity_fallback,
     count_proxy_call,
     placement_for,
+    stored_json_checks,
     user_data_builder,
 )
 from adaptor.planning.placement import Placement
@@ -199,7 +200,7 @@ class Daemon:
             )
         self._lock_fd = await asyncio.to_thread(_lock_state_dir, str(settings.state_dir))
         await asyncio.to_thread(_refuse_live_socket, str(settings.socket))
-        self.store = await StateStore.open(settings.state_dir)
+        self.store = await StateStore.open(settings.state_dir, checks=stored_json_checks())
         placement.use_quota(settings.gpu_quota, self.store)
         self._unobserve = observe_capacity_fallbacks(count_capacity_fallback)
         tls, pki = await asyncio.to_thread(agent_tls_context, settings)

@@ -15,7 +15,7 @@ from adaptor.hypervisor.sandboxes import SandboxHook
 from adaptor.planning import userdata
 from adaptor.planning.placement import Placement, Plan
 from adaptor.planning.userdata import GpuSetup, PodVMConfig
-from adaptor.podnet import pod_network_section, write_apf_copy
+from adaptor.podnet import Tunnel, pod_network_section, write_apf_copy
 from adaptor.podvm.layout import LayoutDocument
 from adaptor.proxy import Completion, CreateContainerHook
 from adaptor.proxy.pki import AdaptorPKI
@@ -65,6 +65,12 @@ def container_hooks(
         return make_hook(plan, cdi.mode, cdi.registry, observe=observe_devices(book, record.id))
 
     return hook_for
+
+
+def stored_json_checks() -> dict[str, Callable[[str], object]]:
+    """The parsers the state store checks its JSON columns with: a row one rejects (a wrongly
+    typed field of a tunnel or device plan) is quarantined like unreadable JSON, never served."""
+    return {"device_plan": DevicePlan.from_json, "pod_network": Tunnel.from_json}
 
 
 def count_capacity_fallback(provider: str, reason: str) -> None:

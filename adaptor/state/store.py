@@ -8,7 +8,12 @@ A row that cannot be read back (bad JSON, an unknown state, a malformed instance
 build, or a disk that lied) is quarantined, never fatal: it is logged once by id, left in place
 for an operator, reported by `quarantined()` (the status API shows it as such), and skipped by
 `records()`, so every valid sandbox of the node is still served. `get()` of a quarantined id
-raises `QuarantinedRecord`.
+raises `QuarantinedRecord`. The JSON columns the layers above own (`device_plan`, `pod_network`)
+are checked with the parsers they hand to `open`, so a wrongly typed field in one is
+quarantined the same way.
+
+The database files are the adaptor's alone (they hold what each pod VM was told): created 0600
+in a 0700 directory, and narrowed to 0600 when an older build left them wider.
 
 Besides sandboxes the store keeps endpoint leases for pool providers (`static`): which endpoint a
 sandbox holds, so one endpoint serves one sandbox at a time across restarts.
@@ -17,12 +22,13 @@ sandbox holds, so one endpoint serves one sandbox at a time across restarts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +46,10 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 DB_NAME = "sandboxes.db"
+# SQLite's companions of the database file (WAL mode); it creates them with the file's mode.
+_COMPANIONS = ("-wal", "-shm", "-journal")
+# The JSON columns whose content the layers above parse (see `StateStore.open`).
+CHECKED_COLUMNS = ("device_plan", "pod_network")
 SCHEMA_VERSION = 2
 
 _SCHEMA = """
@@ -78,19 +88,37 @@ class QuarantinedRecord(StateError):
 class StateStore:
     """Sandbox records and endpoint leases; open with `await StateStore.open(dir)`."""
 
-    def __init__(self, path: Path, executor: ThreadPoolExecutor) -> None:
+    def __init__(
+        self,
+        path: Path,
+        executor: ThreadPoolExecutor,
+        checks: Mapping[str, Callable[[str], object]] | None = None,
+    ) -> None:
         self.path = path
         self._executor = executor
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self._quarantined: dict[str, str] = {}  # id -> why its row cannot be read
+        self._checks = dict(checks or {})
 
     @classmethod
-    async def open(cls, state_dir: str | os.PathLike[str]) -> StateStore:
-        """Create the directory (mode 0700) and database if needed, and check the schema."""
+    async def open(
+        cls,
+        state_dir: str | os.PathLike[str],
+        *,
+        checks: Mapping[str, Callable[[str], object]] | None = None,
+    ) -> StateStore:
+        """Create the directory (mode 0700) and database (0600) if needed, and check the schema.
+
+        `checks`: a parser per JSON column of CHECKED_COLUMNS, called on every non-empty value
+        read; a ValueError, TypeError, KeyError or PeerpodsError from one quarantines the row.
+        """
+        unknown = set(checks or {}) - set(CHECKED_COLUMNS)
+        if unknown:
+            raise ValueError(f"no checked column {', '.join(sorted(unknown))}")
         directory = Path(state_dir)
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="peerpods-state")
-        store = cls(directory / DB_NAME, executor)
+        store = cls(directory / DB_NAME, executor, checks)
         try:
             await store._run(store._open_sync)
         except BaseException:
@@ -177,6 +205,7 @@ class StateStore:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise StateError(f"cannot create state directory {self.path.parent}: {exc}") from exc
+        self._own_files()
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             conn.execute("PRAGMA journal_mode=WAL")
@@ -200,6 +229,21 @@ class StateStore:
             conn.close()
             raise
         self._conn = conn
+
+    def _own_files(self) -> None:
+        """The database file exists with mode 0600 before SQLite opens it (SQLite would create
+        it 0644, and its WAL and shared-memory files take the database file's mode)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            try:
+                os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)
+            for suffix in _COMPANIONS:
+                with contextlib.suppress(FileNotFoundError):
+                    os.chmod(f"{self.path}{suffix}", 0o600)
+        except OSError as exc:
+            raise StateError(f"cannot create state database {self.path}: {exc}") from exc
 
     def _close_sync(self) -> None:
         if self._conn is not None:
@@ -231,7 +275,11 @@ class StateStore:
         sandbox_id = str(row[0])
         try:
             record = self._row(row)
-        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+            for column, check in self._checks.items():
+                value = getattr(record, column)
+                if value:
+                    check(value)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, PeerpodsError) as exc:
             # ValueError covers bad JSON, an unknown state and a failed validation
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             if sandbox_id not in self._quarantined:

@@ -1,10 +1,12 @@
 """Unreadable state rows do not stop `peerpods serve`: after a kill -9, rows that cannot be read
-(bad JSON, an unknown state, a malformed instance) are quarantined, logged by id and shown by the
-status API, and the node's valid sandbox is served again and can be stopped."""
+(bad JSON, an unknown state, a malformed instance, a tunnel or device plan with a wrongly typed
+field) are quarantined, logged by id and shown by the status API, and the node's valid sandbox
+is served again and can be stopped."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import tempfile
 from collections.abc import Iterator
@@ -19,10 +21,28 @@ from tests.go.peers import echo_server
 pytestmark = pytest.mark.go
 
 GOOD = "6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b"
+NETWORK = {
+    "podip": "10.128.0.9/24",
+    "pod-hw-addr": "0a:58:0a:80:00:09",
+    "interface": "eth0",
+    "worker-node-ip": "192.168.0.2/16",
+    "tunnel-type": "vxlan",
+    "routes": [],
+    "neighbors": None,
+    "mtu": "x",
+    "index": 0,
+    "vxlan-port": 4789,
+    "vxlan-id": 555000,
+}
+TUNNEL = {"v": 1, "netns": "/run/netns/cni-gone", "network": NETWORK, "remote": "",
+          "state": "inspected", "error": ""}  # fmt: skip
+# id -> (annotations, state, instance, device plan, pod network)
 BAD = {
-    "bad-json": ("{not json", "running", None),
-    "bad-state": ("{}", "exploded", None),
-    "bad-instance": ("{}", "running", '{"no-id": 1}'),
+    "bad-json": ("{not json", "running", None, "", ""),
+    "bad-state": ("{}", "exploded", None, "", ""),
+    "bad-instance": ("{}", "running", '{"no-id": 1}', "", ""),
+    "bad-tunnel": ("{}", "running", None, "", json.dumps(TUNNEL)),
+    "bad-plan": ("{}", "running", None, '{"gpus": 7}', ""),
 }
 
 
@@ -34,11 +54,12 @@ def root() -> Iterator[Path]:
 
 def _corrupt(db_path: Path) -> None:
     with contextlib.closing(sqlite3.connect(db_path)) as db:
-        for sandbox_id, (annotations, state, instance) in BAD.items():
+        for sandbox_id, (annotations, state, instance, plan, tunnel) in BAD.items():
             db.execute(
                 "INSERT INTO sandboxes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (sandbox_id, "ns", "p", annotations, "", "", state, "", instance, 1.0, 1.0, "", ""),
-            )
+                (sandbox_id, "ns", "p", annotations, "", "", state, "", instance, 1.0, 1.0, plan,
+                 tunnel),
+            )  # fmt: skip
         db.commit()
 
 
@@ -68,8 +89,10 @@ async def test_bad_rows_are_quarantined_and_the_rest_served(root: Path) -> None:
                     assert one["state"] == "quarantined"
                     assert f"sandbox '{sandbox_id}' quarantined" in second.log()
                 assert "exploded" in listed["bad-state"]["reason"]
+                assert "invalid literal for int()" in listed["bad-tunnel"]["reason"]
+                assert "DevicePlan" in listed["bad-plan"]["reason"]
                 scrape = (await http.get("/metrics")).text
-                assert 'peerpods_sandboxes{state="quarantined"} 3.0' in scrape
+                assert f'peerpods_sandboxes{{state="quarantined"}} {len(BAD)}.0' in scrape
             # the valid sandbox is still served: it stops cleanly
             assert (await second.stop_vm(GOOD))["code"] == 0, second.log()
             # a quarantined one is refused with its reason, and left in place
