@@ -252,18 +252,43 @@ def plan_manifest(
     """Plan the manifest's pod on a cloud's catalog (bundled snapshot unless `catalog` is given).
 
     `placement` is StartVM's own (`adaptor.planning.placement.Placement`: allow list, zones,
-    candidate cap, GPU quota); without one, the catalog with `allowed_machine_types`.
-    Raises InvalidRequest/CatalogError when there is nothing to plan (no pod, unknown region);
-    a pod the webhook denies, no instance type, or devices that do not fit the VM are a report
-    with `failure` set.
+    candidate cap, GPU quota, and its catalog); without one, the catalog with
+    `allowed_machine_types`. Raises InvalidRequest/CatalogError when there is nothing to plan (no
+    pod, unknown region); a pod the webhook denies, no instance type, or devices that do not fit
+    the VM are a report with `failure` set.
     """
-    from webhook import MemoryResolver, Settings, mutate_pod
-
     documents = list(documents)
+    if catalog is None and placement is not None:
+        catalog = placement.catalog
     if catalog is None:
         cloud = parse_cloud(provider)
         catalog = load_catalog(cloud, region or DEFAULT_REGIONS[cloud], catalog_dir=catalog_dir)
+    if placement is None:
+        placement = Placement(catalog=catalog, allowed=tuple(allowed_machine_types))
+    placement = replace(placement, catalog=catalog, naming=naming or placement.naming)
     pod = find_pod(documents, pod_name)
+    report, mutated = _admit(pod, documents, catalog, allowed_machine_types, capacity)
+    if mutated is None or report.failure is not None:
+        return report
+    report = _read_contract(report)
+    if report.failure is not None or report.intent is None:
+        return report
+    report = _plan_start(report, placement)
+    if report.failure is not None:
+        return report
+    return _plan_devices(report, placement, mutated)
+
+
+def _admit(
+    pod: Document,
+    documents: Sequence[Document],
+    catalog: Catalog,
+    allowed_machine_types: Iterable[str],
+    capacity: CapacityPolicy | None,
+) -> tuple[PlanReport, Document | None]:
+    """Admission: the webhook's own mutation of the pod (None: denied, or not a peer pod)."""
+    from webhook import MemoryResolver, Settings, mutate_pod
+
     meta = pod.get("metadata") or {}
     name = _name(pod) or str(meta.get("generateName") or "")
     namespace = str(meta.get("namespace") or "default")
@@ -282,52 +307,59 @@ def plan_manifest(
             namespace=namespace,
         )
     except PeerpodsError as exc:
-        failure = Failure("admission", _admission_code(exc), str(exc))
-        return replace(base, failure=failure)
+        return replace(base, failure=Failure("admission", _admission_code(exc), str(exc))), None
     annotations = dict((result.pod.get("metadata") or {}).get("annotations") or {})
     report = replace(
-        base,
-        warnings=tuple(result.warnings),
-        patch=tuple(result.patch),
-        annotations=annotations,
+        base, warnings=tuple(result.warnings), patch=tuple(result.patch), annotations=annotations
     )
     if result.intent is None:
-        return replace(report, peer_pod=False)
-    # CreateVM: what the adaptor reads from the annotations Kata forwards.
+        return replace(report, peer_pod=False), None
+    return report, result.pod
+
+
+def _read_contract(report: PlanReport) -> PlanReport:
+    """CreateVM: what the adaptor reads from the annotations Kata forwards."""
     try:
-        intent = parse_vm_annotations(
-            {**annotations, SANDBOX_NAME: name or "pod", SANDBOX_NAMESPACE: namespace}
-        )
-        encoded = annotations.get(DEVICES)
+        sandbox = {SANDBOX_NAME: report.pod_name or "pod", SANDBOX_NAMESPACE: report.namespace}
+        intent = parse_vm_annotations({**report.annotations, **sandbox})
+        encoded = report.annotations.get(DEVICES)
         container_plan = ContainerPlan.decode(encoded) if encoded else None
     except PeerpodsError as exc:
         return replace(report, failure=Failure("selection", 400, f"annotations: {exc}"))
-    report = replace(report, intent=intent, container_plan=container_plan)
-    # StartVM: the very Placement `serve` plans with (allow list, zones, candidate cap, quota).
-    if placement is None:
-        placement = Placement(catalog=catalog, allowed=tuple(allowed_machine_types))
-    placement = replace(placement, catalog=catalog, naming=naming or placement.naming)
-    selection = placement.explain(intent)
-    report = replace(report, selection=selection)
-    where = f"{catalog.cloud} {catalog.region}"
+    return replace(report, intent=intent, container_plan=container_plan)
+
+
+def _plan_start(report: PlanReport, placement: Placement) -> PlanReport:
+    """StartVM: the very Placement `serve` plans with (allow list, zones, candidate cap, quota)."""
+    intent = report.intent
+    assert intent is not None
+    report = replace(report, selection=placement.explain(intent))
+    sandbox = report.pod_name or "pod"
+    where = f"{report.catalog.cloud} {report.catalog.region}"
     try:
-        plan = _run_to_end(placement.plan(intent, name or "pod"))
+        plan = _run_to_end(placement.plan(intent, sandbox))
         if not plan.candidates:
             raise NoMatch("no candidate is left")
     except NoMatch as exc:
         message = f"no instance type in the {where} catalog can serve this pod: {exc}"
         return replace(report, failure=Failure("selection", 403, message))
     finally:
-        placement.release(name or "pod")
-    chosen = plan.candidates[0]
-    report = replace(report, plan=plan)
+        placement.release(sandbox)
+    return replace(report, plan=plan)
+
+
+def _plan_devices(report: PlanReport, placement: Placement, pod: Document) -> PlanReport:
+    """The device plan on StartVM's first candidate, and the CDI devices of each container."""
+    assert report.intent is not None and report.plan is not None
+    chosen = report.plan.candidates[0]
     try:
-        devices = plan_devices(container_plan, intent.gpu, chosen.inventory, placement.naming)
+        devices = plan_devices(
+            report.container_plan, report.intent.gpu, chosen.inventory, placement.naming
+        )
     except PeerpodsError as exc:
-        message = f"{chosen.instance_type}: {exc}"
-        return replace(report, failure=Failure("devices", 400, message))
+        return replace(report, failure=Failure("devices", 400, f"{chosen.instance_type}: {exc}"))
     per_container = tuple(
         ContainerDevices(cname, init, tuple(devices.for_container(cname)) if cname else ())
-        for cname, init in _containers(result.pod)
+        for cname, init in _containers(pod)
     )
     return replace(report, devices=devices, containers=per_container)
