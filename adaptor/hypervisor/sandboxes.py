@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from adaptor.planning.placement import Plan
 from adaptor.runtime import metrics
 from adaptor.runtime.logs import bind_sandbox, sandbox_context
-from adaptor.state import SandboxRecord, SandboxState, StateStore
+from adaptor.state import SandboxRecord, SandboxState, StateError, StateStore
 from providers.core.base import TAG_OWNER, TAG_SANDBOX, Instance, Provider
 from providers.core.contract import VMIntent, parse_vm_annotations
 from providers.core.errors import (
@@ -75,6 +75,10 @@ class StartTimeout(PeerpodsError):
     """StartVM ran past the daemon's own limit (--start-timeout)."""
 
 
+class ShuttingDown(TransientError):
+    """The daemon is draining before it exits: no new sandbox starts here (the next one will)."""
+
+
 class AgentProxyHandle(Protocol):
     """What the manager needs of a sandbox's agent proxy."""
 
@@ -88,6 +92,15 @@ class AgentProxyHandle(Protocol):
 
     async def stop(self) -> None:
         """Close the agent socket and the upstream connection."""
+        ...
+
+    @property
+    def shims(self) -> int:
+        """Shim connections open now."""
+        ...
+
+    async def wait_for_shim(self) -> None:
+        """Until a shim has connected to the agent socket since `start`."""
         ...
 
 
@@ -170,9 +183,13 @@ class ManagerConfig:
     # How long StopVM waits for the cloud to confirm the delete before it answers anyway (the
     # deletion goes on); a caller's nearer deadline shortens it.
     stop_wait_seconds: float = 60.0
-    # Backoff between retries of a VM delete that failed (doubling up to the cap).
+    # Backoff between retries of a VM delete that failed (doubling up to the cap); the same
+    # backoff retries the state writes a full disk refused.
     delete_retry_seconds: float = 1.0
     delete_retry_max_seconds: float = 30.0
+    # How long a sandbox found running at start waits for its shim to connect again before it
+    # is treated as gone (Kata's Go shim never reconnects); 0: it waits forever.
+    reconnect_grace_seconds: float = 300.0
 
 
 @dataclass
@@ -201,8 +218,11 @@ class SandboxManager:
         hooks: Sequence[SandboxHook] = (),
         pod_network: PodNetworkHook | None = None,
         vm_policy: Callable[[VMIntent], None] | None = None,
+        on_abandoned: Callable[[SandboxRecord, str], None] | None = None,
     ) -> None:
         self.config = config
+        # told of each sandbox given up because its shim never came back (the status API)
+        self._on_abandoned = on_abandoned
         # the node's own limits on a pod's VM choices (adaptor.planning.vmpolicy),
         # at CreateVM and StartVM
         self._vm_policy = vm_policy or (lambda _intent: None)
@@ -217,6 +237,14 @@ class SandboxManager:
         self._starts: dict[str, set[asyncio.Task[None]]] = {}
         self._stops: dict[str, _Stop] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # writes a full state store refused: sandbox id -> the record to put (None: delete it)
+        self._owed: dict[str, SandboxRecord | None] = {}
+        self._owed_why = ""
+        self._owed_task: asyncio.Task[None] | None = None
+        # while draining (shutdown), no new sandbox starts; ended teardowns are noted
+        self._draining = False
+        self._ended: set[str] = set()
+        self._teardown_ended = asyncio.Event()
         self._closed = False
 
     # --- helpers ---------------------------------------------------------------------------------
@@ -250,6 +278,10 @@ class SandboxManager:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def _refuse_when_draining(self) -> None:
+        if self._draining:
+            raise ShuttingDown("the adaptor is shutting down; the next one takes new sandboxes")
+
     async def _require(self, sandbox_id: str) -> SandboxRecord:
         record = await self.store.get(check_sandbox_id(sandbox_id))
         if record is None:
@@ -277,6 +309,7 @@ class SandboxManager:
             raise InvalidRequest(f"agent socket path {path} is too long for a unix socket")
         if sandbox_id in self._stops:
             raise SandboxBusy(f"sandbox {sandbox_id} is stopping")
+        self._refuse_when_draining()
         async with self._locked(sandbox_id):
             existing = await self.store.get(sandbox_id)
             if existing is not None:
@@ -316,6 +349,7 @@ class SandboxManager:
         check_sandbox_id(sandbox_id)
         if sandbox_id in self._stops:
             raise SandboxBusy(f"sandbox {sandbox_id} is stopping")
+        self._refuse_when_draining()
         task = self._spawn(self._start(sandbox_id), name=f"start-{sandbox_id}")
         self._starts.setdefault(sandbox_id, set()).add(task)
         try:
@@ -524,9 +558,15 @@ class SandboxManager:
         log.info("sandbox %s: StopVM answered, the VM delete goes on", sandbox_id)
 
     def _begin_stop(
-        self, sandbox_id: str, *, cancel_start: bool, known: Sequence[Instance] = ()
+        self,
+        sandbox_id: str,
+        *,
+        cancel_start: bool,
+        known: Sequence[Instance] = (),
+        reason: str = "",
     ) -> _Stop:
-        """Start (or join) the sandbox's teardown task; `known` are VMs found by a listing."""
+        """Start (or join) the sandbox's teardown task; `known` are VMs found by a listing,
+        `reason` (default: the recorded one, or "StopVM") is what the record says meanwhile."""
         stop = self._stops.get(sandbox_id)
         if stop is not None:
             return stop
@@ -537,46 +577,68 @@ class SandboxManager:
         stop = _Stop()
         self._stops[sandbox_id] = stop
         stop.task = self._spawn(
-            self._teardown(sandbox_id, aborted, tuple(known)), name=f"stop-{sandbox_id}"
+            self._teardown(sandbox_id, aborted, tuple(known), reason), name=f"stop-{sandbox_id}"
         )
 
-        def finished(_: asyncio.Task[None]) -> None:
+        def finished(task: asyncio.Task[None]) -> None:
+            # A teardown that ended early never reads as done: StopVM answers why.
+            if task.cancelled():
+                stop.left = stop.left or "teardown interrupted (the next start finishes it)"
+            elif (exc := task.exception()) is not None:
+                stop.left = stop.left or _why("teardown", exc)
+                log.error("sandbox %s: %s", sandbox_id, stop.left)
             stop.done.set()
             if self._stops.get(sandbox_id) is stop:
                 del self._stops[sandbox_id]
+            if self._draining:
+                self._ended.add(sandbox_id)
+                self._teardown_ended.set()
 
         stop.task.add_done_callback(finished)
         return stop
 
     async def _teardown(
-        self, sandbox_id: str, start_aborted: bool, known: tuple[Instance, ...] = ()
+        self,
+        sandbox_id: str,
+        start_aborted: bool,
+        known: tuple[Instance, ...] = (),
+        reason: str = "",
     ) -> None:
-        """The whole StopVM, after the start (if any) unwound; retried until the VM is gone."""
+        """The whole StopVM, after the start (if any) unwound; retried until the VM is gone.
+
+        A state store that cannot be written (disk full) does not hold it up: the VM is deleted
+        all the same, the writes are owed (retried until the store takes them) and StopVM
+        answers with what is still owed."""
         async with self._locked(sandbox_id):
             record = await self.store.get(sandbox_id)
             if record is None:
                 return
             with sandbox_context(record.id, f"{record.pod_namespace}/{record.pod_name}"):
-                record = await self.store.put(
-                    record.evolve(state=SandboxState.STOPPING, reason=record.reason or "StopVM")
-                )
+                why = reason or record.reason or "StopVM"
+                record = await self._save(record.evolve(state=SandboxState.STOPPING, reason=why))
                 await self._stop_proxy(record)
                 record, owed = await self._stop_pod_network(record)
                 await self._hooks("vm_stopping", record)
                 for instance in await self._vms_of(record, start_aborted, known):
                     await self._delete_vm(record, instance)
+                stop = self._stops.get(sandbox_id)
                 if owed:
                     # The VM is gone; the tunnel's remains stay recorded until a retry removes
                     # them (the next StopVM, or a restart).
-                    await self.store.put(
+                    await self._save(
                         record.evolve(state=SandboxState.FAILED, reason=owed, instance=None)
                     )
-                    stop = self._stops.get(sandbox_id)
                     if stop is not None:
                         stop.error = stop.left = f"{owed}; retry StopVM"
                         stop.failed.set()
                     return
                 await self._forget(record)
+                if sandbox_id in self._owed and stop is not None:
+                    stop.left = (
+                        f"the VM is deleted, but the state store cannot be written "
+                        f"({self._owed_why}); its record is removed once it can"
+                    )
+                    return
         log.info("sandbox %s: torn down", sandbox_id)
 
     async def _stop_proxy(self, record: SandboxRecord) -> None:
@@ -595,8 +657,8 @@ class SandboxManager:
             owed = str(exc)
             remaining = self._pod_network.failed_teardown(record, owed)
             log.error("sandbox %s: %s", record.id, owed)
-            return await self.store.put(record.evolve(pod_network=remaining)), owed
-        return await self.store.put(record.evolve(pod_network=remaining)), ""
+            return await self._save(record.evolve(pod_network=remaining)), owed
+        return await self._save(record.evolve(pod_network=remaining)), ""
 
     async def _vms_of(
         self, record: SandboxRecord, start_aborted: bool, known: tuple[Instance, ...]
@@ -633,7 +695,7 @@ class SandboxManager:
                     stop.error = f"{reason}; the delete is retried"
                     stop.failed.set()
                 metrics.VM_DELETE_FAILURES.labels(provider=self.provider.name).inc()
-                await self.store.put(record.evolve(reason=reason))
+                await self._save(record.evolve(reason=reason))
                 if attempts is not None and tried >= attempts:
                     raise
                 log.warning("sandbox %s: %s; retrying in %gs", record.id, reason, delay)
@@ -642,9 +704,65 @@ class SandboxManager:
 
     async def _forget(self, record: SandboxRecord) -> None:
         await asyncio.to_thread(_remove_socket_dir, Path(record.agent_socket))
-        await self.store.delete(record.id)
+        try:
+            await self.store.delete(record.id)
+        except StateError as exc:
+            self._owe(record.id, None, exc)
+        else:
+            self._owed.pop(record.id, None)
         self.placement.release(record.id)
         await self._hooks("sandbox_gone", record.id)
+
+    # --- writes a full state store refused -------------------------------------------------------
+
+    async def _save(self, record: SandboxRecord) -> SandboxRecord:
+        """Write a teardown's progress; when the store refuses (disk full), the write is owed
+        and retried until it lands, and the teardown goes on with the record in memory."""
+        try:
+            stored = await self.store.put(record)
+        except StateError as exc:
+            self._owe(record.id, record, exc)
+            return record
+        self._owed.pop(record.id, None)
+        return stored
+
+    def _owe(self, sandbox_id: str, record: SandboxRecord | None, exc: StateError) -> None:
+        if sandbox_id not in self._owed:
+            log.error(
+                "sandbox %s: state write refused, retried until it lands: %s", sandbox_id, exc
+            )
+        self._owed[sandbox_id] = record
+        self._owed_why = str(exc)
+        if self._owed_task is None or self._owed_task.done():
+            self._owed_task = self._spawn(self._write_owed(), name="owed-state-writes")
+
+    def owed(self) -> dict[str, str]:
+        """Sandboxes whose last state write the store refused: id -> what it still owes."""
+        return {i: "record removal" if r is None else r.state.value for i, r in self._owed.items()}
+
+    async def _write_owed(self) -> None:
+        """Retry the refused writes, with the delete backoff, until the store takes them all: a
+        torn-down sandbox is then forgotten, an unfinished one reads `stopping` (the reaper's)."""
+        delay = self.config.delete_retry_seconds
+        while self._owed:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.config.delete_retry_max_seconds)
+            for sandbox_id in list(self._owed):
+                if self.busy(sandbox_id):
+                    continue  # its teardown writes it
+                async with self._locked(sandbox_id):
+                    if sandbox_id not in self._owed:
+                        continue
+                    record = self._owed[sandbox_id]
+                    try:
+                        if record is None:
+                            await self.store.delete(sandbox_id)
+                        else:
+                            await self.store.put(record)
+                    except StateError:
+                        continue
+                    del self._owed[sandbox_id]
+                    log.info("sandbox %s: the state store took the owed write", sandbox_id)
 
     def serving(self, sandbox_id: str) -> bool:
         """Whether this process serves the sandbox's agent socket now."""
@@ -713,7 +831,9 @@ class SandboxManager:
         finish the teardowns a StopVM had asked for.
 
         A sandbox caught in StartVM is marked failed (its caller is gone); its VM stays recorded
-        so the StopVM that follows, or the reaper, deletes it.
+        so the StopVM that follows, or the reaper, deletes it. A running sandbox whose shim does
+        not connect again within the reconnect grace is abandoned (torn down): a shim that lost
+        its agent connection stopped its pod and sent a StopVM nobody heard.
         """
         gone: list[str] = []
         for record in await self.store.records():
@@ -770,10 +890,52 @@ class SandboxManager:
         except Exception as exc:
             log.error("sandbox %s: cannot serve its agent socket again: %s", record.id, exc)
             await self.store.put(record.evolve(reason=_why("restart", exc)))
+            self._watch_shim(record.id, None)
             return
         self._proxies[record.id] = proxy
         self._spawn(self._reconnect(record.id, proxy), name=f"reconnect-{record.id}")
+        self._watch_shim(record.id, proxy)
         log.info("sandbox %s served again at %s", record.id, record.agent_socket)
+
+    def _watch_shim(self, sandbox_id: str, proxy: AgentProxyHandle | None) -> None:
+        grace = self.config.reconnect_grace_seconds
+        if grace > 0:
+            self._spawn(self._await_shim(sandbox_id, proxy, grace), name=f"shim-grace-{sandbox_id}")
+
+    async def _await_shim(
+        self, sandbox_id: str, proxy: AgentProxyHandle | None, grace: float
+    ) -> None:
+        """Abandon the recovered sandbox unless its shim connects within `grace` seconds."""
+        if proxy is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proxy.wait_for_shim(), grace)
+                return
+        else:
+            await asyncio.sleep(grace)
+        if self.busy(sandbox_id) or self._proxies.get(sandbox_id) is not proxy:
+            return  # a StopVM (or a preemption) took it over meanwhile
+        await self.abandon(
+            sandbox_id, f"its shim did not connect again within {grace:g}s of the restart"
+        )
+
+    async def abandon(self, sandbox_id: str, why: str) -> None:
+        """Tear down a sandbox nobody will StopVM (its shim is gone): VM, tunnel and record go,
+        with a log line, `peerpods_sandboxes_abandoned_total` and the reason kept for the
+        status API."""
+        record = await self.store.get(sandbox_id)
+        if record is None or self.busy(sandbox_id):
+            return
+        reason = f"abandoned: {why}"
+        with sandbox_context(record.id, f"{record.pod_namespace}/{record.pod_name}"):
+            log.warning("sandbox %s %s; tearing it down", sandbox_id, reason)
+        metrics.ABANDONED.labels(provider=self.provider.name).inc()
+        if self._on_abandoned is not None:
+            try:
+                self._on_abandoned(record, reason)
+            except Exception:
+                log.exception("on_abandoned callback failed")
+        stop = self._begin_stop(sandbox_id, cancel_start=False, reason=reason)
+        await asyncio.shield(stop.done.wait())
 
     async def _reconnect(self, sandbox_id: str, proxy: AgentProxyHandle) -> None:
         try:
@@ -784,16 +946,48 @@ class SandboxManager:
             # The proxy answers UNAVAILABLE and dials again on the next call.
             log.warning("sandbox %s: upstream not reachable after restart: %s", sandbox_id, exc)
 
+    async def release_agent_sockets(self, timeout_seconds: float = 5.0) -> set[str]:
+        """Shutdown's first step: start no new sandbox and close every agent socket. Returns the
+        sandboxes whose shim was connected: Kata's Go shim answers the close with one StopVM
+        (never retried), so the hypervisor socket must still take it (`drain`)."""
+        self._draining = True
+        self._ended.clear()
+        self._cancel_watchers()
+        held = {sandbox_id for sandbox_id, proxy in self._proxies.items() if proxy.shims}
+        proxies, self._proxies = list(self._proxies.values()), {}
+        for proxy in proxies:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(proxy.stop(), timeout=timeout_seconds)
+        return held
+
+    async def drain(self, expected: set[str], timeout_seconds: float) -> set[str]:
+        """Until every sandbox in `expected` was torn down (its StopVM came and the teardown
+        ended), within `timeout_seconds`; those still awaited."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_seconds
+        while True:
+            waiting = expected - self._ended
+            if not waiting or loop.time() >= deadline:
+                return waiting
+            self._teardown_ended.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._teardown_ended.wait(), deadline - loop.time())
+
+    def _cancel_watchers(self) -> None:
+        """Cancel the restart's dials and shim waits: they end with the process."""
+        for task in list(self._tasks):
+            if task.get_name().startswith(("reconnect-", "shim-grace-", "owed-state-writes")):
+                task.cancel()
+
     async def close(self, grace_seconds: float = 5.0) -> None:
         """Stop serving agent sockets; VMs and records stay for the next start (a teardown cut
         short stays recorded as stopping and is finished then)."""
         if self._closed:
             return
         self._closed = True
+        self._draining = True
         tasks = list(self._tasks)
-        for task in tasks:
-            if task.get_name().startswith("reconnect-"):
-                task.cancel()
+        self._cancel_watchers()
         if tasks:
             await asyncio.wait(tasks, timeout=grace_seconds)
         for task in self._tasks:
@@ -866,6 +1060,7 @@ __all__ = [
     "SandboxHook",
     "SandboxManager",
     "SandboxNotFound",
+    "ShuttingDown",
     "StartAborted",
     "StartTimeout",
     "answer_within",

@@ -2,10 +2,12 @@
 ttrpc server, and owns their lifetime.
 
 Start: lock the state directory (one daemon per state), open the store, build the provider,
-serve again the agent sockets of sandboxes that were running, then listen on --socket.
-Shutdown (SIGTERM/SIGINT): stop accepting, give in-flight calls a bounded grace, close every
-socket; VMs and records stay, so the next start picks the sandboxes up again. A second signal
-cuts the grace short.
+serve again the agent sockets of sandboxes that were running (each is abandoned if its shim does
+not connect again within --reconnect-grace), then listen on --socket.
+Shutdown (SIGTERM/SIGINT): close the agent sockets first and keep answering on --socket for at
+most --shutdown-drain (a shim that loses its agent connection sends one StopVM), then give
+in-flight calls a bounded grace and close every socket; VMs and records of sandboxes not stopped
+stay, so the next start finds them. A second signal cuts the drain and the grace short.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from adaptor.podnet import PodNet, PodNetSettings, SandboxPodNetwork
 from adaptor.proxy import CreateContainerHook
 from adaptor.proxy.pki import AdaptorPKI
 from adaptor.state import SandboxRecord, StateStore
-from adaptor.status import DeviceBook, build_app
+from adaptor.status import AbandonedBook, DeviceBook, build_app
 from adaptor.status.app import refresh_sandbox_gauge
 from adaptor.status.server import StatusServer
 from adaptor.ttrpc.server import Server
@@ -160,6 +162,7 @@ class Daemon:
         self._placement = placement
         self._hooks = tuple(hooks)
         self.devices = DeviceBook()
+        self.abandoned = AbandonedBook()
         self.status: StatusServer | None = None
         self._unobserve: Callable[[], None] | None = None
         self._lock_fd: int | None = None
@@ -233,6 +236,7 @@ class Daemon:
                 proxy_timeout_seconds=settings.proxy_timeout_seconds,
                 start_timeout_seconds=settings.start_timeout_seconds,
                 stop_wait_seconds=settings.stop_wait_seconds,
+                reconnect_grace_seconds=settings.reconnect_grace_seconds,
             ),
             self.store,
             provider,
@@ -243,6 +247,7 @@ class Daemon:
             vm_policy=VmPolicy(
                 frozenset(settings.allowed_machine_types), frozenset(settings.allowed_images)
             ).check,
+            on_abandoned=self.abandoned.add,
         )
         await self.manager.recover()
         if isinstance(provider, Inspectable):
@@ -271,7 +276,10 @@ class Daemon:
         if settings.status_address:
             store = self.store
             app = build_app(
-                store, self.devices, refresh_metrics=lambda: refresh_sandbox_gauge(store)
+                store,
+                self.devices,
+                refresh_metrics=lambda: refresh_sandbox_gauge(store),
+                abandoned=self.abandoned,
             )
             self.status = StatusServer(app, settings.status_address)
             await self.status.start()
@@ -295,17 +303,20 @@ class Daemon:
         )
 
     async def close(self, grace_seconds: float | None = None) -> None:
-        """Stop accepting, let in-flight calls finish within the grace, close every socket.
+        """Shut down in the order that leaks nothing: the background loops stop; the agent
+        sockets close while the hypervisor socket still answers, for at most the drain, the
+        StopVMs the disconnected shims send (Kata's Go shim sends one, never retried); then
+        in-flight calls get the grace and every socket closes.
 
-        Cancelling a close (a second signal) closes what is left without grace.
+        With `grace_seconds` given there is no drain longer than it. Cancelling a close (a
+        second signal) closes what is left without grace.
         """
-        grace = self.settings.shutdown_grace_seconds if grace_seconds is None else grace_seconds
+        settings = self.settings
+        grace = settings.shutdown_grace_seconds if grace_seconds is None else grace_seconds
+        drain = settings.shutdown_drain_seconds if grace_seconds is None else 0.0
         if self.advertiser is not None:
             await self.advertiser.stop()
             self.advertiser = None
-        if self.server is not None:
-            await _graceful(self.server.close, grace)
-            self.server = None
         if self.gc is not None:
             await self.gc.stop()
             self.gc = None
@@ -315,6 +326,10 @@ class Daemon:
         if self.watcher is not None:
             await self.watcher.stop()
             self.watcher = None
+        await self._release_shims(drain)
+        if self.server is not None:
+            await _graceful(self.server.close, grace)
+            self.server = None
         if self.status is not None:
             await self.status.stop()
             self.status = None
@@ -335,6 +350,26 @@ class Daemon:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    async def _release_shims(self, drain_seconds: float) -> None:
+        """Close every agent socket, then wait (at most `drain_seconds`) until the sandboxes
+        whose shim was connected are torn down by the StopVMs those shims send. What is not
+        torn down stays recorded; the next start abandons it after the reconnect grace."""
+        if self.manager is None:
+            return
+        held = await self.manager.release_agent_sockets()
+        if not held or self.server is None or drain_seconds <= 0:
+            return
+        log.info("shutdown: %d shims disconnected; taking their StopVMs", len(held))
+        waiting = await self.manager.drain(held, drain_seconds)
+        if waiting:
+            log.warning(
+                "shutdown: %d sandboxes not stopped within the %gs drain (%s); the next start "
+                "tears them down after its reconnect grace",
+                len(waiting),
+                drain_seconds,
+                ", ".join(sorted(waiting)[:10]),
+            )
 
     def _upstream_lost(self, sandbox_id: str) -> None:
         """A sandbox's forwarder connection dropped: ask the cloud whether its VM lives."""

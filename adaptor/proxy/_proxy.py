@@ -90,6 +90,7 @@ class AgentProxy:
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
         self._shims: dict[_ShimConnection, asyncio.Task[None]] = {}
+        self._shim_came = asyncio.Event()  # set by the first shim connection served
         self._upstream: _Upstream | None = None
         self._dialing: asyncio.Future[_Upstream] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -156,6 +157,18 @@ class AgentProxy:
                 shim.answer(shim_id, service, method, code, message)
             upstream.pending.clear()
             await upstream.close()
+
+    @property
+    def shims(self) -> int:
+        """Shim connections open now (a shim that holds one will StopVM when it closes)."""
+        return len(self._shims)
+
+    async def wait_for_shim(self) -> None:
+        """Until a shim has connected to the agent socket since `start` (at once if one did).
+
+        After a restart this tells a shim that comes back from one that is gone for good.
+        """
+        await self._shim_came.wait()
 
     @property
     def connected(self) -> bool:
@@ -262,6 +275,7 @@ class AgentProxy:
         shim = _ShimConnection(self, reader, writer)
         task = asyncio.get_running_loop().create_task(shim.run(), name="agent-proxy-shim")
         self._shims[shim] = task
+        self._shim_came.set()
         task.add_done_callback(lambda _t: self._shims.pop(shim, None))
 
     def forward(self, shim: _ShimConnection, shim_id: int, data: bytes) -> None:

@@ -3,9 +3,11 @@
     GET /v1/sandboxes        every sandbox: pod, instance type, capacity type (spot or on-demand),
                              VM id, zone, state and reason (e.g. preempted: what the cloud said),
                              devices; a sandbox whose stored record cannot be read is listed with
-                             state "quarantined" and the reason
-    GET /v1/sandboxes/{id}   one sandbox (a quarantined one as in the list); 404 {code, message}
-                             when unknown
+                             state "quarantined" and the reason; under "abandoned", the last
+                             sandboxes torn down because their shim never came back after a
+                             restart, with why
+    GET /v1/sandboxes/{id}   one sandbox (a quarantined or abandoned one as in the list);
+                             404 {code, message} when unknown
     GET /healthz             200 "ok" while the daemon serves
     GET /metrics             Prometheus text format
 
@@ -26,6 +28,7 @@ from starlette.routing import Route
 
 from adaptor.runtime import metrics
 from adaptor.state import QuarantinedRecord, SandboxRecord
+from adaptor.status.abandoned import AbandonedBook
 from adaptor.status.devices import DeviceBook
 
 
@@ -86,14 +89,17 @@ def build_app(
     devices: DeviceBook,
     *,
     refresh_metrics: Callable[[], Awaitable[None]] | None = None,
+    abandoned: AbandonedBook | None = None,
 ) -> Starlette:
-    """The status application over a sandbox source and the device book."""
+    """The status application over a sandbox source, the device book and the sandboxes given
+    up after a restart."""
+    gone = abandoned or AbandonedBook()
 
     async def list_sandboxes(request: Request) -> Response:
         records = await source.records()
         listed = [sandbox_json(r, devices) for r in records]
         listed += [quarantined_json(i, why) for i, why in (await source.quarantined()).items()]
-        return JSONResponse({"sandboxes": listed})
+        return JSONResponse({"sandboxes": listed, "abandoned": gone.snapshot()})
 
     async def get_sandbox(request: Request) -> Response:
         sandbox_id = request.path_params["sandbox_id"]
@@ -103,6 +109,9 @@ def build_app(
             reason = (await source.quarantined()).get(sandbox_id, "")
             return JSONResponse(quarantined_json(sandbox_id, reason))
         if record is None:
+            entry = gone.get(sandbox_id)
+            if entry is not None:
+                return JSONResponse(entry)
             return _error(404, "not_found", f"no sandbox {sandbox_id!r}")
         return JSONResponse(sandbox_json(record, devices))
 

@@ -62,6 +62,17 @@ class FakeProxy:
     connect_error: Exception | None = None
     connect_gate: asyncio.Event | None = None
     calls: list[str] = field(default_factory=list)
+    # shim connections open now; `shim_came` is set when a shim connects (`shim_connects`)
+    shims: int = 0
+    shim_came: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def shim_connects(self) -> None:
+        """A shim connects to the agent socket (and stays)."""
+        self.shims += 1
+        self.shim_came.set()
+
+    async def wait_for_shim(self) -> None:
+        await self.shim_came.wait()
 
     async def start(self) -> None:
         self.calls.append("start")

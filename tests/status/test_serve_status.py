@@ -78,7 +78,7 @@ async def test_states_and_devices_follow_the_sandbox(serve: tuple[ServeProcess, 
     assert proc.status_url.startswith("http://127.0.0.1:")
     async with httpx.AsyncClient(base_url=proc.status_url, timeout=10) as http:
         assert (await http.get("/healthz")).text == "ok"
-        assert (await http.get("/v1/sandboxes")).json() == {"sandboxes": []}
+        assert (await http.get("/v1/sandboxes")).json() == {"sandboxes": [], "abandoned": []}
 
         created = await proc.create_vm(SID, GPU_POD)
         assert created["code"] == 0, proc.log()
@@ -140,4 +140,4 @@ async def test_states_and_devices_follow_the_sandbox(serve: tuple[ServeProcess, 
         assert (await proc.stop_vm(SID))["code"] == 0, proc.log()
         gone = await http.get(f"/v1/sandboxes/{SID}")
         assert gone.status_code == 404 and gone.json()["code"] == "not_found"
-        assert (await http.get("/v1/sandboxes")).json() == {"sandboxes": []}
+        assert (await http.get("/v1/sandboxes")).json() == {"sandboxes": [], "abandoned": []}
