@@ -238,6 +238,10 @@ def prepare(options: Options, lib: Any, out: Callable[[str], None] = print) -> R
     return result
 
 
+# Each GPU's planned devices, as (record, layout entry) pairs.
+ByGpu = dict[int, list[tuple[DeviceRecord, Any]]]
+
+
 def _prepare_gpus(
     options: Options,
     nvml: Nvml,
@@ -247,6 +251,7 @@ def _prepare_gpus(
     result: Result,
     needs_gpus: bool,
 ) -> None:
+    """MIG modes, then MIG devices, then everything read back into CDI specs."""
     gpus = nvml.gpus() if needs_gpus else []
     layout = choose_layout(document, gpus)
     if layout is None:  # only empty layouts: nothing planned
@@ -254,14 +259,35 @@ def _prepare_gpus(
         return
     entries = records_for(layout)
     result.records = [record for record, _ in entries]
-    by_gpu: dict[int, list[tuple[DeviceRecord, Any]]] = {}
+    by_gpu: ByGpu = {}
     for record, entry in entries:
         if record.kind == "rdma":
             record.state = "ready"
         elif record.gpu is not None:
             by_gpu.setdefault(record.gpu, []).append((record, entry))
+    gpus, modes = _ensure_modes(nvml, gpus, layout, by_gpu, result)
+    if _settle_pending_modes(options, guard, document, modes, by_gpu, result):
+        return  # rebooting once, to finish a mode change
+    for spec in layout.gpus:  # MIG devices, GPU by GPU
+        if not spec.mig or spec.index not in modes:
+            continue
+        if modes[spec.index].mode is not migops.Mode.READY:
+            continue
+        planned = [(entry, record) for record, entry in by_gpu[spec.index] if not record.error]
+        if planned:
+            result.changed |= migops.reconcile(nvml, gpus[spec.index], planned)
+    gpus = _read_back(nvml, layout, by_gpu)
+    version = nvml.driver_version()
+    specs = build_specs(result.records, {g.index: g for g in gpus}, host, version)
+    result.specs = write_specs(specs, options.cdi_dir)
+    result.warnings += clashes(list(specs), [options.cdi_dir, *options.other_cdi_dirs])
 
-    # MIG mode: on where the layout has MIG devices, off where it wants a whole GPU
+
+def _ensure_modes(
+    nvml: Nvml, gpus: list[Gpu], layout: Layout, by_gpu: ByGpu, result: Result
+) -> tuple[list[Gpu], dict[int, migops.ModeResult]]:
+    """MIG mode on where the layout has MIG devices, off where it wants a whole GPU; the GPUs
+    are listed again after a switch (handles and minor numbers may change on reset)."""
     modes: dict[int, migops.ModeResult] = {}
     for spec in layout.gpus:
         if spec.index >= len(gpus):
@@ -276,10 +302,23 @@ def _prepare_gpus(
     ]
     if switched:
         result.changed = True
-        nvml.reinit()  # the GPUs were reset: handles (and minor numbers) may have changed
+        nvml.reinit()
         gpus = nvml.gpus()
         for spec in switched:
             modes[spec.index] = migops.mode_now(nvml, gpus[spec.index], enable=bool(spec.mig))
+    return gpus, modes
+
+
+def _settle_pending_modes(
+    options: Options,
+    guard: RebootGuard,
+    document: LayoutDocument,
+    modes: dict[int, migops.ModeResult],
+    by_gpu: ByGpu,
+    result: Result,
+) -> bool:
+    """Fail the devices of GPUs whose mode change needs a reset, or arm one reboot for them
+    (True: rebooting); a failed mode change fails its GPU's devices."""
     pending = {i: m.reason for i, m in modes.items() if m.mode is migops.Mode.NEEDS_RESET}
     digest = digest_of(document)
     if pending:
@@ -294,7 +333,7 @@ def _prepare_gpus(
                 for index, reason in sorted(pending.items()):
                     for record, _ in by_gpu[index]:
                         record.fail(f"{reason}: rebooting once")
-                return
+                return True
         elif options.reboot:
             why = "still pending after a reboot; this platform cannot reset the GPU"
         for index, reason in pending.items():
@@ -306,18 +345,12 @@ def _prepare_gpus(
         if mode.mode is migops.Mode.FAILED:
             for record, _ in by_gpu[index]:
                 record.fail(mode.reason)
+    return False
 
-    # MIG devices, GPU by GPU
-    for spec in layout.gpus:
-        if not spec.mig or spec.index not in modes:
-            continue
-        if modes[spec.index].mode is not migops.Mode.READY:
-            continue
-        planned = [(entry, record) for record, entry in by_gpu[spec.index] if not record.error]
-        if planned:
-            result.changed |= migops.reconcile(nvml, gpus[spec.index], planned)
 
-    # read everything back from a fresh NVML session
+def _read_back(nvml: Nvml, layout: Layout, by_gpu: ByGpu) -> list[Gpu]:
+    """Every planned device as a fresh NVML session sees it: UUIDs and MIG indexes filled in,
+    a device NVML does not list failed."""
     nvml.reinit()
     gpus = nvml.gpus()
     for spec in layout.gpus:
@@ -336,20 +369,14 @@ def _prepare_gpus(
                 record.fail(f"cannot list MIG devices: {exc}")
             continue
         for record in records:
-            device = devices.get(
-                (
-                    record.gi if record.gi is not None else -1,
-                    record.ci if record.ci is not None else -1,
-                )
-            )
+            gi = record.gi if record.gi is not None else -1
+            ci = record.ci if record.ci is not None else -1
+            device = devices.get((gi, ci))
             if device is None:
                 record.fail(f"NVML lists no MIG device for GI {record.gi} CI {record.ci}")
                 continue
             record.uuid, record.mig_index, record.state = device.uuid, device.index, "ready"
-    version = nvml.driver_version()
-    specs = build_specs(result.records, {g.index: g for g in gpus}, host, version)
-    result.specs = write_specs(specs, options.cdi_dir)
-    result.warnings += clashes(list(specs), [options.cdi_dir, *options.other_cdi_dirs])
+    return gpus
 
 
 def _finish(options: Options, result: Result, out: Callable[[str], None]) -> None:
