@@ -10,7 +10,7 @@ back, never computed: GI ids come from per-size pools in no fixed order (docs/po
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -130,40 +130,16 @@ class Planned:
 def reconcile(nvml: Nvml, gpu: Gpu, planned: Sequence[tuple[MigSpec, DeviceRecord]]) -> bool:
     """Create the GPU's planned MIG devices (MIG mode is on); fills each record's GI/CI ids or
     its error. True when anything on the GPU changed."""
-    changed = False
     try:
         profiles = nvml.gi_profiles(gpu)
-        by_id = {p.id: p for p in profiles.values()}
         existing = nvml.gpu_instances(gpu, profiles)
     except NvmlError as exc:
         for _, record in planned:
             record.fail(f"cannot read the GPU's MIG configuration: {exc}")
         return False
     items = [Planned(spec, record) for spec, record in planned]
-    offered = ", ".join(sorted(profiles)) or "none"
     for item in items:
-        profile = profiles.get(item.spec.profile)
-        if profile is None:
-            item.record.fail(
-                f"profile {item.spec.profile} is not offered by {gpu.name} (offered: {offered})"
-            )
-            continue
-        try:
-            allowed = nvml.placements(gpu, profile)
-        except NvmlError as exc:
-            item.record.fail(f"cannot list placements of {profile.name}: {exc}")
-            continue
-        sizes = [size for start, size in allowed if start == item.spec.start]
-        if not sizes:
-            starts = ", ".join(str(s) for s, _ in allowed)
-            item.record.fail(
-                f"slot {item.spec.start} is not a placement of {profile.name} "
-                f"(allowed starts: {starts})"
-            )
-            continue
-        item.profile, item.size = profile, sizes[0]
-        item.slots = range(item.spec.start, item.spec.start + item.size)
-
+        _place(nvml, gpu, profiles, item)
     wanted = {(i.profile.id, i.spec.start): i for i in items if i.profile is not None}
     keep: list[GpuInstance] = []
     for gi in existing:
@@ -172,36 +148,7 @@ def reconcile(nvml: Nvml, gpu: Gpu, planned: Sequence[tuple[MigSpec, DeviceRecor
             match.gi = gi
             keep.append(gi)
     conflicts = [gi for gi in existing if gi not in keep]
-    if conflicts:
-        holders = _holders(nvml, gpu)
-        for gi in conflicts:
-            name = by_id[gi.profile_id].name if gi.profile_id in by_id else f"id {gi.profile_id}"
-            pids = holders.get(gi.id, [])
-            slots = range(gi.start, gi.start + gi.size)
-            if pids:
-                reason = (
-                    f"slots {gi.start}-{slots.stop - 1} hold GPU instance {gi.id} ({name}) "
-                    f"in use by processes {', '.join(map(str, sorted(set(pids))))}"
-                )
-                for item in items:
-                    if item.gi is None and set(item.slots) & set(slots):
-                        item.record.fail(reason)
-                continue
-            try:
-                _destroy(nvml, gi)
-                changed = True
-                log.info(
-                    "GPU %d: removed GPU instance %d (%s at slot %d), not in the layout",
-                    gpu.index,
-                    gi.id,
-                    name,
-                    gi.start,
-                )
-            except NvmlError as exc:
-                for item in items:
-                    if item.gi is None and set(item.slots) & set(slots):
-                        item.record.fail(f"cannot remove GPU instance {gi.id} ({name}): {exc}")
-
+    changed = _clear_conflicts(nvml, gpu, profiles, conflicts, items) if conflicts else False
     for item in sorted(items, key=lambda i: i.spec.start):
         if item.profile is None or item.record.error:
             continue
@@ -213,6 +160,71 @@ def reconcile(nvml: Nvml, gpu: Gpu, planned: Sequence[tuple[MigSpec, DeviceRecor
                 item.record.fail(f"cannot create GPU instance: {exc}")
                 continue
         changed |= _one_full_ci(nvml, item)
+    return changed
+
+
+def _place(nvml: Nvml, gpu: Gpu, profiles: Mapping[str, GiProfile], item: Planned) -> None:
+    """The item's GI profile and slots, checked against what NVML offers (else its error)."""
+    profile = profiles.get(item.spec.profile)
+    if profile is None:
+        offered = ", ".join(sorted(profiles)) or "none"
+        item.record.fail(
+            f"profile {item.spec.profile} is not offered by {gpu.name} (offered: {offered})"
+        )
+        return
+    try:
+        allowed = nvml.placements(gpu, profile)
+    except NvmlError as exc:
+        item.record.fail(f"cannot list placements of {profile.name}: {exc}")
+        return
+    sizes = [size for start, size in allowed if start == item.spec.start]
+    if not sizes:
+        starts = ", ".join(str(s) for s, _ in allowed)
+        item.record.fail(
+            f"slot {item.spec.start} is not a placement of {profile.name} "
+            f"(allowed starts: {starts})"
+        )
+        return
+    item.profile, item.size = profile, sizes[0]
+    item.slots = range(item.spec.start, item.spec.start + item.size)
+
+
+def _clear_conflicts(
+    nvml: Nvml,
+    gpu: Gpu,
+    profiles: Mapping[str, GiProfile],
+    conflicts: Sequence[GpuInstance],
+    items: Sequence[Planned],
+) -> bool:
+    """Remove GPU instances the layout does not want; one in use by a process is kept, and the
+    planned devices whose slots it holds fail. True when one was removed."""
+    by_id = {p.id: p for p in profiles.values()}
+    holders = _holders(nvml, gpu)
+    changed = False
+    for gi in conflicts:
+        name = by_id[gi.profile_id].name if gi.profile_id in by_id else f"id {gi.profile_id}"
+        pids = holders.get(gi.id, [])
+        slots = set(range(gi.start, gi.start + gi.size))
+        blocked = [item for item in items if item.gi is None and set(item.slots) & slots]
+        if pids:
+            reason = (
+                f"slots {gi.start}-{gi.start + gi.size - 1} hold GPU instance {gi.id} ({name}) "
+                f"in use by processes {', '.join(map(str, sorted(set(pids))))}"
+            )
+            for item in blocked:
+                item.record.fail(reason)
+            continue
+        try:
+            _destroy(nvml, gi)
+        except NvmlError as exc:
+            for item in blocked:
+                item.record.fail(f"cannot remove GPU instance {gi.id} ({name}): {exc}")
+            continue
+        changed = True
+        log.info(
+            "GPU %d: removed GPU instance %d (%s at slot %d), not in the layout",
+            gpu.index, gi.id, name, gi.start,
+        )  # fmt: skip
     return changed
 
 
