@@ -8,6 +8,12 @@ the combination whose chosen type ranks first (price, then size: `Candidate.rank
 keeps the preferred alternatives (listed first). Combinations whose claims contradict each other
 (two GPU models, MIG devices that cannot share a parent) are skipped.
 
+A `firstAvailable` request is served by its first subrequest that leads to a type at all, as
+Kubernetes allocates the first subrequest it can: its alternatives rank before any of a later
+subrequest's, price only deciding within one subrequest. A subrequest whose devices exist only on
+types the pod cannot run on (another architecture, not sold the way the pod buys, confidential)
+falls through to the next.
+
 Each request's rank is remembered per catalog (the same pods recur: every replica of a
 Deployment), so a repeated admission costs the building of its requests, not their selection.
 
@@ -36,6 +42,7 @@ __all__ = ["EXHAUSTIVE", "choose"]
 EXHAUSTIVE = 64
 
 Rank = tuple[float, int, int, int, int, int, str]
+Key = tuple[tuple[int, ...], Rank | None]  # firstAvailable tiers per request, then the rank
 
 _REMEMBERED = 4096  # request ranks kept per catalog, least recently used dropped first
 _ranks: dict[int, tuple[weakref.ref[Catalog], OrderedDict[str, Rank | None]]] = {}
@@ -79,28 +86,29 @@ def choose(
     """
     if all(len(r.alternatives) == 1 for r in translation.requests):
         return translation.first_valid(space)
-    cache: dict[tuple[int, ...], tuple[Rank | None, list[ClaimUnit]] | Exception] = {}
+    cache: dict[tuple[int, ...], tuple[Key, list[ClaimUnit]] | Exception] = {}
 
-    def score(picks: tuple[int, ...]) -> tuple[Rank | None, list[ClaimUnit]] | Exception:
+    def score(picks: tuple[int, ...]) -> tuple[Key, list[ClaimUnit]] | Exception:
         found = cache.get(picks)
         if found is not None:
             return found
         chosen = [r.alternatives[i] for r, i in zip(translation.requests, picks, strict=True)]
-        result: tuple[Rank | None, list[ClaimUnit]] | Exception
+        result: tuple[Key, list[ClaimUnit]] | Exception
         try:
             units = translation.resolve(chosen, space)
             request = request_for(units)
         except InvalidRequest as exc:
             result = exc
         else:
-            result = (_rank(catalog, request), units)
+            tiers = tuple(u.tier for u in chosen)
+            result = ((tiers, _rank(catalog, request)), units)
         cache[picks] = result
         return result
 
     sizes = [len(r.alternatives) for r in translation.requests]
     if translation.combinations <= EXHAUSTIVE:
         order: Sequence[tuple[int, ...]] = list(itertools.product(*(range(n) for n in sizes)))
-        return _best(order, score)
+        return _noted(translation, _best(order, score))
     picks = [0] * len(sizes)
     for position, size in enumerate(sizes):
         trials = []
@@ -111,30 +119,41 @@ def choose(
         best = _best_index(trials, score)
         if best is not None:
             picks = list(trials[best])
-    return _best([tuple(picks)], score)
+    return _noted(translation, _best([tuple(picks)], score))
+
+
+def _noted(translation: Translation, units: list[ClaimUnit]) -> list[ClaimUnit]:
+    """The chosen units, with a warning for each firstAvailable request that fell through."""
+    for unit in units:
+        if unit.tier > 0:
+            translation.warnings.append(
+                f"claim {unit.claim} request {unit.request}: the earlier firstAvailable "
+                f"subrequests match no type this pod can run on; {unit.subrequest} serves it"
+            )
+    return units
 
 
 def _best_index(
     order: Sequence[tuple[int, ...]],
-    score: Callable[[tuple[int, ...]], tuple[Rank | None, list[ClaimUnit]] | Exception],
+    score: Callable[[tuple[int, ...]], tuple[Key, list[ClaimUnit]] | Exception],
 ) -> int | None:
-    best: tuple[Rank, int] | None = None
+    best: tuple[tuple[tuple[int, ...], Rank], int] | None = None
     fallback: int | None = None
     for index, picks in enumerate(order):
         result = score(picks)
         if isinstance(result, Exception):
             continue
-        rank, _ = result
+        (tiers, rank), _ = result
         if fallback is None:
             fallback = index
-        if rank is not None and (best is None or rank < best[0]):
-            best = (rank, index)
+        if rank is not None and (best is None or (tiers, rank) < best[0]):
+            best = ((tiers, rank), index)
     return best[1] if best is not None else fallback
 
 
 def _best(
     order: Sequence[tuple[int, ...]],
-    score: Callable[[tuple[int, ...]], tuple[Rank | None, list[ClaimUnit]] | Exception],
+    score: Callable[[tuple[int, ...]], tuple[Key, list[ClaimUnit]] | Exception],
 ) -> list[ClaimUnit]:
     index = _best_index(order, score)
     if index is None:  # every combination contradicts itself: say why the first one does

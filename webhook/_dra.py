@@ -67,6 +67,10 @@ class ClaimUnit:
     memory_mib: int = 0  # minimum memory per GPU (a capacity share, or a narrowed form)
     fractional: bool = False
     products: frozenset[str] | None = None  # acceptable product keys (None: any form)
+    # firstAvailable: which subrequest this unit serves (0: the first, or no firstAvailable);
+    # an earlier one wins whenever the pod can run on any type it matches
+    tier: int = 0
+    subrequest: str = ""
 
 
 @dataclass(frozen=True)
@@ -331,13 +335,22 @@ class _Translator:
             for sub in req.get("firstAvailable") or []:
                 sub_name = _checked_name(sub.get("name"), f"{here}: subrequest name")
                 result = self.option(sub, f"{here}/{sub_name}")
-                if not isinstance(result, str):
-                    return name, result
-                reasons.append(f"{sub_name}: {result}")
+                if isinstance(result, str):
+                    reasons.append(f"{sub_name}: {result}")
+                    continue
+                served += [replace(u, tier=tier, subrequest=sub_name) for u in result]
+                tier += 1
+            if served:
+                return name, served
             raise ClaimDenied(
                 f"{here}: no subrequest can be served ({'; '.join(reasons) or 'none listed'})"
             )
+            # Every subrequest the catalog's devices match, in order: whether the pod can run
+            # on a type they match (its architecture, how it buys, confidential or not) is
+            # selection's to say, and the first that can be served wins (_choose.py).
         exactly = req.get("exactly") if "exactly" in req else req
+            served: list[ClaimUnit] = []
+            tier = 0
         if not isinstance(exactly, dict):
             raise ClaimDenied(f"{here}: malformed request")
         result = self.option(exactly, here)
