@@ -331,7 +331,12 @@ class _Translator:
         name = _checked_name(req.get("name"), f"{where}: request name")
         here = f"{where} request {name}"
         if "firstAvailable" in req:
+            # Every subrequest the catalog's devices match, in order: whether the pod can run
+            # on a type they match (its architecture, how it buys, confidential or not) is
+            # selection's to say, and the first that can be served wins (_choose.py).
             reasons: list[str] = []
+            served: list[ClaimUnit] = []
+            tier = 0
             for sub in req.get("firstAvailable") or []:
                 sub_name = _checked_name(sub.get("name"), f"{here}: subrequest name")
                 result = self.option(sub, f"{here}/{sub_name}")
@@ -345,12 +350,7 @@ class _Translator:
             raise ClaimDenied(
                 f"{here}: no subrequest can be served ({'; '.join(reasons) or 'none listed'})"
             )
-            # Every subrequest the catalog's devices match, in order: whether the pod can run
-            # on a type they match (its architecture, how it buys, confidential or not) is
-            # selection's to say, and the first that can be served wins (_choose.py).
         exactly = req.get("exactly") if "exactly" in req else req
-            served: list[ClaimUnit] = []
-            tier = 0
         if not isinstance(exactly, dict):
             raise ClaimDenied(f"{here}: malformed request")
         result = self.option(exactly, here)
