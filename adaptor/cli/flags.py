@@ -1,20 +1,129 @@
-"""Flags with environment twins: `--proxy-timeout` can also be set as PEERPODS_PROXY_TIMEOUT."""
+"""Flags derived from the setting declarations (`providers.core.settings`), with env twins.
+
+`add_settings(parser, Section, ...)` adds one long flag per declared field: its type, help,
+default and `PEERPODS_*` twin all come from the declaration. Flags are added with no argparse
+default; after parsing, `resolve(args)` fills every setting the command line did not give from
+its env twin, parsed and checked by the same `Setting.parse` as the flag (an invalid value is an
+`InvalidRequest` naming the variable), or else from the declared default. Only the chosen
+subcommand's settings are resolved, so one command's env twin never fails another command.
+`section(Section, args)` then builds the typed section the command runs with.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(h|ms|m|s))+$", re.ASCII)
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)", re.ASCII)
-_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+from pydantic import BaseModel, ValidationError
+
+from providers.core.errors import InvalidRequest
+from providers.core.settings import Setting, describe, env_name, parse_duration, settings
+
+__all__ = [
+    "add",
+    "add_default_capacity_type",
+    "add_settings",
+    "duration",
+    "env_name",
+    "resolve",
+    "section",
+    "section_values",
+]
+
+M = TypeVar("M", bound=BaseModel)
+_KEY = "_setting:"
 
 
-def env_name(flag: str) -> str:
-    """The environment twin of a long flag: --static-endpoints -> PEERPODS_STATIC_ENDPOINTS."""
-    return "PEERPODS_" + flag.lstrip("-").upper().replace("-", "_")
+def add_settings(
+    parser: argparse.ArgumentParser, *sections: type[BaseModel], help: str | None = None
+) -> None:
+    """Add the flags of the sections' settings; a flag the parser already has is skipped (the
+    same declaration reached through two sections). `help` replaces every flag's own text."""
+    for setting in settings(*sections):
+        kwargs: dict[str, Any] = {
+            "dest": setting.flag.dest,
+            "default": argparse.SUPPRESS,
+            "help": (help or _help(setting)).replace("%", "%%"),
+        }
+        if setting.is_switch:
+            optional = setting.default is True
+            kwargs["action"] = argparse.BooleanOptionalAction if optional else "store_true"
+        else:
+            kwargs["type"] = _converter(setting)
+            metavar = setting.flag.metavar
+            if metavar is None and setting.choices:
+                metavar = "{" + ",".join(setting.choices) + "}"
+            if metavar is not None:
+                kwargs["metavar"] = metavar
+        try:
+            parser.add_argument(setting.flag.name, **kwargs)
+        except argparse.ArgumentError:
+            continue  # already added by another section sharing this declaration
+        parser.set_defaults(**{_KEY + setting.flag.dest: setting})
+
+
+def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> None:
+    """Fill the settings the command line did not give: env twin, else the declared default."""
+    environ = os.environ if environ is None else environ
+    for key, setting in list(vars(args).items()):
+        if not key.startswith(_KEY):
+            continue
+        delattr(args, key)
+        if not isinstance(setting, Setting) or hasattr(args, setting.flag.dest):
+            continue
+        env = setting.flag.env
+        raw = environ.get(env)
+        if raw is None:
+            value = setting.default
+        else:
+            try:
+                value = setting.parse(raw)
+            except ValueError as exc:
+                raise InvalidRequest(f"{env}: {exc}") from None
+        setattr(args, setting.flag.dest, value)
+
+
+def section_values(model: type[BaseModel], args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed values of a section's settings, by field name."""
+    return {
+        s.field: getattr(args, s.flag.dest) for s in settings(model) if hasattr(args, s.flag.dest)
+    }
+
+
+def section(model: type[M], args: argparse.Namespace, **extra: Any) -> M:
+    """The section built from the parsed settings (and `extra` fields); InvalidRequest naming
+    the flag when the section as a whole refuses them."""
+    try:
+        return model.model_validate({**section_values(model, args), **extra})
+    except ValidationError as exc:
+        raise InvalidRequest(describe(model, exc)) from None
+
+
+def duration(text: str) -> float:
+    """A duration flag value (`30s`, `5m`, `1h30m`, `250ms`) in seconds."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _help(setting: Setting) -> str:
+    shown = setting.shown_default()
+    default = f" (default: {shown})" if shown else ""
+    return f"{setting.description}{default} [env {setting.flag.env}]"
+
+
+def _converter(setting: Setting) -> Any:
+    def convert(text: str) -> Any:
+        try:
+            return setting.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = setting.flag.dest  # argparse names the type in some errors
+    return convert
 
 
 def add(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> argparse.Action:
@@ -52,11 +161,3 @@ def add_default_capacity_type(parser: argparse.ArgumentParser, help_text: str) -
         choices=[kind.value for kind in CapacityType],
         help=help_text,
     )
-
-
-def duration(text: str) -> float:
-    """A CAA-style duration (`30s`, `5m`, `1h30m`, `250ms`) in seconds."""
-    text = text.strip()
-    if not _DURATION.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (use e.g. 30s, 5m, 1h)")
-    return sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(text))

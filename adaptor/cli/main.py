@@ -96,9 +96,12 @@ def _log_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logs.configure(args.log_level, args.log_format)
-    module = importlib.import_module(args._module)
+    from adaptor.cli import flags
+
     try:
+        flags.resolve(args)  # settings not on the command line: env twin, else the default
+        logs.configure(args.log_level, args.log_format)
+        module = importlib.import_module(args._module)
         return int(module.run(args))
     except PeerpodsError as exc:
         print(f"peerpods {args.command}: {exc}", file=sys.stderr)

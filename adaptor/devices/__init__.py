@@ -1,6 +1,6 @@
 """Per-container devices: the sandbox's device plan and the CreateContainer rewrite."""
 
-from adaptor.devices.config import CdiConfig, cdi_config_from_args
+from adaptor.devices.config import CdiConfig, cdi_config
 from adaptor.devices.hook import make_hook
 from adaptor.devices.naming import CdiNaming
 from adaptor.devices.plan import DevicePlan, MigDevice, plan_devices
@@ -16,7 +16,7 @@ __all__ = [
     "DevicePlan",
     "MigDevice",
     "RewriteError",
-    "cdi_config_from_args",
+    "cdi_config",
     "make_hook",
     "plan_devices",
     "rewrite_create_container",

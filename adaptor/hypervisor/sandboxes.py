@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from adaptor.planning.placement import Plan
 from adaptor.runtime import metrics
 from adaptor.runtime.logs import bind_sandbox, sandbox_context
+from adaptor.settings import SandboxSettings
 from adaptor.state import SandboxRecord, SandboxState, StateError, StateStore
 from providers.core.base import TAG_OWNER, TAG_SANDBOX, Instance, Provider
 from providers.core.contract import VMIntent, parse_vm_annotations
@@ -171,25 +172,14 @@ def check_sandbox_id(sandbox_id: str) -> str:
     return sandbox_id
 
 
-@dataclass(frozen=True)
-class ManagerConfig:
-    """The daemon settings the lifecycle needs."""
+class ManagerConfig(SandboxSettings):
+    """The daemon settings the lifecycle needs: the sandbox section (pods dir, forwarder port,
+    StartVM's and StopVM's limits) and the lifecycle's own tuning below."""
 
-    pods_dir: Path
-    forwarder_port: int = 15150
-    proxy_timeout_seconds: float = 300.0
-    # StartVM's own limit, whatever the caller's deadline.
-    start_timeout_seconds: float = 900.0
-    # How long StopVM waits for the cloud to confirm the delete before it answers anyway (the
-    # deletion goes on); a caller's nearer deadline shortens it.
-    stop_wait_seconds: float = 60.0
     # Backoff between retries of a VM delete that failed (doubling up to the cap); the same
     # backoff retries the state writes a full disk refused.
     delete_retry_seconds: float = 1.0
     delete_retry_max_seconds: float = 30.0
-    # How long a sandbox found running at start waits for its shim to connect again before it
-    # is treated as gone (Kata's Go shim never reconnects); 0: it waits forever.
-    reconnect_grace_seconds: float = 300.0
 
 
 @dataclass

@@ -12,7 +12,6 @@ stay, so the next start finds them. A second signal cuts the drain and the grace
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import fcntl
@@ -59,6 +58,7 @@ from adaptor.status.server import StatusServer
 from adaptor.ttrpc.server import Server
 from providers.clouds import registry, sdk
 from providers.clouds.retry import observe_capacity_fallbacks
+from providers.clouds.settings import CloudSettings
 from providers.core.base import Instance, Provider
 from providers.core.catalog import CLOUDS
 from providers.core.errors import PeerpodsError
@@ -146,7 +146,7 @@ class Daemon:
         proxy_factory: ProxyFactory | None = None,
         resolve_endpoint: EndpointResolver | None = None,
         container_hooks: ContainerHookFactory | None = None,
-        provider_args: argparse.Namespace | None = None,
+        provider_settings: CloudSettings | None = None,
         cdi: CdiConfig | None = None,
         placement: Placement | None = None,
         hooks: Sequence[SandboxHook] = (),
@@ -157,7 +157,7 @@ class Daemon:
         self._proxy_factory = proxy_factory
         self._resolve_endpoint = resolve_endpoint
         self._container_hooks = container_hooks
-        self._provider_args = provider_args
+        self._provider_settings = provider_settings
         self._cdi = cdi or CdiConfig("annotations", CdiNaming(), None)
         self._placement = placement
         self._hooks = tuple(hooks)
@@ -192,7 +192,7 @@ class Daemon:
             registry.ProviderOptions(
                 static_endpoints=settings.static_endpoints,
                 leases=_StoreLeases(self),
-                args=self._provider_args,
+                settings=self._provider_settings,
                 owner_id=settings.owner_id or f"peerpods-{socket.gethostname()}",
             ),
         )
@@ -217,27 +217,14 @@ class Daemon:
             check_sandbox=pki is not None and provider.name in CLOUDS,
         )
         self.podnet = PodNet(
-            PodNetSettings(
-                vxlan_min_id=settings.vxlan_min_id,
-                vxlan_port=settings.vxlan_port,
-                pod_subnet_cidrs=settings.pod_subnet_cidrs,
-                host_interface=settings.host_interface,
-                ext_network_via_podvm=settings.ext_network_via_podvm,
-            ),
+            PodNetSettings.of(settings),
             self.store,
         )
         await self.podnet.scan()
         if provider.name in CLOUDS and placement.user_data is None:
             placement.user_data = user_data_builder(provider.name, pki, settings.pods_dir)
         self.manager = SandboxManager(
-            ManagerConfig(
-                pods_dir=settings.pods_dir,
-                forwarder_port=settings.forwarder_port,
-                proxy_timeout_seconds=settings.proxy_timeout_seconds,
-                start_timeout_seconds=settings.start_timeout_seconds,
-                stop_wait_seconds=settings.stop_wait_seconds,
-                reconnect_grace_seconds=settings.reconnect_grace_seconds,
-            ),
+            ManagerConfig.of(settings),
             self.store,
             provider,
             placement,

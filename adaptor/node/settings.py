@@ -1,148 +1,126 @@
 """Settings of `peerpods serve`, validated once at start so a bad flag fails before anything runs.
 
-Every field names its unit; the CLI fills them from flags (each with its PEERPODS_* env twin).
+`ServeSettings` is the serve section: its own fields plus the lower layers' sections it inherits
+(`adaptor.settings`), each field declared once with its flag (`providers.core.settings` says how
+to add one). The CLI derives the flags and env twins from these fields.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
-from typing import Self
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
+from adaptor.settings import AgentTls, PodNetworkSettings, ReclaimSettings, SandboxSettings
+from providers.clouds import registry
 from providers.clouds.static import Endpoint, parse_endpoints
 from providers.core.errors import InvalidRequest
+from providers.core.settings import Flag, Section, csv
+
+__all__ = ["AgentTls", "ServeSettings"]
 
 
-class AgentTls(BaseModel):
-    """Mutual TLS towards the pod VM forwarder (its CA, our client certificate and key).
-
-    Without files, the adaptor's own CA under --state-dir signs both ends: each pod VM gets its
-    server certificate in its user data, and the adaptor dials with its client certificate.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    enabled: bool = True
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-
-    @model_validator(mode="after")
-    def _files_when_enabled(self) -> Self:
-        files = (
-            ("--agent-tls-ca", self.ca_file),
-            ("--agent-tls-cert", self.cert_file),
-            ("--agent-tls-key", self.key_file),
-        )
-        given = [flag for flag, value in files if value is not None]
-        if self.enabled and given and len(given) != len(files):
-            missing = [flag for flag, value in files if value is None]
-            raise ValueError(
-                f"{', '.join(missing)} not set: give all three TLS files, or none to use the "
-                "adaptor's own CA under --state-dir (or --no-agent-tls)"
-            )
-        if self.enabled:
-            for path in (self.ca_file, self.cert_file, self.key_file):
-                if path is not None and not path.is_file():
-                    raise ValueError(f"agent TLS file {path} does not exist")
-        return self
+def _endpoints(value: object) -> object:
+    if isinstance(value, str):
+        return parse_endpoints(value)
+    if isinstance(value, tuple) and all(isinstance(item, str) for item in value):
+        return parse_endpoints(",".join(value))
+    return value
 
 
-class ServeSettings(BaseModel):
+def _quota(value: str) -> str:
+    from providers.core.quota import parse_quota
+
+    try:
+        parse_quota(value)
+    except InvalidRequest as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+def _names(value: object) -> object:
+    return csv(value) if isinstance(value, str) else value
+
+
+class ServeSettings(SandboxSettings, ReclaimSettings, PodNetworkSettings, Section):
     """Everything the node daemon is configured with."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    socket: Path = Field(Path("/run/peerpod/hypervisor.sock"), description="hypervisor socket")
-    pods_dir: Path = Field(Path("/run/peerpod/pods"), description="agent sockets, one dir each")
-    state_dir: Path = Field(Path("/var/lib/peerpods"), description="the sandbox database")
-    provider: str = "static"
-    owner_id: str = Field("", description="this node's owner tag value on its VMs")
-    forwarder_port: int = Field(15150, ge=1, le=65535)
-    proxy_timeout_seconds: float = Field(300.0, gt=0, description="StartVM's forwarder wait")
-    start_timeout_seconds: float = Field(900.0, gt=0, description="StartVM's own limit")
-    stop_wait_seconds: float = Field(
-        60.0, ge=0, description="StopVM's wait for the delete (no deadline given)"
+    socket: Annotated[Path, Flag("--socket")] = Field(
+        Path("/run/peerpod/hypervisor.sock"),
+        description="unix socket of the hypervisor.Hypervisor service (mode 0600)",
     )
-    reap_grace_seconds: float = Field(
-        600.0, ge=0, description="failed/stopping sandboxes' VMs deleted after this; 0: off"
+    state_dir: Annotated[Path, Flag("--state-dir")] = Field(
+        Path("/var/lib/peerpods"), description="directory of the durable sandbox database"
     )
-    shutdown_grace_seconds: float = Field(10.0, ge=0, description="in-flight calls at exit")
-    shutdown_drain_seconds: float = Field(
-        15.0, ge=0, description="at exit, the wait for the StopVMs of the shims it disconnects"
+    provider: Annotated[str, Flag("--provider", choices=tuple(registry.names()))] = Field(
+        "static", description="where pod VMs come from"
     )
-    reconnect_grace_seconds: float = Field(
-        300.0, ge=0, description="a recovered sandbox's wait for its shim; 0: forever"
+    owner_id: Annotated[str, Flag("--owner-id")] = Field(
+        "",
+        description="owner tag value on this node's VMs; must differ per node, as orphan sweeps "
+        "delete owned VMs this node does not know (default: peerpods-<hostname>)",
     )
-    gc_interval_seconds: float = Field(300.0, ge=0, description="orphan VM sweeps; 0: off")
-    preemption_check_interval_seconds: float = Field(
-        30.0, ge=0, description="lost-VM sweeps of running sandboxes; 0: on connection loss only"
+    shutdown_grace_seconds: Annotated[float, Flag("--shutdown-grace", duration=True)] = Field(
+        10.0, ge=0, description="how long in-flight calls may finish after SIGTERM"
     )
-    static_endpoints: tuple[Endpoint, ...] = ()
-    status_address: str = Field("", description="status API HOST:PORT ('': off; CLI default on)")
-    catalog_dir: str = Field("", description="catalog snapshots (default: the bundled ones)")
-    gpu_quota: str = Field("", description="GPU quota pool, e.g. 'h100=8,vcpus:p5=192'; '': off")
+    shutdown_drain_seconds: Annotated[float, Flag("--shutdown-drain", duration=True)] = Field(
+        15.0,
+        ge=0,
+        description="after SIGTERM the agent sockets close first (Kata's Go shim then stops its "
+        "pod with one StopVM); how long the hypervisor socket stays to take those StopVMs and "
+        "finish their teardowns",
+    )
+    allowed_machine_types: Annotated[
+        tuple[str, ...], Flag("--allowed-machine-types"), BeforeValidator(_names)
+    ] = Field(
+        (),
+        description="comma-separated instance types a pod may pin with the machine_type "
+        "annotation (empty: none; a pod pinning another is refused at CreateVM)",
+    )
+    allowed_images: Annotated[
+        tuple[str, ...], Flag("--allowed-images"), BeforeValidator(_names)
+    ] = Field(
+        (),
+        description="comma-separated pod VM images a pod may choose with the image annotation "
+        "(empty: none; the node's image is used)",
+    )
+    static_endpoints: Annotated[
+        tuple[Endpoint, ...], Flag("--static-endpoints"), BeforeValidator(_endpoints)
+    ] = Field(
+        (),
+        description="the static provider's pod VMs, HOST:PORT[,...]; one sandbox each at a time",
+    )
+    status_address: Annotated[str, Flag("--status-address")] = Field(
+        "127.0.0.1:8006",
+        description="HOST:PORT of the status API (/v1/sandboxes, /healthz, /metrics); empty: off",
+    )
+    catalog_dir: Annotated[str, Flag("--catalog-dir")] = Field(
+        "", description="directory of instance-type catalog snapshots (default: the bundled ones)"
+    )
+    gpu_quota: Annotated[str, Flag("--gpu-quota"), AfterValidator(_quota)] = Field(
+        "",
+        description="shared GPU quota pool of this node's sandboxes, KEY=LIMIT[,...]: a GPU "
+        "model (h100=8), gpus:MODEL, gpus (any model), family:FAMILY (its GPUs), vcpus:FAMILY, "
+        "vcpus; StartVM drops candidates over it and fails with 'quota for H100 exhausted "
+        "(8/8)' when none is left (default: off)",
+    )
     agent_tls: AgentTls = Field(default_factory=AgentTls)
-    allowed_machine_types: tuple[str, ...] = Field((), description="types a pod may pin")
-    allowed_images: tuple[str, ...] = Field((), description="pod VM images a pod may choose")
-    # Pod networking, CAA's flags with CAA's defaults.
-    vxlan_min_id: int = Field(555000, ge=1, le=(1 << 24) - 1, description="first VNI")
-    vxlan_port: int = Field(4789, ge=1, le=65535, description="VXLAN UDP port")
-    pod_subnet_cidrs: tuple[str, ...] = Field((), description="extra routes via the pod gateway")
-    host_interface: str = Field("", description="worker NIC of the tunnel ('': primary)")
-    ext_network_via_podvm: bool = False
     # This node's peer-pod capacity on its Node status (adaptor.node.advertise).
-    node_name: str = Field("", description="the Node to advertise capacity on ('': off)")
-    vm_capacity: int = Field(10, ge=0, description="kata.peerpods.io/vm advertised (peer pods)")
+    node_name: Annotated[str, Flag("--node-name")] = Field(
+        "",
+        description="the Kubernetes Node this daemon runs on: its status gets "
+        "kata.peerpods.io/vm (--vm-capacity), patched at start and restored whenever it differs "
+        "(needs get on nodes and patch on nodes/status); empty: not advertised",
+    )
+    vm_capacity: Annotated[int, Flag("--vm-capacity")] = Field(
+        10,
+        ge=0,
+        description="how many peer pods this node may run (kata.peerpods.io/vm on its Node)",
+    )
     capacity_check_interval_seconds: float = Field(
         30.0, gt=0, description="how often the advertised capacity is checked and restored"
     )
-
-    @field_validator("pod_subnet_cidrs", mode="before")
-    @classmethod
-    def _cidrs(cls, value: object) -> object:
-        items = value.split(",") if isinstance(value, str) else value
-        if not isinstance(items, list | tuple):
-            return value
-        cidrs = []
-        for item in items:
-            text = str(item).strip()
-            if not text:
-                continue
-            try:
-                ipaddress.IPv4Network(text)
-            except ValueError as exc:
-                raise ValueError(f"{text!r} is not an IPv4 CIDR: {exc}") from None
-            cidrs.append(text)
-        return tuple(cidrs)
-
-    @field_validator("pods_dir")
-    @classmethod
-    def _no_colon(cls, value: Path) -> Path:
-        # The shim splits "remote:<path>" on ":", so the agent socket path must not carry one.
-        if ":" in str(value):
-            raise ValueError("must not contain ':'")
-        return value
-
-    @field_validator("gpu_quota")
-    @classmethod
-    def _quota(cls, value: str) -> str:
-        from providers.core.quota import parse_quota
-
-        try:
-            parse_quota(value)
-        except InvalidRequest as exc:
-            raise ValueError(str(exc)) from None
-        return value
-
-    @field_validator("static_endpoints", mode="before")
-    @classmethod
-    def _endpoints(cls, value: object) -> object:
-        if isinstance(value, str):
-            return parse_endpoints(value)
-        return value
 
     @classmethod
     def build(cls, **fields: object) -> ServeSettings:

@@ -21,13 +21,13 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from adaptor.podnet import _inspect, _tunnel
 from adaptor.podnet._errors import PodNetError, VniExhausted
 from adaptor.podnet._model import MAX_VNI, Tunnel, TunnelState
 from adaptor.podnet._netns import NETNS_DIRS
+from adaptor.settings import PodNetworkSettings
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +35,9 @@ T = TypeVar("T")
 VNI_POOL = "vxlan"
 
 
-@dataclass(frozen=True)
-class PodNetSettings:
-    """CAA's networking flags (same names, same defaults, same meaning)."""
+class PodNetSettings(PodNetworkSettings):
+    """The pod network section (CAA's networking flags) and what only this layer tunes."""
 
-    vxlan_min_id: int = 555000
-    vxlan_port: int = 4789
-    pod_subnet_cidrs: tuple[str, ...] = ()
-    host_interface: str = ""
-    ext_network_via_podvm: bool = False
     # Where CreateVM's pod netns paths may point (the CRI's directories); not a CAA flag.
     netns_dirs: tuple[str, ...] = NETNS_DIRS
 

@@ -13,7 +13,6 @@ terminate, so a preempted VM bills nothing more; `inspect` tells the adaptor a V
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hashlib
@@ -23,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from providers.clouds.flags import add_common_flags, add_flag, csv, truthy
 from providers.clouds.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
 from providers.clouds.sdk import discard, sdk_call
+from providers.clouds.settings import AwsSettings
 from providers.core.base import (
     TAG_OWNER,
     TAG_POD_NAME,
@@ -458,21 +457,8 @@ class AwsProvider:
             log.info("deleted volume %s left by %s", volume_id, instance.id)
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """The aws provider's flags (CAA-compatible names where CAA has one)."""
-    add_common_flags(parser)
-    add_flag(parser, "--aws-region", "", "AWS region (default: the SDK's, e.g. AWS_REGION)")
-    add_flag(parser, "--aws-image-id", "", "AMI of the pod VM (overrides --pod-vm-image)")
-    add_flag(parser, "--aws-subnet-id", "", "subnets, comma-separated: one zone each, in order")
-    add_flag(parser, "--aws-zones", "", "availability zones to try when no subnet is given")
-    add_flag(parser, "--aws-security-group-ids", "", "security groups, comma-separated")
-    add_flag(parser, "--aws-key-name", "", "EC2 key pair for the pod VM (debugging only)")
-    add_flag(parser, "--aws-endpoint-url", "", "EC2 endpoint override (a local test server)")
-    add_flag(parser, "--aws-use-public-ip", "", "dial the pod VM's public address (true/false)")
-
-
-def config_from_args(args: argparse.Namespace) -> AwsConfig:
-    region = args.aws_region
+def config_from_settings(settings: AwsSettings) -> AwsConfig:
+    region = settings.aws_region
     if not region:
         import boto3
 
@@ -481,21 +467,23 @@ def config_from_args(args: argparse.Namespace) -> AwsConfig:
         raise InvalidRequest("aws provider: no region (set --aws-region or AWS_REGION)")
     return AwsConfig(
         region=region,
-        image_id=args.aws_image_id or args.pod_vm_image,
-        instance_type=args.instance_type or "t3.small",
-        allowed_instance_types=csv(args.allowed_instance_types),
-        subnet_ids=csv(args.aws_subnet_id),
-        zones=csv(args.aws_zones),
-        security_group_ids=csv(args.aws_security_group_ids),
-        key_name=args.aws_key_name,
-        endpoint_url=args.aws_endpoint_url,
-        use_public_ip=truthy(args.aws_use_public_ip),
+        image_id=settings.aws_image_id or settings.pod_vm_image,
+        instance_type=settings.instance_type or "t3.small",
+        allowed_instance_types=settings.allowed_instance_types,
+        subnet_ids=settings.aws_subnet_id,
+        zones=settings.aws_zones,
+        security_group_ids=settings.aws_security_group_ids,
+        key_name=settings.aws_key_name,
+        endpoint_url=settings.aws_endpoint_url,
+        use_public_ip=settings.aws_use_public_ip,
     )
 
 
-def from_args(args: argparse.Namespace, owner_id: str, resolve: Resolver = identity) -> AwsProvider:
+def from_settings(
+    settings: AwsSettings, owner_id: str, resolve: Resolver = identity
+) -> AwsProvider:
     """The provider `peerpods serve --provider aws` runs."""
-    config = config_from_args(args)
+    config = config_from_settings(settings)
     if not config.image_id:
         # Refused at start: otherwise the daemon would run and fail every pod's StartVM.
         raise InvalidRequest(

@@ -14,15 +14,14 @@ its OS disk (named after the VM) whatever is left of them.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from providers.clouds.flags import add_common_flags, add_flag, csv
 from providers.clouds.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
 from providers.clouds.sdk import discard, sdk_call
+from providers.clouds.settings import AzureSettings
 from providers.core.base import (
     TAG_OWNER,
     TAG_POD_NAME,
@@ -451,37 +450,25 @@ def make_clients(config: AzureConfig) -> tuple[Any, Any]:
     )
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """The azure provider's flags (CAA-compatible names)."""
-    add_common_flags(parser)
-    add_flag(parser, "--azure-subscription-id", "", "subscription of the pod VMs")
-    add_flag(parser, "--azure-resource-group", "", "resource group of the pod VMs")
-    add_flag(parser, "--azure-region", "", "location, e.g. eastus")
-    add_flag(parser, "--azure-subnet-id", "", "subnet resource id for the pod VMs' NICs")
-    add_flag(parser, "--azure-image-id", "", "pod VM image id (overrides --pod-vm-image)")
-    add_flag(parser, "--azure-ssh-key", "", "SSH public key for the pod VM admin (debugging)")
-    add_flag(parser, "--azure-zones", "", "availability zones to try, e.g. 1,2,3")
-
-
-def config_from_args(args: argparse.Namespace) -> AzureConfig:
+def config_from_settings(settings: AzureSettings) -> AzureConfig:
     return AzureConfig(
-        subscription_id=args.azure_subscription_id,
-        resource_group=args.azure_resource_group,
-        location=args.azure_region,
-        subnet_id=args.azure_subnet_id,
-        image_id=args.azure_image_id or args.pod_vm_image,
-        ssh_public_key=args.azure_ssh_key,
-        instance_size=args.instance_type or "Standard_D2as_v5",
-        allowed_instance_types=csv(args.allowed_instance_types),
-        zones=csv(args.azure_zones),
+        subscription_id=settings.azure_subscription_id,
+        resource_group=settings.azure_resource_group,
+        location=settings.azure_region,
+        subnet_id=settings.azure_subnet_id,
+        image_id=settings.azure_image_id or settings.pod_vm_image,
+        ssh_public_key=settings.azure_ssh_key,
+        instance_size=settings.instance_type or "Standard_D2as_v5",
+        allowed_instance_types=settings.allowed_instance_types,
+        zones=settings.azure_zones,
     )
 
 
-def from_args(
-    args: argparse.Namespace, owner_id: str, resolve: Resolver = identity
+def from_settings(
+    settings: AzureSettings, owner_id: str, resolve: Resolver = identity
 ) -> AzureProvider:
     """The provider `peerpods serve --provider azure` runs."""
-    config = config_from_args(args)
+    config = config_from_settings(settings)
     if not config.image_id:
         # Refused at start: otherwise the daemon would run and fail every pod's StartVM.
         raise InvalidRequest(

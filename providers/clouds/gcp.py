@@ -16,17 +16,16 @@ the VM record, whatever its status, and so its disks.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from providers.clouds.flags import add_common_flags, add_flag, csv, truthy
 from providers.clouds.loaders.gcp import SPOT_OR_FLEX_ONLY
 from providers.clouds.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
 from providers.clouds.sdk import discard, sdk_call
+from providers.clouds.settings import GcpSettings
 from providers.core.base import (
     TAG_OWNER,
     TAG_POD_NAME,
@@ -521,31 +520,18 @@ class GcpProvider:
         return [vm for vm in owned if vm.tags.get(TAG_OWNER) == self.owner_id]
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """The gcp provider's flags."""
-    add_common_flags(parser)
-    add_flag(parser, "--gcp-project", "", "project of the pod VMs")
-    add_flag(parser, "--gcp-zones", "", "zones, comma-separated, tried in order")
-    add_flag(parser, "--gcp-image", "", "pod VM image (overrides --pod-vm-image)")
-    add_flag(parser, "--gcp-network", "global/networks/default", "VPC network")
-    add_flag(parser, "--gcp-subnetwork", "", "subnetwork")
-    add_flag(parser, "--gcp-disk-type", "pd-balanced", "boot disk type")
-    add_flag(parser, "--gcp-confidential-type", "", "SEV, SEV_SNP or TDX for confidential VMs")
-    add_flag(parser, "--gcp-use-public-ip", "", "dial the pod VM's external address (true/false)")
-
-
-def config_from_args(args: argparse.Namespace) -> GcpConfig:
+def config_from_settings(settings: GcpSettings) -> GcpConfig:
     return GcpConfig(
-        project=args.gcp_project,
-        zones=csv(args.gcp_zones),
-        image=args.gcp_image or args.pod_vm_image,
-        machine_type=args.instance_type or "e2-medium",
-        allowed_instance_types=csv(args.allowed_instance_types),
-        network=args.gcp_network,
-        subnetwork=args.gcp_subnetwork,
-        disk_type=args.gcp_disk_type,
-        confidential_type=args.gcp_confidential_type.upper(),
-        use_public_ip=truthy(args.gcp_use_public_ip),
+        project=settings.gcp_project,
+        zones=settings.gcp_zones,
+        image=settings.gcp_image or settings.pod_vm_image,
+        machine_type=settings.instance_type or "e2-medium",
+        allowed_instance_types=settings.allowed_instance_types,
+        network=settings.gcp_network,
+        subnetwork=settings.gcp_subnetwork,
+        disk_type=settings.gcp_disk_type,
+        confidential_type=settings.gcp_confidential_type,
+        use_public_ip=settings.gcp_use_public_ip,
     )
 
 
@@ -554,9 +540,11 @@ def _require_location(config: GcpConfig) -> None:
         raise InvalidRequest("gcp provider: --gcp-project and --gcp-zones are required")
 
 
-def from_args(args: argparse.Namespace, owner_id: str, resolve: Resolver = identity) -> GcpProvider:
+def from_settings(
+    settings: GcpSettings, owner_id: str, resolve: Resolver = identity
+) -> GcpProvider:
     """The provider `peerpods serve --provider gcp` runs."""
-    config = config_from_args(args)
+    config = config_from_settings(settings)
     if config.project and config.zones and not config.image:  # a missing project or zones first
         # Refused at start: otherwise the daemon would run and fail every pod's StartVM.
         raise InvalidRequest(

@@ -6,18 +6,19 @@ an install hint instead of a traceback. A registry target is `module:attr`:
 
 - "options" style (static, local): `attr(options)`, or `attr.from_options(options)` when the
   attribute has that classmethod;
-- "args" style (the clouds): `attr(args, owner_id, resolve)` with the parsed `serve` flags, and
-  the module's flags added to `serve` by `add_flags` (`Entry.flags`, imported without the SDK).
+- "settings" style (the clouds): `attr(settings, owner_id, resolve)` with the provider's typed
+  section (`Entry.settings`, from `providers.clouds.settings`, listed without importing the SDK;
+  `peerpods serve` derives the provider's flags from it).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from providers.clouds.settings import AwsSettings, AzureSettings, CloudSettings, GcpSettings
 from providers.clouds.static import Endpoint, LeaseBook
 from providers.core.base import Instance, Provider
 from providers.core.errors import InvalidRequest
@@ -29,9 +30,9 @@ class ProviderOptions:
 
     static_endpoints: tuple[Endpoint, ...] = ()
     leases: LeaseBook | None = None
-    # For "args" style providers: the parsed `serve` flags, this node's owner tag value, and the
-    # hook mapping a VM to the addresses the adaptor dials (tests map private ones to loopback).
-    args: argparse.Namespace | None = None
+    # For "settings" style providers: their section, this node's owner tag value, and the hook
+    # mapping a VM to the addresses the adaptor dials (tests map private ones to loopback).
+    settings: CloudSettings | None = None
     owner_id: str = ""
     resolve: Callable[[Instance], Instance] | None = None
 
@@ -42,16 +43,14 @@ class Entry:
 
     target: str
     extra: str = ""  # pip extra carrying the SDK
-    style: Literal["options", "args"] = "options"
-    flags: str = ""  # `module:add_flags`, a function adding the provider's flags to `serve`
+    style: Literal["options", "settings"] = "options"
+    settings: type[CloudSettings] | None = None  # the provider's own settings section
 
 
 PROVIDERS: dict[str, Entry] = {
-    "aws": Entry("providers.clouds.aws:from_args", "aws", "args", "providers.clouds.aws:add_flags"),
-    "azure": Entry(
-        "providers.clouds.azure:from_args", "azure", "args", "providers.clouds.azure:add_flags"
-    ),
-    "gcp": Entry("providers.clouds.gcp:from_args", "gcp", "args", "providers.clouds.gcp:add_flags"),
+    "aws": Entry("providers.clouds.aws:from_settings", "aws", "settings", AwsSettings),
+    "azure": Entry("providers.clouds.azure:from_settings", "azure", "settings", AzureSettings),
+    "gcp": Entry("providers.clouds.gcp:from_settings", "gcp", "settings", GcpSettings),
     "static": Entry("providers.clouds.registry:_static"),
     "local": Entry("providers.clouds.registry:_local"),
 }
@@ -70,16 +69,16 @@ def load(name: str) -> Callable[..., Any]:
     return _import(name, entry, entry.target)
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """Add every available provider's own flags to `serve` (providers not in this build: none)."""
-    for name, entry in sorted(PROVIDERS.items()):
-        if not entry.flags:
-            continue
-        try:
-            add = _import(name, entry, entry.flags)
-        except InvalidRequest:
-            continue
-        add(parser)
+def sections() -> list[type[CloudSettings]]:
+    """Every provider's settings section, in name order (each once)."""
+    found = [entry.settings for _, entry in sorted(PROVIDERS.items()) if entry.settings]
+    return list(dict.fromkeys(found))
+
+
+def section(name: str) -> type[CloudSettings] | None:
+    """The named provider's settings section (None: it takes none)."""
+    entry = PROVIDERS.get(name)
+    return entry.settings if entry is not None else None
 
 
 def _import(name: str, entry: Entry, target_path: str) -> Callable[..., Any]:
@@ -104,13 +103,13 @@ def create(name: str, options: ProviderOptions) -> Provider:
     target = load(name)
     entry = PROVIDERS[name]
     try:
-        if entry.style == "args":
-            if options.args is None:
+        if entry.style == "settings":
+            if entry.settings is None or not isinstance(options.settings, entry.settings):
                 raise InvalidRequest(f"provider {name!r} is configured by `peerpods serve` flags")
             if options.resolve is not None:
-                provider = target(options.args, options.owner_id, options.resolve)
+                provider = target(options.settings, options.owner_id, options.resolve)
             else:
-                provider = target(options.args, options.owner_id)
+                provider = target(options.settings, options.owner_id)
         else:
             factory = getattr(target, "from_options", target)
             provider = factory(options)

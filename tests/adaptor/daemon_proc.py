@@ -43,7 +43,7 @@ def daemon_settings(root: Path, **extra: Any) -> ServeSettings:
         pods_dir=root / "pods",
         state_dir=root / "state",
         agent_tls={"enabled": False},
-        **extra,
+        **{"status_address": "", **extra},  # no status API unless asked
     )
 
 

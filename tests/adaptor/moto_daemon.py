@@ -67,7 +67,7 @@ def moto_settings(root: Path, owner: str, **overrides: Any) -> ServeSettings:
         agent_tls={"enabled": False},
         provider="aws",
         owner_id=owner,
-        **overrides,
+        **{"status_address": "", **overrides},  # no status API unless asked
     )
 
 

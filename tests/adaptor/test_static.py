@@ -9,6 +9,7 @@ import pytest
 
 from adaptor.state import StateStore
 from providers.clouds import registry
+from providers.clouds.settings import AwsSettings
 from providers.clouds.static import Endpoint, StaticProvider, parse_endpoint, parse_endpoints
 from providers.core.base import Provider, VMSpec
 from providers.core.errors import CapacityError, InvalidRequest
@@ -92,16 +93,12 @@ def test_registry_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_registry_hint_when_the_sdk_is_missing_at_build(monkeypatch: pytest.MonkeyPatch) -> None:
-    from adaptor.cli.main import build_parser
-
-    args = build_parser().parse_args(
-        ["serve", "--provider", "aws", "--aws-region", "us-east-1", "--pod-vm-image", "ami-1"]
-    )
+    settings = AwsSettings(aws_region="us-east-1", pod_vm_image="ami-1")
     monkeypatch.setitem(sys.modules, "boto3", None)  # `import boto3` fails as if not installed
     with pytest.raises(
         InvalidRequest, match=r"needs the boto3 package: pip install 'peerpods\[aws\]'"
     ):
-        registry.create("aws", registry.ProviderOptions(args=args, owner_id="node-1"))
+        registry.create("aws", registry.ProviderOptions(settings=settings, owner_id="node-1"))
 
 
 def test_registry_builds_a_cloud_provider_from_serve_flags(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,6 +109,7 @@ def test_registry_builds_a_cloud_provider_from_serve_flags(monkeypatch: pytest.M
         "AWS_EC2_METADATA_DISABLED": "true",
     }.items():
         monkeypatch.setenv(key, value)
+    from adaptor.cli import flags
     from adaptor.cli.main import build_parser
 
     args = build_parser().parse_args(
@@ -126,8 +124,11 @@ def test_registry_builds_a_cloud_provider_from_serve_flags(monkeypatch: pytest.M
             "--no-agent-tls",
         ]
     )
+    flags.resolve(args, {})
+    settings = flags.section(AwsSettings, args)
+    assert settings.aws_zones == () and settings.aws_use_public_ip is False
     provider = registry.create(
-        "aws", registry.ProviderOptions(args=args, owner_id="peerpods-node-1")
+        "aws", registry.ProviderOptions(settings=settings, owner_id="peerpods-node-1")
     )
     assert provider.name == "aws"
     assert getattr(provider, "owner_id", None) == "peerpods-node-1"

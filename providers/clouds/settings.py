@@ -1,0 +1,129 @@
+"""The cloud providers' settings, one section each (`providers.core.settings` says how to add
+one); `peerpods serve` derives their flags, and a provider is built from its typed section.
+
+Light on purpose: the registry lists these sections without importing any cloud SDK.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, BeforeValidator, Field
+
+from providers.core.settings import Flag, Section, csv
+
+CONFIDENTIAL_TYPES = ("SEV", "SEV_SNP", "TDX")
+
+
+def _list(value: object) -> object:
+    return csv(value) if isinstance(value, str) else value
+
+
+Names = Annotated[tuple[str, ...], BeforeValidator(_list)]
+
+
+def _confidential(value: str) -> str:
+    upper = value.strip().upper()
+    if upper and upper not in CONFIDENTIAL_TYPES:
+        raise ValueError(
+            f"not a confidential VM type (choose from {', '.join(CONFIDENTIAL_TYPES)})"
+        )
+    return upper
+
+
+class CloudSettings(Section):
+    """What every cloud provider takes (CAA's names)."""
+
+    instance_type: Annotated[str, Flag("--instance-type")] = Field(
+        "", description="instance type when selection gives none"
+    )
+    allowed_instance_types: Annotated[Names, Flag("--allowed-instance-types")] = Field(
+        (),
+        description="comma-separated instance type globs pod VMs may use, e.g. g6.*,p5.48xlarge "
+        "(empty: any)",
+    )
+    pod_vm_image: Annotated[str, Flag("--pod-vm-image")] = Field(
+        "", description="pod VM image (a pod annotation may override)"
+    )
+
+
+class AwsSettings(CloudSettings):
+    """The aws provider (CAA-compatible names where CAA has one)."""
+
+    aws_region: Annotated[str, Flag("--aws-region")] = Field(
+        "", description="AWS region (default: the SDK's, e.g. AWS_REGION)"
+    )
+    aws_image_id: Annotated[str, Flag("--aws-image-id")] = Field(
+        "", description="AMI of the pod VM (overrides --pod-vm-image)"
+    )
+    aws_subnet_id: Annotated[Names, Flag("--aws-subnet-id")] = Field(
+        (), description="subnets, comma-separated: one zone each, in order"
+    )
+    aws_zones: Annotated[Names, Flag("--aws-zones")] = Field(
+        (), description="availability zones to try when no subnet is given"
+    )
+    aws_security_group_ids: Annotated[Names, Flag("--aws-security-group-ids")] = Field(
+        (), description="security groups, comma-separated"
+    )
+    aws_key_name: Annotated[str, Flag("--aws-key-name")] = Field(
+        "", description="EC2 key pair for the pod VM (debugging only)"
+    )
+    aws_endpoint_url: Annotated[str, Flag("--aws-endpoint-url")] = Field(
+        "", description="EC2 endpoint override (a local test server)"
+    )
+    aws_use_public_ip: Annotated[bool, Flag("--aws-use-public-ip", valued=True)] = Field(
+        False, description="dial the pod VM's public address (true/false)"
+    )
+
+
+class AzureSettings(CloudSettings):
+    """The azure provider (CAA-compatible names)."""
+
+    azure_subscription_id: Annotated[str, Flag("--azure-subscription-id")] = Field(
+        "", description="subscription of the pod VMs"
+    )
+    azure_resource_group: Annotated[str, Flag("--azure-resource-group")] = Field(
+        "", description="resource group of the pod VMs"
+    )
+    azure_region: Annotated[str, Flag("--azure-region")] = Field(
+        "", description="location, e.g. eastus"
+    )
+    azure_subnet_id: Annotated[str, Flag("--azure-subnet-id")] = Field(
+        "", description="subnet resource id for the pod VMs' NICs"
+    )
+    azure_image_id: Annotated[str, Flag("--azure-image-id")] = Field(
+        "", description="pod VM image id (overrides --pod-vm-image)"
+    )
+    azure_ssh_key: Annotated[str, Flag("--azure-ssh-key")] = Field(
+        "", description="SSH public key for the pod VM admin (debugging)"
+    )
+    azure_zones: Annotated[Names, Flag("--azure-zones")] = Field(
+        (), description="availability zones to try, e.g. 1,2,3"
+    )
+
+
+class GcpSettings(CloudSettings):
+    """The gcp provider."""
+
+    gcp_project: Annotated[str, Flag("--gcp-project")] = Field(
+        "", description="project of the pod VMs"
+    )
+    gcp_zones: Annotated[Names, Flag("--gcp-zones")] = Field(
+        (), description="zones, comma-separated, tried in order"
+    )
+    gcp_image: Annotated[str, Flag("--gcp-image")] = Field(
+        "", description="pod VM image (overrides --pod-vm-image)"
+    )
+    gcp_network: Annotated[str, Flag("--gcp-network")] = Field(
+        "global/networks/default", description="VPC network"
+    )
+    gcp_subnetwork: Annotated[str, Flag("--gcp-subnetwork")] = Field("", description="subnetwork")
+    gcp_disk_type: Annotated[str, Flag("--gcp-disk-type")] = Field(
+        "pd-balanced", description="boot disk type"
+    )
+    gcp_confidential_type: Annotated[
+        str, Flag("--gcp-confidential-type"), AfterValidator(_confidential)
+    ] = Field("", description="SEV, SEV_SNP or TDX for confidential VMs")
+    gcp_use_public_ip: Annotated[bool, Flag("--gcp-use-public-ip", valued=True)] = Field(
+        False, description="dial the pod VM's external address (true/false)"
+    )
