@@ -188,6 +188,7 @@ class Placement:
             allowed=tuple(provider.allowed_types),
             zones=tuple(provider.zones),
             default_type=provider.default_type,
+            max_candidates=getattr(provider, "max_candidate_types", MAX_CANDIDATES),
             naming=naming or CdiNaming(),
         )
 

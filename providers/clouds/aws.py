@@ -104,6 +104,7 @@ class AwsConfig:
     ready_timeout_seconds: float = 300.0
     poll_interval_seconds: float = 2.0
     policy: RetryPolicy = field(default_factory=RetryPolicy)
+    max_candidate_types: int = 8
 
 
 def map_error(exc: BaseException, what: str) -> ProviderError:
@@ -213,6 +214,11 @@ class AwsProvider:
     @property
     def allowed_types(self) -> tuple[str, ...]:
         return self.config.allowed_instance_types
+
+    @property
+    def max_candidate_types(self) -> int:
+        """How many of selection's ranked types a create may try (--max-candidate-types)."""
+        return self.config.max_candidate_types
 
     @property
     def default_type(self) -> str:
@@ -476,6 +482,8 @@ def config_from_settings(settings: AwsSettings) -> AwsConfig:
         key_name=settings.aws_key_name,
         endpoint_url=settings.aws_endpoint_url,
         use_public_ip=settings.aws_use_public_ip,
+        policy=RetryPolicy(max_attempts=settings.max_launches_per_pass),
+        max_candidate_types=settings.max_candidate_types,
     )
 
 

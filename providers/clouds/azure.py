@@ -85,6 +85,7 @@ class AzureConfig:
     allowed_instance_types: tuple[str, ...] = ()
     zones: tuple[str, ...] = ()
     policy: RetryPolicy = field(default_factory=RetryPolicy)
+    max_candidate_types: int = 8
 
 
 def vm_name(sandbox_id: str) -> str:
@@ -173,6 +174,11 @@ class AzureProvider:
     @property
     def allowed_types(self) -> tuple[str, ...]:
         return self.config.allowed_instance_types
+
+    @property
+    def max_candidate_types(self) -> int:
+        """How many of selection's ranked types a create may try (--max-candidate-types)."""
+        return self.config.max_candidate_types
 
     @property
     def default_type(self) -> str:
@@ -461,6 +467,8 @@ def config_from_settings(settings: AzureSettings) -> AzureConfig:
         instance_size=settings.instance_type or "Standard_D2as_v5",
         allowed_instance_types=settings.allowed_instance_types,
         zones=settings.azure_zones,
+        policy=RetryPolicy(max_attempts=settings.max_launches_per_pass),
+        max_candidate_types=settings.max_candidate_types,
     )
 
 

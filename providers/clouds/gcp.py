@@ -98,6 +98,7 @@ class GcpConfig:
     confidential_type: str = ""  # "", "SEV", "SEV_SNP" or "TDX"
     operation_timeout_seconds: float = 600.0
     policy: RetryPolicy = field(default_factory=RetryPolicy)
+    max_candidate_types: int = 8
 
 
 def label_value(value: str) -> str:
@@ -219,6 +220,11 @@ class GcpProvider:
     @property
     def allowed_types(self) -> tuple[str, ...]:
         return self.config.allowed_instance_types
+
+    @property
+    def max_candidate_types(self) -> int:
+        """How many of selection's ranked types a create may try (--max-candidate-types)."""
+        return self.config.max_candidate_types
 
     @property
     def default_type(self) -> str:
@@ -532,6 +538,8 @@ def config_from_settings(settings: GcpSettings) -> GcpConfig:
         disk_type=settings.gcp_disk_type,
         confidential_type=settings.gcp_confidential_type,
         use_public_ip=settings.gcp_use_public_ip,
+        policy=RetryPolicy(max_attempts=settings.max_launches_per_pass),
+        max_candidate_types=settings.max_candidate_types,
     )
 
 

@@ -38,9 +38,11 @@ class Site:
 
 @dataclass
 class RetryPolicy:
-    """Bounds on one create: total cloud calls, transient retries per site, backoff."""
+    """Bounds on one create (one market pass): total cloud calls, transient retries per site,
+    backoff. `max_attempts` 0 scales with the sites: every candidate in every zone is tried
+    once, each with its transient retries, so a pass never stops short of a site it was given."""
 
-    max_attempts: int = 16
+    max_attempts: int = 0
     transient_retries: int = 4
     base_delay_seconds: float = 0.5
     max_delay_seconds: float = 8.0
@@ -76,6 +78,11 @@ def sites(candidates: Sequence[VMCandidate], zones: Sequence[str]) -> list[Site]
         names = ", ".join(str(c) for c in dict.fromkeys(candidates))
         raise InvalidRequest(f"no configured zone ({', '.join(zone_list)}) can host {names}")
     return order
+
+
+def budget_for(site_count: int, policy: RetryPolicy) -> int:
+    """The cloud calls a pass over `site_count` sites may make when no explicit limit is set."""
+    return site_count * (1 + policy.transient_retries)
 
 
 class FallbackExhausted(CapacityError):
@@ -117,12 +124,13 @@ async def create_with_fallback(
     at once, its message extended with the sites already tried.
     """
     policy = policy or RetryPolicy()
+    budget = policy.max_attempts or budget_for(len(order), policy)
     tried: list[tuple[Site, str]] = []
     calls = 0
     for site in order:
         retry = 0
         while True:
-            if calls >= policy.max_attempts:
+            if calls >= budget:
                 tried.append((site, "attempt budget exhausted"))
                 raise FallbackExhausted(what, tried)
             calls += 1

@@ -45,6 +45,19 @@ class CloudSettings(Section):
     pod_vm_image: Annotated[str, Flag("--pod-vm-image")] = Field(
         "", description="pod VM image (a pod annotation may override)"
     )
+    max_candidate_types: Annotated[int, Flag("--max-candidate-types")] = Field(
+        8,
+        ge=1,
+        le=64,
+        description="how many of selection's ranked instance types one StartVM may try, each in "
+        "every zone, in each market pass (Spot, then on-demand)",
+    )
+    max_launches_per_pass: Annotated[int, Flag("--max-launches-per-pass")] = Field(
+        0,
+        ge=0,
+        description="create calls one market pass may make; 0: one per candidate type and zone "
+        "(types x zones, each with its transient retries), so every placement is tried",
+    )
 
 
 class AwsSettings(CloudSettings):
