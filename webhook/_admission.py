@@ -15,17 +15,19 @@ touch its contract annotations, and its VM image and initdata are removed at CRE
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
 from providers.core.catalog import Catalog
+from providers.core.contract import sealed
 from providers.core.errors import InvalidRequest, NoMatch, PeerpodsError
 from webhook._devices import SelectorRunner, selector_limits
 from webhook._mutate import Settings, mutate_pod
 from webhook._patch import diff
 from webhook._policy import VmChoices, protected_changes
+from webhook._reapply import reapply
 from webhook._resolver import LookupFailed, MemoryResolver, Resolver
 from webhook._reviews import AdmissionReview, parse_review, response
 
@@ -144,22 +146,33 @@ class Admission:
         return isinstance(runtime_class, str) and runtime_class in self.settings.runtime_classes
 
     def _update(self, review: AdmissionReview) -> dict[str, Any]:
-        """A peer pod's contract annotations are fixed at admission: changes are denied."""
+        """A re-apply is mutated as the creation was (`webhook._reapply`); a peer pod's contract
+        annotations are fixed at admission: changes are denied."""
         request = review.request
         old, new = request.old_object, request.object
         if not (self._is_peer(old) or self._is_peer(new)):
             return response(request.uid)
+        meta = new.get("metadata") if isinstance(new, dict) else None
+        name = str(meta.get("name") or "") if isinstance(meta, dict) else ""
         try:
-            changed = protected_changes(_pod_annotations(old), _pod_annotations(new))
+            old_annotations = _pod_annotations(old)
+            _pod_annotations(new)  # the shape is checked before anything reads it
+            namespace = request.namespace
+
+            def was_mutated(annotations: Mapping[str, str]) -> bool:
+                return sealed(self.settings.seal_key, namespace, annotations)
+
+            stored = reapply(old, new, was_mutated) if isinstance(old, dict) else new
+            changed = protected_changes(old_annotations, _pod_annotations(stored))
         except InvalidRequest as exc:
             return response(request.uid, allowed=False, code=400, message=str(exc))
         if not changed:
-            return response(request.uid)
+            return response(request.uid, patch=diff(new, stored))
         message = (
             f"annotation {', '.join(changed)} of a peer pod cannot change after creation "
             "(the pod VM is built from what was admitted)"
         )
-        log.info("denied update of pod %s: %s", request.namespace, message)
+        log.info("denied update of pod %s/%s: %s", request.namespace, name, message)
         return response(request.uid, allowed=False, code=403, message=message)
 
 

@@ -58,7 +58,14 @@ from webhook._patch import Op, diff
 from webhook._resolver import MemoryResolver, Resolver
 from webhook._resources import container_lists, effective, is_sidecar, pod_resources
 
-__all__ = ["MutationResult", "PodIntent", "Settings", "mutate_pod"]
+__all__ = [
+    "MutationResult",
+    "PodIntent",
+    "Settings",
+    "mutate_pod",
+    "refuse_hugepages",
+    "strip_node_resources",
+]
 
 Pod = dict[str, Any]
 _STRIPPED = ("cpu", "memory")
@@ -203,6 +210,62 @@ def _strip_resources(container: dict[str, Any], vm: bool) -> None:
         container["resources"] = resources
     else:
         container.pop("resources", None)
+
+
+def strip_node_resources(spec: dict[str, Any]) -> None:
+    """Remove from a pod spec what the pod VM provides instead of the node (cpu, memory,
+    devices, DRA claims) and mark its first container with the VM resource. The same input
+    always gives the same spec: an UPDATE restoring what was removed is stripped to the live pod
+    (`webhook._reapply`), which is all the API server lets an update keep."""
+    spec.pop("resourceClaims", None)
+    if isinstance(spec.get("resources"), dict):
+        level = {k: v for k, v in spec["resources"].items() if k not in ("limits", "requests")}
+        for section in ("limits", "requests"):
+            values = {
+                k: v
+                for k, v in (spec["resources"].get(section) or {}).items()
+                if k not in _STRIPPED
+            }
+            if values:
+                level[section] = values
+        if level:
+            spec["resources"] = level
+        else:
+            spec.pop("resources")
+    for container in spec.get("initContainers") or []:
+        if isinstance(container, dict):
+            _strip_resources(container, vm=False)
+    for index, container in enumerate(spec.get("containers") or []):
+        if isinstance(container, dict):
+            _strip_resources(container, vm=index == 0)
+
+
+def refuse_hugepages(pod: Pod) -> None:
+    """Huge pages cannot be asked of a peer pod. The API server accepts hugepages only beside
+    cpu or memory (ValidateResourceRequirements: "HugePages require cpu or memory"), which the
+    webhook removes, and the node's huge pages are not the pod VM's anyway."""
+    spec = pod["spec"]
+    places = [(spec.get("resources"), "spec.resources")]
+    for field_name in ("initContainers", "containers"):
+        for index, container in enumerate(spec.get(field_name) or []):
+            if isinstance(container, dict):
+                places.append((container.get("resources"), f"spec.{field_name}[{index}].resources"))
+    for resources, where in places:
+        if not isinstance(resources, dict):
+            continue
+        for section in ("limits", "requests"):
+            values = resources.get(section)
+            found = sorted(
+                str(k)
+                for k in (values if isinstance(values, dict) else {})
+                if str(k).startswith("hugepages-")
+            )
+            if found:
+                raise InvalidRequest(
+                    f"{where}.{section}: {found[0]}: a peer pod cannot ask for huge pages (its "
+                    "containers run in a cloud VM, not on the node's memory; the webhook removes "
+                    "cpu and memory, which the API server requires beside hugepages)"
+                )
 
 
 def _claim_refs(
@@ -415,32 +478,14 @@ def mutate_pod(
             if encoded:
                 kept[DEFAULT_GPU_MODEL] = encoded
     else:
+        refuse_hugepages(pod)
         intent, plan = _translate(
             pod, namespace, resolver or MemoryResolver(), catalog, machine_type, warnings, capacity
         )
         intent = replace(intent, capacity_type=capacity)
         kept = {k: v for k, v in kept.items() if k not in OWNED_KEYS}
         kept.update(_contract(intent, plan))
-        spec = mutated["spec"]
-        spec.pop("resourceClaims", None)
-        if isinstance(spec.get("resources"), dict):
-            level = {k: v for k, v in spec["resources"].items() if k not in ("limits", "requests")}
-            for section in ("limits", "requests"):
-                values = {
-                    k: v
-                    for k, v in (spec["resources"].get(section) or {}).items()
-                    if k not in _STRIPPED
-                }
-                if values:
-                    level[section] = values
-            if level:
-                spec["resources"] = level
-            else:
-                spec.pop("resources")
-        for container in spec.get("initContainers") or []:
-            _strip_resources(container, vm=False)
-        for index, container in enumerate(spec.get("containers") or []):
-            _strip_resources(container, vm=index == 0)
+        strip_node_resources(mutated["spec"])
     _check_possible(intent, catalog, settings, warnings)
     kept.pop(SEAL, None)
     if any(k in OWNED_KEYS for k in kept):

@@ -687,6 +687,10 @@ def _summarise(
                 f"MIG devices {_mig(request.mig)} need more {model} GPUs than the largest "
                 f"type has, {largest}"
             )
+        if not request.gpu_models:
+            # any model was asked for: the largest type of every model is the bound
+            largest = max(r.have for r in near)
+            return f"{request.gpus} GPUs of any model exceed the largest GPU type, {largest}"
         return f"{request.gpus} {model} GPUs exceed the largest type, {largest}"
     if furthest == ARCH:
         return f"only {names} match, and not for {request.arch} images"

@@ -61,6 +61,13 @@ def test_contract_annotations_cannot_change_after_admission(
     else:
         annotations[key] = value
     answer = post(running, _update(admitted, changed))
+    if value is None or key.startswith("cdi.k8s.io/"):
+        # what a re-apply does (server-side apply drops the keys the webhook added; a manifest
+        # may carry CDI annotations the webhook removed): put back as admitted, not denied
+        assert answer["allowed"] is True
+        stored = jsonpatch.apply_patch(changed, patch_of(answer))
+        assert stored["metadata"]["annotations"] == admitted["metadata"]["annotations"]
+        return
     assert answer["allowed"] is False and answer["status"]["code"] == 403
     assert key in answer["status"]["message"]
 
