@@ -66,6 +66,28 @@ class ServeProcess:
     status_url: str = ""
     # A network namespace (path) the daemon runs in, as a worker node's daemon (tests/podnet).
     netns: str = ""
+    # Environment added to the daemon's (the PEERPODS_* of the test's own are dropped).
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def argv(self) -> list[str]:
+        """The daemon's command line: `peerpods serve` over `root`, then `args`."""
+        return [
+            sys.executable,
+            "-m",
+            "adaptor.cli.main",
+            "--log-level",
+            "debug",
+            "serve",
+            "--socket",
+            self.socket,
+            "--pods-dir",
+            str(self.root / "pods"),
+            "--state-dir",
+            str(self.root / "state"),
+            "--status-address",
+            "127.0.0.1:0",
+            *self.args,
+        ]
 
     @property
     def socket(self) -> str:
@@ -79,24 +101,10 @@ class ServeProcess:
         log = self.root / f"serve-{len(self.logs)}.log"
         self.logs.append(log)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PEERPODS_")}
-        env["PYTHONPATH"] = str(ROOT)
+        env |= {**self.env, "PYTHONPATH": str(ROOT)}
         with log.open("wb") as stderr:
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "adaptor.cli.main",
-                "--log-level",
-                "debug",
-                "serve",
-                "--socket",
-                self.socket,
-                "--pods-dir",
-                str(self.root / "pods"),
-                "--state-dir",
-                str(self.root / "state"),
-                "--status-address",
-                "127.0.0.1:0",
-                *self.args,
+                *self.argv(),
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 cwd=ROOT,
