@@ -162,7 +162,9 @@ class Admission:
             def was_mutated(annotations: Mapping[str, str]) -> bool:
                 return sealed(self.settings.seal_key, namespace, annotations)
 
-            stored = reapply(old, new, was_mutated) if isinstance(old, dict) else new
+            stored = new
+            if isinstance(old, dict) and isinstance(new, dict):
+                stored = reapply(old, new, was_mutated)
             changed = protected_changes(old_annotations, _pod_annotations(stored))
         except InvalidRequest as exc:
             return response(request.uid, allowed=False, code=400, message=str(exc))
