@@ -32,6 +32,7 @@ from adaptor.ttrpc.codec import (
     encode_request,
     encode_response,
     peek_call,
+    peek_status_code,
 )
 from adaptor.ttrpc.connection import (
     LISTEN_BACKLOG,
@@ -506,10 +507,22 @@ class _ShimConnection:
         self._proxy.forward(self, shim_id, event.data)
 
     def relay(self, shim_id: int, service: str, method: str, data: bytes) -> None:
-        """Send an upstream Response's bytes back unchanged under the shim's stream id."""
+        """Send an upstream Response's bytes back unchanged under the shim's stream id; one
+        that is not a Response fails that call alone, with a status."""
+        try:
+            code = peek_status_code(data)
+        except MalformedMessage as exc:
+            log.warning("%s/%s: malformed response from the pod VM: %s", service, method, exc)
+            self.answer(
+                shim_id,
+                service,
+                method,
+                Code.INTERNAL,
+                f"malformed response from the pod VM ({len(data)} bytes): {exc}",
+            )
+            return
         self._done()
         if self._proxy._on_call is not None or self.completions:
-            code = _status_code(data)
             self._proxy.report(service, method, code)
             self._complete(shim_id, code, data)
         if not self._writer.is_closing():
@@ -557,24 +570,3 @@ def _call_completion(completion: Completion, code: int, message: str) -> None:
         completion(code, message)
     except Exception:
         log.exception("CreateContainer completion callback failed")
-
-
-def _status_code(response: bytes) -> int:
-    """The status code of a serialized Response, read without decoding its payload.
-
-    Status is field 1 and every ttrpc implementation writes it first; absent means OK.
-    """
-    if len(response) < 2 or response[0] != 0x0A:
-        return 0
-    length = response[1]
-    if length & 0x80:  # a status message of 128+ bytes: rare, decode it all
-        try:
-            return int(ttrpc_pb2.Response.FromString(response).status.code)
-        except Exception:
-            return int(Code.UNKNOWN)
-    if length >= 2 and response[2] == 0x08:
-        code = response[3]
-        if code & 0x80:
-            return int(Code.UNKNOWN)
-        return code
-    return 0

@@ -276,3 +276,65 @@ def peek_call(data: bytes) -> tuple[str, str]:
     payload; raises MalformedMessage for what protobuf would refuse to parse."""
     found = _scan(data, 0, len(data), _REQUEST_WIRE_TYPES, (1, 2))
     return found.get(1, ""), found.get(2, "")
+
+
+# Response: status (1, a Status message), payload (2); Status: code (1), message (2), details (3)
+_MAX_GROUP_DEPTH = 100  # protobuf's own recursion limit
+
+
+def _walk(
+    data: bytes, pos: int, end: int, group: int = 0, depth: int = 0
+) -> tuple[list[tuple[int, int, int, int]], int]:
+    """The fields of one message between pos and end as (number, wire type, value, end of
+    field), with the value of a varint or where a length-delimited field's bytes start; and
+    where the walk stopped (after the end-group key of `group`, when walking a group).
+    Protobuf reads a field of the wrong wire type as an unknown field: so does the caller."""
+    if depth > _MAX_GROUP_DEPTH:
+        raise MalformedMessage("groups nested too deep")
+    fields: list[tuple[int, int, int, int]] = []
+    while pos < end:
+        key, pos = _read_varint(data, pos)
+        number, wire_type = key >> 3, key & 7
+        if number == 0 or number > _MAX_FIELD_NUMBER:
+            raise MalformedMessage(f"invalid field number {number}")
+        if wire_type == 4:
+            if number != group:
+                raise MalformedMessage(f"unexpected end of group {number}")
+            return fields, pos
+        value = pos
+        if wire_type == 0:
+            value, pos = _read_varint(data, pos)
+        elif wire_type == 2:
+            length, value = _read_varint(data, pos)
+            pos = value + length
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        elif wire_type == 3:
+            _, pos = _walk(data, pos, end, number, depth + 1)
+        else:
+            raise MalformedMessage(f"unsupported wire type {wire_type}")
+        if pos > end:
+            raise MalformedMessage("truncated field")
+        fields.append((number, wire_type, value, pos))
+    if group:
+        raise MalformedMessage(f"group {group} is not closed")
+    return fields, pos
+
+
+def peek_status_code(data: bytes) -> int:
+    """The status code of a serialized Response (no status: OK), walking the wire format
+    without copying the payload; codes outside gRPC's range read as UNKNOWN. Raises
+    MalformedMessage for bytes protobuf would refuse to parse as a Response (a truncated
+    status, a length past the end), so a proxy can fail that one call with a status."""
+    code = 0
+    fields, _end = _walk(data, 0, len(data))
+    for number, wire_type, start, stop in fields:
+        if (number, wire_type) != (1, 2):
+            continue
+        status, _end = _walk(data, start, stop)
+        for inner, inner_type, value, _stop in status:
+            if (inner, inner_type) == (1, 0):
+                code = value & 0xFFFFFFFF  # an int32 on the wire, sign-extended to 64 bits
+    return int(Code.from_wire(code - (1 << 32) if code >= 1 << 31 else code))
