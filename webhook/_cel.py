@@ -49,7 +49,12 @@ _MAX_QUANTITY = Decimal(2**63 - 1)  # Kubernetes caps a quantity's magnitude her
 
 
 class CelError(InvalidRequest):
-    """A selector that does not compile, or that cannot be evaluated."""
+    """A selector that does not compile, or that cannot be evaluated. `public` says what went
+    wrong without quoting the expression or its values (what a denial may carry)."""
+
+    def __init__(self, message: str, *, public: str | None = None) -> None:
+        super().__init__(message)
+        self.public = message if public is None else public
 
 
 class CelBudgetExceeded(CelError):
@@ -58,6 +63,18 @@ class CelBudgetExceeded(CelError):
     def __init__(self, message: str, *, timed_out: bool = False) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+
+
+# CEL's own evaluation errors that quote nothing of the expression after these words
+_PUBLIC_EVAL_ERRORS = (
+    "no such key",
+    "no such member",
+    "no such overload",
+    "found no matching overload",
+    "divide by zero",
+    "modulus by zero",
+    "return error for overflow",
+)
 
 
 class _Exhausted(Exception):
@@ -304,14 +321,13 @@ def compile_selector(expression: str) -> celpy.Runner:
         ast = _ENV.compile(expression)
         return _ENV.program(ast, functions=_METERED)
     except CELParseError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else "syntax error"
-        raise CelError(f"invalid CEL expression {expression!r}: {first}") from None
+        # the position only: the parser's message quotes the expression, and a denial must not
+        # carry a selector's text to whoever sent the review
+        line, column = getattr(exc, "line", None), getattr(exc, "column", None)
+        where = f" at line {line}, column {column}" if line is not None else ""
+        raise CelError(f"invalid CEL expression (syntax error{where})") from None
     except RecursionError:
-        raise CelError(f"CEL expression nested too deeply: {_short(expression)}") from None
-
-
-def _short(expression: str, limit: int = 80) -> str:
-    return repr(expression if len(expression) <= limit else expression[:limit] + "...")
+        raise CelError("CEL expression nested too deeply") from None
 
 
 def evaluate(program: celpy.Runner, activation: dict[str, Any], meter: Meter | None = None) -> bool:
@@ -332,9 +348,11 @@ def evaluate(program: celpy.Runner, activation: dict[str, Any], meter: Meter | N
     except RecursionError:
         raise CelError("expression nested too deeply to evaluate") from None
     except CELEvalError as exc:
-        raise CelError(_eval_message(exc)) from None
+        message = _eval_message(exc)
+        known = next((p for p in _PUBLIC_EVAL_ERRORS if message.startswith(p)), "")
+        raise CelError(message, public=known or "evaluation error") from None
     except (ValueError, TypeError, ArithmeticError, KeyError) as exc:
-        raise CelError(str(exc)) from None
+        raise CelError(str(exc), public=f"evaluation error ({type(exc).__name__})") from None
     finally:
         _local.meter = None
     if not isinstance(result, celtypes.BoolType):

@@ -7,6 +7,12 @@ each selector to one of a few worker processes (started from a forkserver with t
 preloaded, so a replacement starts in milliseconds) and waits on a pipe until the admission's
 deadline. A worker that has not answered by then is killed and replaced; the pod is denied.
 
+Workers are shared out by tenant (the review's namespace): one tenant holds at most `share` of
+them at a time (half, at least one), and a selector of a tenant already at its share is refused
+at once rather than queued, so one namespace flooding hostile selectors leaves the other workers
+to everyone else. A tenant under its share waits for a free worker until its admission's
+deadline, which starts when the request arrived.
+
 A worker receives a catalog once per device space (by token) and builds the same virtual
 devices the server has; it answers with the `Outcome` of `DeviceSpace.evaluate`, which enforces
 the cost budget and the deadline itself whenever it can.
@@ -121,7 +127,9 @@ class _Worker:
 class CelWorkers:
     """A small pool of CEL worker processes; a `SelectorRunner` for `selector_limits`."""
 
-    def __init__(self, processes: int = 2, method: str = "forkserver") -> None:
+    def __init__(
+        self, processes: int = 2, method: str = "forkserver", share: int | None = None
+    ) -> None:
         context = multiprocessing.get_context(method)
         if method == "forkserver":
             context.set_forkserver_preload(["webhook._celworker"])
@@ -130,6 +138,10 @@ class CelWorkers:
         for worker in self._all:
             self._idle.put(worker)
         self._lock = threading.Lock()
+        # workers one tenant may hold at once (the rest stay for the others)
+        self.share = max(1, processes // 2) if share is None else max(1, share)
+        self._held: dict[str, int] = {}
+        self.refusals = 0  # selectors refused because their tenant held its share
         self._revivals: set[threading.Thread] = set()
         self._warm_space: DeviceSpace | None = None
         self.kills = 0  # workers killed for running past a deadline (or breaking)
@@ -159,7 +171,25 @@ class CelWorkers:
                 self._revivals.discard(threading.current_thread())
             self._idle.put(worker)
 
-    def __call__(self, space: DeviceSpace, expression: str, deadline: float | None) -> Outcome:
+    def __call__(
+        self, space: DeviceSpace, expression: str, deadline: float | None, tenant: str = ""
+    ) -> Outcome:
+        with self._lock:
+            if self._held.get(tenant, 0) >= self.share:
+                self.refusals += 1
+                return Outcome(refused=True)
+            self._held[tenant] = self._held.get(tenant, 0) + 1
+        try:
+            return self._run(space, expression, deadline)
+        finally:
+            with self._lock:
+                held = self._held[tenant] - 1
+                if held:
+                    self._held[tenant] = held
+                else:
+                    del self._held[tenant]
+
+    def _run(self, space: DeviceSpace, expression: str, deadline: float | None) -> Outcome:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             worker = self._idle.get(timeout=left)

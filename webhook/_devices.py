@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import re
 import threading
 import time
@@ -54,6 +55,8 @@ from webhook._cel import (
     evaluate,
 )
 from webhook._resolver import LookupFailed
+
+log = logging.getLogger(__name__)
 
 DRIVER = "gpu.nvidia.com"
 POST_BOOT_ATTRIBUTES = (
@@ -92,14 +95,20 @@ class Outcome:
     over_budget: bool = False
     timed_out: bool = False
     busy: bool = False  # no worker was free before the deadline (load, not the selector)
+    refused: bool = False  # the tenant already holds its share of the workers
 
 
 class SelectorsBusy(LookupFailed):
     """Every selector worker stayed busy until this admission's deadline (a transient denial)."""
 
 
-# Where selectors are evaluated: (space, expression, deadline) -> Outcome; None means here.
-SelectorRunner = Callable[["DeviceSpace", str, "float | None"], Outcome]
+class SelectorShareExceeded(SelectorsBusy):
+    """The namespace already holds its share of the selector workers: refused, not queued."""
+
+
+# Where selectors are evaluated: (space, expression, deadline, tenant) -> Outcome; None: here.
+# The tenant (the review's namespace) is what a runner shares its workers out by.
+SelectorRunner = Callable[["DeviceSpace", str, "float | None", str], Outcome]
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,7 @@ class Limits:
     runner: SelectorRunner | None = None
     seconds: float = 0.0  # the wall-clock limit, as configured (for messages)
     deadline: float | None = None  # time.monotonic() by which every selector must be done
+    tenant: str = ""
 
 
 _NO_LIMITS = Limits()
@@ -114,11 +124,19 @@ _LIMITS: contextvars.ContextVar[Limits | None] = contextvars.ContextVar("cel_lim
 
 
 @contextlib.contextmanager
-def selector_limits(runner: SelectorRunner | None, seconds: float) -> Iterator[None]:
-    """Within the block (one admission), selectors are evaluated by `runner` (None: in this
-    process), and all of them must be done within `seconds` (0: no limit) or the pod is denied."""
-    deadline = time.monotonic() + seconds if seconds > 0 else None
-    token = _LIMITS.set(Limits(runner, seconds, deadline))
+def selector_limits(
+    runner: SelectorRunner | None,
+    seconds: float,
+    tenant: str = "",
+    started: float | None = None,
+) -> Iterator[None]:
+    """Within the block (one admission of `tenant`), selectors are evaluated by `runner` (None:
+    in this process), and all of them must be done within `seconds` of `started` (a
+    time.monotonic() value, default now: the server passes the request's arrival, so time spent
+    queueing counts) or the pod is denied; 0 seconds: no limit."""
+    begun = time.monotonic() if started is None else started
+    deadline = begun + seconds if seconds > 0 else None
+    token = _LIMITS.set(Limits(runner, seconds, deadline, tenant))
     try:
         yield
     finally:
@@ -305,12 +323,12 @@ class DeviceSpace:
 
     def evaluate(self, expression: str, deadline: float | None = None) -> Outcome:
         """Every device against one selector, here and now, within COST_LIMIT per device and
-        the deadline (a time.monotonic() value) overall."""
+        the deadline (a time.monotonic() value) overall. A denial never quotes the expression:
+        the caller names the selector by where it stands."""
         try:
             program = compile_selector(expression)
         except CelError as exc:
             return Outcome(denial=str(exc))
-        named = f"selector {_short(expression)}"
         accepted: set[str] = set()
         first_error = ""
         for device in self.devices:
@@ -320,18 +338,18 @@ class DeviceSpace:
             except CelBudgetExceeded as exc:
                 if exc.timed_out:
                     return Outcome(timed_out=True)
-                return Outcome(denial=f"{named} {exc}", over_budget=True)
+                return Outcome(denial=str(exc), over_budget=True)
             except CelError as exc:
                 post_boot = next((a for a in POST_BOOT_ATTRIBUTES if f"'{a}'" in str(exc)), "")
                 if post_boot:
                     return Outcome(
-                        denial=f"{named} reads {DRIVER}/{post_boot}, which exists only after the "
+                        denial=f"reads {DRIVER}/{post_boot}, which exists only after the "
                         "pod VM boots; peer pods cannot be matched on it"
                     )
-                first_error = first_error or str(exc)
+                first_error = first_error or exc.public
         return Outcome(frozenset(accepted), first_error)
 
-    def _one(self, expression: str) -> tuple[frozenset[str], str]:
+    def _one(self, label: str, expression: str) -> tuple[frozenset[str], str]:
         with self._lock:
             outcome = self._cache.get(expression)
             if outcome is not None:
@@ -340,14 +358,19 @@ class DeviceSpace:
         if outcome is None:
             runner = limits.runner
             if runner is not None:
-                outcome = runner(self, expression, limits.deadline)
+                outcome = runner(self, expression, limits.deadline, limits.tenant)
             else:
                 outcome = self.evaluate(expression, limits.deadline)
-            if not (outcome.timed_out or outcome.busy):  # load-dependent; the rest is final
+            if not (outcome.timed_out or outcome.busy or outcome.refused):  # load-dependent
                 with self._lock:
                     self._cache[expression] = outcome
                     while len(self._cache) > SELECTOR_CACHE_SIZE:
                         self._cache.popitem(last=False)
+        if outcome.refused:
+            raise SelectorShareExceeded(
+                f"namespace {limits.tenant or '(none)'} already uses its share of the CEL "
+                "workers (its other pods' selectors are running); retry"
+            )
         if outcome.busy:
             raise SelectorsBusy(
                 f"no CEL worker became free within the {limits.seconds:g}s limit of this "
@@ -355,22 +378,26 @@ class DeviceSpace:
             )
         if outcome.timed_out:
             raise CelBudgetExceeded(
-                f"selector {_short(expression)} did not finish within the CEL time limit "
+                f"{label} did not finish within the CEL time limit "
                 f"of {limits.seconds:g}s per admission",
                 timed_out=True,
             )
         if outcome.over_budget:
-            raise CelBudgetExceeded(outcome.denial)
+            raise CelBudgetExceeded(f"{label} {outcome.denial}")
         if outcome.denial:
-            raise CelError(outcome.denial)
-        return outcome.accepted, outcome.error
+            raise CelError(f"{label}: {outcome.denial}")
+        if outcome.error:
+            return outcome.accepted, f"{label} failed on some devices: {outcome.error}"
+        return outcome.accepted, ""
 
-    def match(self, expressions: list[str]) -> tuple[Match, str]:
-        """Devices accepted by every expression, and the first evaluation error seen (if any)."""
+    def match(self, selectors: list[tuple[str, str]]) -> tuple[Match, str]:
+        """Devices accepted by every selector, given as (where it stands, expression), and the
+        first evaluation failure seen (if any). Messages name a selector by where it stands,
+        never by its text: a review may name a namespace its sender does not own."""
         ids = frozenset(d.id for d in self.devices)
         error = ""
-        for expression in expressions:
-            accepted, err = self._one(expression)
+        for label, expression in selectors:
+            accepted, err = self._one(label, expression)
             ids &= accepted
             error = error or err
         return Match(tuple(d for d in self.devices if d.id in ids)), error

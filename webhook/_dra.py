@@ -39,7 +39,7 @@ from providers.core.errors import InvalidRequest
 from providers.core.mig import pack, profiles_for
 from providers.core.quantity import to_mib
 from providers.core.skus import product_key
-from webhook._devices import DeviceSpace, Match, VirtualDevice
+from webhook._devices import DRIVER, POST_BOOT_ATTRIBUTES, DeviceSpace, Match, VirtualDevice
 from webhook._resolver import Resolver
 
 # the contract's limit on a unit id (DeviceUnit.id's max_length)
@@ -119,8 +119,8 @@ class Translation:
             group = [units[i] for i in index]
             if any(u.unit.kind != "mig" for u in group):
                 raise ClaimDenied(
-                    f"{constraint.where}: matchAttribute {constraint.attribute} needs MIG "
-                    "devices (whole GPUs have no parent)"
+                    f"{constraint.where}: matchAttribute {_attribute(constraint.attribute)} "
+                    "needs MIG devices (whole GPUs have no parent)"
                 )
             profiles: dict[str, int] = {}
             for u in group:
@@ -153,10 +153,18 @@ class Translation:
         raise error
 
 
+def _attribute(attribute: str) -> str:
+    """An attribute for a message: a name the driver publishes, else no text from the claim."""
+    short = attribute.rsplit("/", 1)[-1]
+    known = (*_MODEL_ATTRIBUTES, *POST_BOOT_ATTRIBUTES)
+    return f"{DRIVER}/{short}" if short in known else "(an attribute no driver publishes)"
+
+
 def _checked_name(value: Any, what: str) -> str:
     text = str(value or "")
     if not _NAME.fullmatch(text):
-        raise ClaimDenied(f"{what}: {text!r} is not a valid object name")
+        # the value is not quoted: it may come from an object the review's sender cannot read
+        raise ClaimDenied(f"{what}: not a valid object name")
     return text
 
 
@@ -176,15 +184,17 @@ def _claim_spec(entry: Mapping[str, Any], namespace: str, resolver: Resolver) ->
     return spec
 
 
-def _selectors(items: Any, where: str) -> list[str]:
-    out: list[str] = []
-    for item in items or []:
+def _selectors(items: Any, where: str) -> list[tuple[str, str]]:
+    """(where the selector stands, its expression) for each selector: messages name a selector
+    by its place, never by its text."""
+    out: list[tuple[str, str]] = []
+    for index, item in enumerate(items or [], 1):
         expression = (
             (item or {}).get("cel", {}).get("expression") if isinstance(item, dict) else None
         )
         if not isinstance(expression, str) or not expression.strip():
             raise ClaimDenied(f"{where}: a selector without a CEL expression")
-        out.append(expression)
+        out.append((f"selector {index} of {where}", expression))
     return out
 
 
@@ -247,23 +257,23 @@ class _Translator:
         class_name = _checked_name(opt.get("deviceClassName"), f"{where}: deviceClassName")
         device_class = self.resolver.device_class(class_name)
         class_spec = device_class.get("spec") or {}
-        expressions = _selectors(class_spec.get("selectors"), f"DeviceClass {class_name}")
-        expressions += _selectors(opt.get("selectors"), where)
-        match, error = self.space.match(expressions)
+        selectors = _selectors(class_spec.get("selectors"), f"DeviceClass {class_name}")
+        selectors += _selectors(opt.get("selectors"), where)
+        match, error = self.space.match(selectors)
         if not match.devices:
-            detail = f" (selector error: {error})" if error else ""
+            detail = f" ({error})" if error else ""
             return f"no catalog device matches DeviceClass {class_name} and the selectors{detail}"
         mode = opt.get("allocationMode") or "ExactCount"
         count = opt.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or count < 1 or count > 64:
-            raise ClaimDenied(f"{where}: count must be 1..64, got {count!r}")
+            raise ClaimDenied(f"{where}: count must be a whole number 1..64")
         capacity = (opt.get("capacity") or {}).get("requests") or {}
         if capacity:
             return self.share(match, capacity, where, count)
         if mode == "All":
             return [self.all_devices(match, where)]
         if mode != "ExactCount":
-            raise ClaimDenied(f"{where}: unknown allocationMode {mode!r}")
+            raise ClaimDenied(f"{where}: allocationMode must be ExactCount or All")
         out: list[ClaimUnit] = []
         reason = "no matching device"
         if match.gpus:
@@ -282,15 +292,15 @@ class _Translator:
     ) -> list[ClaimUnit] | str:
         unknown = sorted(set(capacity) - {"memory"})
         if unknown:
-            raise ClaimDenied(
-                f"{where}: capacity request {', '.join(unknown)} is not supported (memory only)"
-            )
+            raise ClaimDenied(f"{where}: capacity requests other than memory are not supported")
         if count != 1:
             raise ClaimDenied(f"{where}: a capacity request takes a share of one device (count 1)")
         try:
             need = to_mib(capacity["memory"])
-        except InvalidRequest as exc:
-            raise ClaimDenied(f"{where}: capacity.requests.memory: {exc}") from None
+        except InvalidRequest:
+            raise ClaimDenied(
+                f"{where}: capacity.requests.memory is not a valid quantity"
+            ) from None
         # a MIG device is allocated whole: its memory must cover the request
         out = _mig_alternatives([d for d in match.mig if d.memory_mib >= need], 1)
         for device in match.gpus:
@@ -372,19 +382,20 @@ class _Translator:
             short = attribute.rsplit("/", 1)[-1]
             missing = [n for n in names if n.split("/", 1)[0] not in units]
             if missing:
-                raise ClaimDenied(f"{where}: constraint names unknown request {missing[0]}")
+                raise ClaimDenied(f"{where}: a constraint names a request the claim lacks")
             if short in _MODEL_ATTRIBUTES:
                 continue  # one GPU model per VM: holds by construction
             if short != "parentUUID":
                 raise ClaimDenied(
-                    f"{where}: matchAttribute {attribute} cannot be checked before the pod VM boots"
+                    f"{where}: matchAttribute {_attribute(attribute)} cannot be checked before the "
+                    "pod VM boots"
                 )
             keys = tuple(dict.fromkeys(n.split("/", 1)[0] for n in names))
             for key in keys:  # only MIG devices have a parent
                 mig = [u for u in units[key] if u.unit.kind == "mig"]
                 if not mig:
                     raise ClaimDenied(
-                        f"{where}: matchAttribute {attribute} needs MIG devices "
+                        f"{where}: matchAttribute {_attribute(attribute)} needs MIG devices "
                         "(whole GPUs have no parent)"
                     )
                 units[key] = mig

@@ -22,16 +22,19 @@ from __future__ import annotations
 import asyncio
 import asyncio.sslproto
 import contextlib
+import gc
 import hashlib
+import ipaddress
 import json
 import logging
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import h11
 import uvicorn
@@ -46,7 +49,9 @@ from webhook._admission import Admission
 from webhook._celworker import CelWorkers
 from webhook._devices import DeviceSpace
 from webhook._mutate import device_space
-from webhook._reviews import AdmissionReview
+from webhook._reviews import AdmissionReview, response
+
+IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +87,67 @@ class Limits:
     body_timeout_seconds: float = 10.0  # headers to complete body (the API server waits <= 30s)
     admission_threads: int = 8  # pods that evaluate no selector
     selector_threads: int = 8  # pods that do (they wait on the CEL workers or the API)
+    # DRA admissions of one namespace in flight at once (0: a quarter of selector_threads);
+    # one more is refused at once (429), never queued behind them
+    namespace_selector_admissions: int = 0
+    max_connections_per_source: int = 64  # open connections from one address
+    # of max_connections, kept for the API server's addresses (api_server_networks)
+    reserved_connections: int = 32
+    api_server_networks: tuple[IPNetwork, ...] = ()
+    # /mutate answers only clients with a certificate from the client CA (403 otherwise)
+    require_client_cert: bool = False
+
+    @property
+    def namespace_share(self) -> int:
+        share = self.namespace_selector_admissions or self.selector_threads // 4
+        return max(1, min(share, self.selector_threads))
+
+    def trusted(self, host: str) -> bool:
+        """Whether an address is the API server's (exempt from the per-source limit)."""
+        if not self.api_server_networks or not host:
+            return False
+        try:
+            address = ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return any(address in network for network in self.api_server_networks)
+
+
+class _SelectorGate:
+    """DRA admissions in flight, per namespace and in all: over either bound, refused.
+
+    Used on the event loop only (no lock). The selector pool has as many threads as the total
+    bound, so an admitted one never waits in the pool's queue either."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.share = limits.namespace_share
+        self.total = limits.selector_threads
+        self.in_flight: dict[str, int] = {}
+        self.refusals = 0
+
+    def enter(self, namespace: str) -> str:
+        """ "" when admitted, else why not (the caller answers 429)."""
+        held = self.in_flight.get(namespace, 0)
+        if held >= self.share:
+            self.refusals += 1
+            return (
+                f"peerpods: namespace {namespace or '(none)'} already has {held} pods with DRA "
+                "claims in admission (its share); retry"
+            )
+        if sum(self.in_flight.values()) >= self.total:
+            self.refusals += 1
+            return f"peerpods: {self.total} pods with DRA claims are in admission already; retry"
+        self.in_flight[namespace] = held + 1
+        return ""
+
+    def leave(self, namespace: str) -> None:
+        held = self.in_flight[namespace] - 1
+        if held:
+            self.in_flight[namespace] = held
+        else:
+            del self.in_flight[namespace]
 
 
 class _Pools:
@@ -105,6 +171,7 @@ def build_app(
     limits = limits or Limits(max_request_bytes=max_request_bytes)
     max_request_bytes = limits.max_request_bytes
     pools = _Pools(limits)
+    gate = _SelectorGate(limits)
 
     def plain(body: bytes) -> tuple[AdmissionReview, dict[str, Any] | None]:
         """Parse, and decide at once unless the pod needs the selector pool (one thread hop)."""
@@ -114,6 +181,12 @@ def build_app(
         return review, admission.decide(review)
 
     async def mutate(request: Request) -> Response:
+        arrived = time.monotonic()  # the CEL time limit counts from here, queueing included
+        if limits.require_client_cert and not getattr(request.state, "client_verified", False):
+            return PlainTextResponse(
+                "a client certificate from the configured client CA is required\n",
+                status_code=403,
+            )
         try:
             async with asyncio.timeout(limits.body_timeout_seconds):
                 body = await _read_body(request, max_request_bytes)
@@ -129,8 +202,18 @@ def build_app(
         loop = asyncio.get_running_loop()
         try:
             review, answer = await loop.run_in_executor(pools.plain, plain, body)
-            if answer is None:  # the pod evaluates selectors: it waits in their own queue
-                answer = await loop.run_in_executor(pools.selectors, admission.decide, review)
+            if answer is None:  # the pod evaluates selectors: its namespace's share, or refused
+                namespace = review.request.namespace
+                refused = gate.enter(namespace)
+                if refused:
+                    answer = response(review.request.uid, allowed=False, code=429, message=refused)
+                else:
+                    try:
+                        answer = await loop.run_in_executor(
+                            pools.selectors, admission.decide, review, arrived
+                        )
+                    finally:
+                        gate.leave(namespace)
         except InvalidRequest as exc:
             return PlainTextResponse(f"{exc}\n", status_code=400)
         except Exception:
@@ -148,36 +231,89 @@ def build_app(
         ]
     )
     app.state.pools = pools
+    app.state.selector_gate = gate
     return app
 
 
-class _Refused(asyncio.Protocol):
-    """A connection over the cap: closed as soon as it is accepted."""
+class _Connections:
+    """Open connections, in all and per source address, against `Limits`.
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.abort()
+    A source outside the API server's networks may hold at most `max_connections_per_source`,
+    and all such sources together `max_connections - reserved_connections`, so one address
+    re-opening half-sent requests can neither take the cap nor lock the API server out."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.total = 0
+        self.untrusted = 0
+        self.per_source: dict[str, int] = {}
+        self.refused = 0
+
+    def take(self, host: str) -> bool:
+        limits = self.limits
+        if self.total >= limits.max_connections:
+            return self._refuse(host, f"all {self.total} connections are open")
+        if limits.trusted(host):
+            self.total += 1
+            return True
+        reserve = limits.reserved_connections if limits.api_server_networks else 0
+        if self.untrusted >= limits.max_connections - reserve:
+            return self._refuse(host, "the rest is reserved for the API server")
+        held = self.per_source.get(host, 0)
+        if held >= limits.max_connections_per_source:
+            return self._refuse(host, f"{held} open from this address")
+        self.total += 1
+        self.untrusted += 1
+        self.per_source[host] = held + 1
+        return True
+
+    def _refuse(self, host: str, why: str) -> bool:
+        self.refused += 1
+        if self.refused & (self.refused - 1) == 0:  # the 1st, 2nd, 4th, 8th...: no log flood
+            log.warning("connection from %s refused: %s (%d refused)", host, why, self.refused)
+        return False
+
+    def release(self, host: str) -> None:
+        self.total -= 1
+        if self.limits.trusted(host):
+            return
+        self.untrusted -= 1
+        held = self.per_source[host] - 1
+        if held:
+            self.per_source[host] = held
+        else:
+            del self.per_source[host]
 
 
 def _gated_tls(
     http: type[H11Protocol], context: ssl.SSLContext, limits: Limits
-) -> Callable[..., asyncio.BaseProtocol]:
-    """uvicorn's protocol factory: each accepted connection counted (TLS handshakes included)
-    and, under the cap, wrapped in TLS with a handshake deadline; over it, refused at once."""
-    open_connections = 0
+) -> tuple[Callable[..., asyncio.BaseProtocol], _Connections]:
+    """uvicorn's protocol factory: each accepted connection counted by its source address (TLS
+    handshakes included) and, within the limits, wrapped in TLS with a handshake deadline; over
+    them, closed as it is accepted, before any TLS state exists for it."""
+    connections = _Connections(limits)
 
     class Counted(asyncio.sslproto.SSLProtocol):
+        _source: str | None = None  # set once counted
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            peer = transport.get_extra_info("peername")
+            host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+            if not connections.take(host):
+                assert isinstance(transport, asyncio.Transport)
+                transport.abort()
+                return
+            self._source = host
+            super().connection_made(transport)
+
         def connection_lost(self, exc: BaseException | None) -> None:
-            nonlocal open_connections
-            open_connections -= 1
+            if self._source is None:
+                return  # refused: never counted, no TLS state
+            connections.release(self._source)
+            self._source = None
             super().connection_lost(exc)
 
     def accept(*args: Any, **kwargs: Any) -> asyncio.BaseProtocol:
-        nonlocal open_connections
-        if open_connections >= limits.max_connections:
-            log.warning("connection refused: %d open", open_connections)
-            return _Refused()
-        open_connections += 1
         loop = kwargs.get("_loop") or asyncio.get_running_loop()
         return Counted(
             loop,
@@ -188,7 +324,7 @@ def _gated_tls(
             ssl_handshake_timeout=limits.header_timeout_seconds,  # type: ignore[arg-type]
         )
 
-    return accept
+    return accept, connections
 
 
 def _bounded_protocol(limits: Limits) -> type[H11Protocol]:
@@ -199,6 +335,10 @@ def _bounded_protocol(limits: Limits) -> type[H11Protocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            # TLS is done by now: whether the client proved itself with a certificate from the
+            # client CA reaches the app as request.state.client_verified (this connection's own)
+            verified = bool(transport.get_extra_info("peercert"))
+            self.app_state = {**self.app_state, "client_verified": verified}
             if len(self.connections) > limits.max_connections:
                 log.warning("connection refused: %d open", len(self.connections) - 1)
                 self.connections.discard(self)
@@ -252,15 +392,27 @@ def _digest(*paths: Path) -> str:
 
 
 class TlsFiles:
-    """A server SSLContext over a certificate and key file, reloaded on content change."""
+    """A server SSLContext over a certificate and key file, reloaded on content change.
 
-    def __init__(self, cert_file: Path, key_file: Path) -> None:
+    With `client_ca_file`, a client may present a certificate, verified against that CA (one
+    that fails is refused in the handshake); the server then tells /mutate whether it did. The
+    CA is read at start (a new one needs a restart)."""
+
+    def __init__(self, cert_file: Path, key_file: Path, client_ca_file: Path | None = None) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.digest = _digest(cert_file, key_file)
         self.context.load_cert_chain(cert_file, key_file)
+        if client_ca_file is not None:
+            # optional in TLS: kubelet's /healthz probes present no certificate
+            self.context.verify_mode = ssl.CERT_OPTIONAL
+            try:
+                self.context.load_verify_locations(cafile=str(client_ca_file))
+            except (OSError, ssl.SSLError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise PeerpodsError(f"client CA file {client_ca_file}: {reason}") from None
         self.reloads = 0
 
     def refresh(self) -> bool:
@@ -299,6 +451,13 @@ class ServerConfig:
     header_timeout_seconds: float = 5.0
     body_timeout_seconds: float = 10.0
     cel_workers: int = 2  # selector worker processes; 0: selectors run in the admission thread
+    max_connections_per_source: int = 64
+    reserved_connections: int = 32
+    api_server_networks: tuple[IPNetwork, ...] = ()
+    # the CA of the API server's client certificate (AdmissionConfiguration kubeConfig); set,
+    # /mutate answers only clients that present one
+    client_ca_file: Path | None = None
+    freeze_gc: bool = True  # see _freeze_gc
 
     @property
     def limits(self) -> Limits:
@@ -308,7 +467,19 @@ class ServerConfig:
             header_timeout_seconds=self.header_timeout_seconds,
             body_timeout_seconds=self.body_timeout_seconds,
             selector_threads=max(8, 4 * self.cel_workers),
+            max_connections_per_source=self.max_connections_per_source,
+            reserved_connections=min(self.reserved_connections, self.max_connections - 1),
+            api_server_networks=self.api_server_networks,
+            require_client_cert=self.client_ca_file is not None,
         )
+
+
+def _freeze_gc() -> None:
+    """Move what start-up made (modules, the catalog, compiled selectors) out of the cyclic
+    collector's sight: a full collection otherwise walks all of it, a stall of tens of
+    milliseconds that lands on whichever request is in flight (the p99 of /healthz itself)."""
+    gc.collect()
+    gc.freeze()
 
 
 class WebhookServer:
@@ -316,10 +487,11 @@ class WebhookServer:
 
     def __init__(self, admission: Admission, config: ServerConfig) -> None:
         self.config = config
-        self.tls = TlsFiles(config.cert_file, config.key_file)
+        self.tls = TlsFiles(config.cert_file, config.key_file, config.client_ca_file)
         self.admission = admission
         self.app = build_app(admission, limits=config.limits)
         self.cel_workers: CelWorkers | None = None
+        self.connections: _Connections | None = None
         self.port = 0
         self.started = asyncio.Event()
         self._server: uvicorn.Server | None = None
@@ -348,9 +520,10 @@ class WebhookServer:
     async def serve(self) -> None:
         """Run until stopped (`stop()` or a signal); the watcher task ends with it."""
         limits = self.config.limits
+        accept, self.connections = _gated_tls(_bounded_protocol(limits), self.tls.context, limits)
         uv_config = uvicorn.Config(
             self.app,
-            http=_gated_tls(_bounded_protocol(limits), self.tls.context, limits),  # type: ignore[arg-type]
+            http=accept,  # type: ignore[arg-type]
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=int(self.config.shutdown_seconds),
@@ -377,6 +550,8 @@ class WebhookServer:
             # uvicorn exposes `started` as a flag only
             while not server.started and not serving.done():  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
+            if self.config.freeze_gc:
+                _freeze_gc()
             self.started.set()
             await serving
         finally:
@@ -387,6 +562,8 @@ class WebhookServer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             sock.close()
+            if self.config.freeze_gc:
+                gc.unfreeze()
             self.app.state.pools.shutdown()
             if self.cel_workers is not None:
                 self.admission.cel_runner = None

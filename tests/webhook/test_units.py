@@ -108,9 +108,9 @@ def test_virtual_devices_follow_the_catalog(catalog: Catalog) -> None:
     assert {"1g.10gb", "3g.40gb", "7g.80gb"} <= migs
     assert not any(d.kind == "mig" and d.model in ("a10g", "l4") for d in space.devices)
     with pytest.raises(InvalidRequest, match="driverVersion"):
-        space.match(["device.attributes['gpu.nvidia.com'].driverVersion.major() >= 550"])
+        space.match([("s", "device.attributes['gpu.nvidia.com'].driverVersion.major() >= 550")])
     # a presence test sees a post-boot attribute as absent
-    match, _ = space.match(["!('uuid' in device.attributes['gpu.nvidia.com'])"])
+    match, _ = space.match([("s", "!('uuid' in device.attributes['gpu.nvidia.com'])")])
     assert len(match.devices) == len(space.devices)
 
 
