@@ -182,7 +182,7 @@ def legacy_layout(raw: Mapping[str, Any], where: str) -> Layout:
             )
             gpus.append(GpuLayout(index=index, mig=mig))
         return Layout(model=str(raw.get("gpu_model", "")), gpus=tuple(gpus))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         detail = _first_error(exc) if isinstance(exc, ValidationError) else f"bad slot: {exc}"
         raise LayoutError(f"{where}: {detail}") from None
 
@@ -196,13 +196,27 @@ def _first_error(exc: ValidationError | Exception) -> str:
     return str(exc)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def load_json(text: str, where: str) -> Any:
+    """Strict JSON: NaN and Infinity (which Python's json accepts) are refused, and nesting too
+    deep for the parser is a LayoutError, not a RecursionError."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise LayoutError(f"{where}: not JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise LayoutError(f"{where}: not JSON: {exc}") from None
+
+
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise LayoutError(f"{path}: not UTF-8 text") from None
-    except ValueError as exc:
-        raise LayoutError(f"{path}: not JSON: {exc}") from None
+    return load_json(text, str(path))
 
 
 def read_layouts(apf_path: Path, legacy_path: Path) -> tuple[LayoutDocument, str]:

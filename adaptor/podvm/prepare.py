@@ -29,6 +29,8 @@ from adaptor.podvm.layout import (
     LEGACY_PATH,
     Layout,
     LayoutDocument,
+    LayoutError,
+    load_json,
     parse_document,
     read_layouts,
 )
@@ -110,8 +112,8 @@ class RebootGuard:
 
     def _read(self) -> dict[str, Any]:
         try:
-            data = json.loads(self.marker.read_text())
-        except (OSError, ValueError):
+            data = load_json(self.marker.read_text(), str(self.marker))
+        except (OSError, UnicodeDecodeError, LayoutError):
             return {}
         return data if isinstance(data, dict) else {}
 
@@ -120,9 +122,10 @@ class RebootGuard:
         if not self._read():
             return None
         try:
-            return parse_document(json.loads(self.saved.read_text()), str(self.saved))
-        except (OSError, ValueError):
+            raw = load_json(self.saved.read_text(), str(self.saved))
+        except (OSError, UnicodeDecodeError, LayoutError):
             return None
+        return parse_document(raw, str(self.saved))
 
     def may_reboot(self, digest: str) -> bool:
         marker = self._read()
