@@ -231,6 +231,8 @@ class SandboxManager:
         self._owed: dict[str, SandboxRecord | None] = {}
         self._owed_why = ""
         self._owed_task: asyncio.Task[None] | None = None
+        # sandboxes a hypervisor call named since start (a shim that is still there)
+        self._called: set[str] = set()
         # while draining (shutdown), no new sandbox starts; ended teardowns are noted
         self._draining = False
         self._ended: set[str] = set()
@@ -291,6 +293,7 @@ class SandboxManager:
     ) -> str:
         """Validate and durably record a sandbox; the agent socket path it will be served on."""
         check_sandbox_id(sandbox_id)
+        self._called.add(sandbox_id)
         intent = parse_vm_annotations(annotations)
         self._vm_policy(intent)
         bind_sandbox(sandbox_id, f"{intent.pod_namespace}/{intent.pod_name}")
@@ -337,6 +340,7 @@ class SandboxManager:
         daemon's own limit (StartTimeout); a caller giving up cancels it too.
         """
         check_sandbox_id(sandbox_id)
+        self._called.add(sandbox_id)
         if sandbox_id in self._stops:
             raise SandboxBusy(f"sandbox {sandbox_id} is stopping")
         self._refuse_when_draining()
@@ -520,6 +524,7 @@ class SandboxManager:
         first. ProviderError when the delete failed and is still being retried.
         """
         check_sandbox_id(sandbox_id)
+        self._called.add(sandbox_id)
         stop = self._stops.get(sandbox_id)
         if stop is not None:
             stop.failed.clear()  # joining a teardown: only a failure from now on is news
@@ -838,6 +843,9 @@ class SandboxManager:
                         state=SandboxState.FAILED, reason="daemon restarted during StartVM"
                     )
                 )
+                self._watch_calls(record.id)
+            elif record.state in (SandboxState.CREATED, SandboxState.FAILED):
+                self._watch_calls(record.id)
             elif record.state is SandboxState.STOPPING:
                 self._begin_stop(record.id, cancel_start=False)
             elif (
@@ -886,6 +894,21 @@ class SandboxManager:
         self._spawn(self._reconnect(record.id, proxy), name=f"reconnect-{record.id}")
         self._watch_shim(record.id, proxy)
         log.info("sandbox %s served again at %s", record.id, record.agent_socket)
+
+    def _watch_calls(self, sandbox_id: str) -> None:
+        """A sandbox found created or failed at start: its shim's next step is a hypervisor
+        call (StartVM, StopVM); if none comes within the grace, the shim is gone."""
+        grace = self.config.reconnect_grace_seconds
+        if grace > 0:
+            self._spawn(self._await_call(sandbox_id, grace), name=f"shim-grace-{sandbox_id}")
+
+    async def _await_call(self, sandbox_id: str, grace: float) -> None:
+        await asyncio.sleep(grace)
+        if sandbox_id in self._called or self.busy(sandbox_id):
+            return
+        await self.abandon(
+            sandbox_id, f"no hypervisor call for it within {grace:g}s of the restart"
+        )
 
     def _watch_shim(self, sandbox_id: str, proxy: AgentProxyHandle | None) -> None:
         grace = self.config.reconnect_grace_seconds

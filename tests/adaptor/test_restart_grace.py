@@ -233,3 +233,28 @@ async def test_owed_stopping_state_reaches_the_store_for_the_reaper(node: Node) 
 
     await until(visible)
     assert manager.owed() == {}
+
+
+async def test_created_and_failed_sandboxes_that_no_call_names_are_abandoned(node: Node) -> None:
+    """Found created (CreateVM only) or caught in StartVM at start: the shim's next step is a
+    hypervisor call; with none within the grace, VM, tunnel and record go."""
+    first = node.manager()
+    await first.create_vm("created", ANNOTATIONS)
+    await first.create_vm("called", ANNOTATIONS)
+    await node.running(first, "midstart")
+    await node.store.set_state("midstart", SandboxState.STARTING, "")
+    await first.close(0)
+
+    restarted = node.manager()
+    await restarted.recover()
+    record = await node.store.get("midstart")
+    assert record is not None and record.state is SandboxState.FAILED
+    await restarted.start_vm("called")  # this shim is still there
+
+    async def settled() -> bool:
+        return [r.id for r in await node.store.records()] == ["called"]
+
+    await until(settled)
+    assert "vm-midstart" in node.provider.deleted
+    assert sorted(s for s, _ in node.abandoned) == ["created", "midstart"]
+    assert all("no hypervisor call for it within 0.3s" in why for _, why in node.abandoned)
