@@ -112,6 +112,8 @@ class PodNetworkHook(Protocol):
 
     async def forget(self, sandbox_id: str, pod_network: str) -> None: ...
 
+    async def prepare(self, record: SandboxRecord, instance: Instance) -> str: ...
+
     async def started(self, record: SandboxRecord, instance: Instance) -> str: ...
 
     async def stop(self, record: SandboxRecord) -> str: ...
@@ -435,6 +437,10 @@ class SandboxManager:
         """Step 4: the pod's tunnel to the VM (when the pod has a network namespace)."""
         if self._pod_network is None or not record.pod_network:
             return record
+        # Write-ahead: the tunnel's VM end is stored before its first part is made, so a
+        # teardown after any interruption (StopVM, a kill) knows what to remove.
+        ahead = await self._pod_network.prepare(record, instance)
+        record = await asyncio.shield(self.store.put(record.evolve(pod_network=ahead)))
         tunnel = await self._pod_network.started(record, instance)
         return await self.store.put(record.evolve(pod_network=tunnel))
 
@@ -493,6 +499,8 @@ class SandboxManager:
         if proxy is not None:
             with contextlib.suppress(Exception):
                 await proxy.stop()
+        # The stored record, not the start's copy: its tunnel may be further on (write-ahead).
+        record = await self.store.get(record.id) or record
         record = await self.store.put(record.evolve(state=SandboxState.FAILED, reason=reason))
         record, owed = await self._stop_pod_network(record)
         if owed:

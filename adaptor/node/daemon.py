@@ -220,7 +220,14 @@ class Daemon:
             PodNetSettings.of(settings),
             self.store,
         )
-        await self.podnet.scan()
+        state = self.store
+
+        async def recorded() -> list[str]:
+            # a quarantined record still names its sandbox: its VNI lease is not stale
+            return [r.id for r in await state.records()] + list(await state.quarantined())
+
+        await self.podnet.scan(recorded)
+        self.podnet.start_sweeping()
         if provider.name in CLOUDS and placement.user_data is None:
             placement.user_data = user_data_builder(provider.name, pki, settings.pods_dir)
         self.manager = SandboxManager(

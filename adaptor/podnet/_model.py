@@ -9,7 +9,6 @@ stored with the sandbox record as JSON.
 from __future__ import annotations
 
 import enum
-import ipaddress
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -26,17 +25,6 @@ MAX_VNI = (1 << 24) - 1
 # rtnetlink numbers <-> the strings CAA's netops encodes (any other value is a decode error).
 ROUTE_PROTOCOLS = {2: "kernel", 3: "boot", 4: "static", 16: "dhcp"}
 ROUTE_SCOPES = {0: "universe", 200: "site", 253: "link", 254: "host", 255: "nowhere"}
-NEIGHBOR_STATES = {
-    0x00: "none",
-    0x01: "incomplete",
-    0x02: "reachable",
-    0x04: "stale",
-    0x08: "delay",
-    0x10: "probe",
-    0x20: "failed",
-    0x40: "noarp",
-    0x80: "permanent",
-}
 
 
 @dataclass(frozen=True)
@@ -106,16 +94,6 @@ class PodNetwork:
     dedicated: bool = False
     external_net_via_pod_vm: bool = False
 
-    @property
-    def pod_address(self) -> str:
-        """The pod IP without its prefix length."""
-        return str(ipaddress.IPv4Interface(self.pod_ip).ip)
-
-    @property
-    def worker_address(self) -> str:
-        """The worker's tunnel address without its prefix length."""
-        return str(ipaddress.IPv4Interface(self.worker_node_ip).ip)
-
     def to_json(self) -> dict[str, Any]:
         """CAA's keys, in CAA's order; neighbours are `null` when there are none (Go nil slice)."""
         data: dict[str, Any] = {
@@ -159,12 +137,15 @@ class TunnelState(enum.StrEnum):
     """Where a sandbox's tunnel is.
 
     inspected      CreateVM read the pod netns and holds a VNI; nothing exists in the kernel yet
+    setting-up     StartVM knows the VM's address and may have made parts: written before the
+                   first part is made, so a teardown after any interruption knows what to remove
     ready          the VXLAN device, redirects and NOTRACK rules exist
     failed         setup or repair failed (`error` says why)
     teardown       StopVM could not remove everything; retried by the next StopVM or restart
     """
 
     INSPECTED = "inspected"
+    SETTING_UP = "setting-up"
     READY = "ready"
     FAILED = "failed"
     TEARDOWN = "teardown"

@@ -17,6 +17,7 @@ someone else keeps it exactly as it was.
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import struct
 import threading
@@ -44,6 +45,11 @@ CHAINS = (
 # One process-wide lock, as CAA has: nf_tables commands are atomic one by one, but "create the
 # chain if missing, then add the rule" and "delete the chain if empty" are not.
 _LOCK = threading.Lock()
+# Worker netns whose chains and jumps this process made or saw (cleared when it prunes one):
+# there a fresh pod's rules are added without reading anything first. All under _LOCK, as is
+# the one nf_tables socket kept open per worker netns.
+_READY: set[int] = set()
+_SOCKETS: dict[int, Any] = {}
 
 
 def comment(vni: int) -> str:
@@ -87,7 +93,7 @@ def _jump(chain: str) -> list[dict[str, Any]]:
     return [_expr("immediate", dreg=0, data={"attrs": [("NFTA_DATA_VERDICT", verdict)]})]
 
 
-def _rules_in(nft: Any, chain: str) -> list[Any]:
+def rules_in(nft: Any, chain: str) -> list[Any]:
     """The rules of one chain of table `raw`: a dump the kernel filters, so an operation decodes
     only the chains it reads (decoding is what costs, and peerpod chains grow with pods)."""
     msg = nft_rule_msg()
@@ -156,9 +162,55 @@ def _ours(msg: Any, attr: str) -> bool:
     return bool(msg.get_attr(attr) == OWNER_COMMENT)
 
 
-def add(host_netns: str | None, vni: int, remote: str, port: int) -> None:
-    """Both NOTRACK rules for a pod (each once), with chains and jumps created as needed."""
+def _key(host_netns: str | None) -> int:
+    return os.stat(host_netns or "/proc/self/ns/net").st_ino
+
+
+def _socket(host_netns: str | None) -> Any:
+    key = _key(host_netns)
+    nft = _SOCKETS.get(key)
+    if nft is None:
+        nft = _SOCKETS[key] = _netns.nftables(host_netns)
+    return nft
+
+
+def close_sockets() -> None:
+    """Close the kept nf_tables sockets."""
     with _LOCK:
+        for nft in _SOCKETS.values():
+            nft.close()
+        _SOCKETS.clear()
+        _READY.clear()
+
+
+def _add_fresh(host_netns: str | None, vni: int, remote: str, port: int) -> bool:
+    """A fresh pod's two rules into chains known to exist; False when they were not there."""
+    try:
+        nft = _socket(host_netns)
+        for _base, _hook, ours, which in CHAINS:
+            nft.rule(
+                "add",
+                table=TABLE,
+                chain=ours,
+                expressions=[_match(remote, port, which)],
+                userdata=comment(vni),
+            )
+    except (NetlinkError, OSError):
+        _READY.clear()
+        for nft in _SOCKETS.values():
+            nft.close()
+        _SOCKETS.clear()
+        return False
+    return True
+
+
+def add(host_netns: str | None, vni: int, remote: str, port: int, fresh: bool = False) -> None:
+    """Both NOTRACK rules for a pod (each once), with chains and jumps created as needed.
+    `fresh`: the pod has none yet, so where the chains are known, nothing is read first (a
+    rule added twice by a retry is removed with the other: removal takes every match)."""
+    with _LOCK:
+        if fresh and _key(host_netns) in _READY and _add_fresh(host_netns, vni, remote, port):
+            return
         try:
             with _netns.nftables(host_netns) as nft:
                 chains = _chains(nft)
@@ -179,10 +231,10 @@ def add(host_netns: str | None, vni: int, remote: str, port: int) -> None:
                         )
                     if ours not in chains:
                         nft.chain("add", table=TABLE, name=ours)
-                    base_rules = _rules_in(nft, base) if base in chains else []
+                    base_rules = rules_in(nft, base) if base in chains else []
                     if not any(_jumps_to(r, ours) for r in base_rules):
                         nft.rule("add", table=TABLE, chain=base, expressions=[_jump(ours)])
-                    our_rules = _rules_in(nft, ours) if ours in chains else []
+                    our_rules = rules_in(nft, ours) if ours in chains else []
                     if not any(_ours_rule(r, vni, remote) for r in our_rules):
                         nft.rule(
                             "add",
@@ -191,6 +243,7 @@ def add(host_netns: str | None, vni: int, remote: str, port: int) -> None:
                             expressions=[_match(remote, port, which)],
                             userdata=comment(vni),
                         )
+            _READY.add(_key(host_netns))
         except NetlinkError as exc:
             raise TunnelError(f"NOTRACK rules for VNI {vni}: {exc}") from None
 
@@ -199,7 +252,7 @@ def present(host_netns: str | None, vni: int, remote: str) -> bool:
     """Whether both of a pod's rules are in place."""
     with _netns.nftables(host_netns) as nft:
         return all(
-            any(_ours_rule(r, vni, remote) for r in _rules_in(nft, ours))
+            any(_ours_rule(r, vni, remote) for r in rules_in(nft, ours))
             for _base, _hook, ours, _which in CHAINS
         )
 
@@ -210,41 +263,61 @@ def remove(host_netns: str | None, vni: int, remote: str) -> None:
         try:
             with _netns.nftables(host_netns) as nft:
                 chains = _chains(nft)
-                left = len(chains)
-                for base, _hook, ours, _which in CHAINS:
-                    if ours not in chains:
-                        continue
-                    remaining = []
-                    for rule in _rules_in(nft, ours):
-                        if _ours_rule(rule, vni, remote):
-                            _delete_rule(nft, ours, rule)
-                        else:
-                            remaining.append(rule)
-                    if remaining:
-                        continue
-                    base_rules = []
-                    for rule in _rules_in(nft, base) if base in chains else []:
-                        if _jumps_to(rule, ours):
-                            _delete_rule(nft, base, rule)
-                        else:
-                            base_rules.append(rule)
-                    nft.chain("del", table=TABLE, name=ours)
-                    left -= 1
-                    base_chain = chains.get(base)
-                    if (
-                        base_chain is not None
-                        and _ours(base_chain, "NFTA_CHAIN_USERDATA")
-                        and not base_rules
-                    ):
-                        nft.chain("del", table=TABLE, name=base)
-                        left -= 1
-                if chains and not left:
-                    tables = {t.get_attr("NFTA_TABLE_NAME"): t for t in nft.get_tables()}
-                    table = tables.get(TABLE)
-                    if table is not None and _ours(table, "NFTA_TABLE_USERDATA"):
-                        nft.table("del", name=TABLE)
+                for _base, _hook, ours, _which in CHAINS:
+                    if ours in chains:
+                        for rule in rules_in(nft, ours):
+                            if _ours_rule(rule, vni, remote):
+                                _delete_rule(nft, ours, rule)
+                _prune(nft, chains)
         except NetlinkError as exc:
             raise TunnelError(f"removing NOTRACK rules of VNI {vni}: {exc}") from None
+
+
+def remove_handles(host_netns: str | None, rules: list[tuple[str, int]]) -> int:
+    """Delete rules by (chain, handle), then prune as `remove` does; how many were deleted."""
+    deleted = 0
+    with _LOCK:
+        try:
+            with _netns.nftables(host_netns) as nft:
+                for chain, handle in rules:
+                    try:
+                        nft.rule("del", table=TABLE, chain=chain, handle=handle)
+                    except NetlinkError as exc:
+                        if exc.code != errno.ENOENT:
+                            raise
+                    else:
+                        deleted += 1
+                _prune(nft, _chains(nft))
+        except NetlinkError as exc:
+            raise TunnelError(f"removing orphan NOTRACK rules: {exc}") from None
+    return deleted
+
+
+def _prune(nft: Any, chains: dict[str, Any]) -> None:
+    """Each peerpod chain left empty goes with its jump; then a base chain and the table that
+    this module created, once empty."""
+    left = len(chains)
+    for base, _hook, ours, _which in CHAINS:
+        if ours not in chains or rules_in(nft, ours):
+            continue
+        _READY.clear()
+        base_rules = []
+        for rule in rules_in(nft, base) if base in chains else []:
+            if _jumps_to(rule, ours):
+                _delete_rule(nft, base, rule)
+            else:
+                base_rules.append(rule)
+        nft.chain("del", table=TABLE, name=ours)
+        left -= 1
+        base_chain = chains.get(base)
+        if base_chain is not None and _ours(base_chain, "NFTA_CHAIN_USERDATA") and not base_rules:
+            nft.chain("del", table=TABLE, name=base)
+            left -= 1
+    if chains and not left:
+        tables = {t.get_attr("NFTA_TABLE_NAME"): t for t in nft.get_tables()}
+        table = tables.get(TABLE)
+        if table is not None and _ours(table, "NFTA_TABLE_USERDATA"):
+            nft.table("del", name=TABLE)
 
 
 def _delete_rule(nft: Any, chain: str, rule: Any) -> None:

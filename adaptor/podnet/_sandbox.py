@@ -4,7 +4,9 @@ The manager stores whatever string these calls return in `SandboxRecord.pod_netw
 nothing else about VXLAN:
 
     created(id, netns)          CreateVM   -> tunnel JSON, or "" when the pod has no netns
-    started(record, instance)   StartVM, once the VM exists -> tunnel JSON, ready
+    prepare(record, instance)   StartVM, once the VM exists -> tunnel JSON naming the VM's end,
+                                stored before `started` makes the first part (write-ahead)
+    started(record, instance)   StartVM, after `prepare` was stored -> tunnel JSON, ready
     stop(record)                StopVM (and an aborted StartVM): teardown, retried a few times;
                                 PodNetError when something stays (the caller keeps the record
                                 and says so; the next StopVM or restart tries again)
@@ -69,6 +71,12 @@ class SandboxPodNetwork:
         if pod_network:
             await self.podnet.release_vni(Tunnel.from_json(pod_network).vni)
 
+    async def prepare(self, record: SandboxRecord, instance: Instance) -> str:
+        if not record.pod_network:
+            return ""
+        tunnel = Tunnel.from_json(record.pod_network)
+        return (await self.podnet.prepare(tunnel, instance.addresses)).to_json()
+
     async def started(self, record: SandboxRecord, instance: Instance) -> str:
         if not record.pod_network:
             return ""
@@ -114,6 +122,14 @@ class SandboxPodNetwork:
         tunnel = Tunnel.from_json(record.pod_network)
         if tunnel.state is TunnelState.INSPECTED:
             return record.pod_network
+        if tunnel.state is TunnelState.SETTING_UP:
+            # The daemon died inside StartVM (the sandbox is failed now): remove what it made,
+            # and keep the VNI with the sandbox, as at CreateVM.
+            try:
+                await self.stop(record)
+            except PodNetError as exc:
+                return self.failed_teardown(record, str(exc))
+            return tunnel.evolve(remote="", state=TunnelState.INSPECTED, error="").to_json()
         if tunnel.state is TunnelState.TEARDOWN:
             # A StopVM left remains: try again now, keep them recorded if they still stay.
             try:

@@ -4,6 +4,7 @@
     setup     StartVM, once the VM has an address: the worker end of the tunnel
     teardown  StopVM: remove exactly what setup made
     repair    restart: re-create what is missing; NetnsGone when the pod is gone
+    sweep     at start and periodically: remove tunnel parts of ours that no lease holds
 
 VNIs are leases in the state store (pool `vxlan`), taken in the same SQLite transaction that
 checks them free, so a VNI is never handed out twice while a sandbox holds it, across restarts
@@ -11,22 +12,27 @@ checks them free, so a VNI is never handed out twice while a sandbox holds it, a
 A lease goes with the sandbox's record. New leases continue after the last one handed out
 (after the highest held at start), so a VNI just freed is not the next one reused.
 
-All netlink work runs on this object's own threads, never on the event loop.
+All netlink work runs on this object's own threads, never on the event loop. A call handed to a
+thread runs to its end even when its caller is cancelled (the cancellation is raised once the
+thread is done), and the calls on one tunnel run one at a time: an undo or a teardown never
+overtakes the setup it undoes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
-from adaptor.podnet import _inspect, _tunnel
+from adaptor.podnet import _inspect, _sweep, _tunnel
 from adaptor.podnet._errors import PodNetError, VniExhausted
 from adaptor.podnet._model import MAX_VNI, Tunnel, TunnelState
 from adaptor.podnet._netns import NETNS_DIRS
+from adaptor.runtime.periodic import OwnedTask
 from adaptor.settings import PodNetworkSettings
 
 log = logging.getLogger(__name__)
@@ -40,6 +46,8 @@ class PodNetSettings(PodNetworkSettings):
 
     # Where CreateVM's pod netns paths may point (the CRI's directories); not a CAA flag.
     netns_dirs: tuple[str, ...] = NETNS_DIRS
+    # How often the network sweep runs after the one at start (0: only at start).
+    sweep_interval_seconds: float = 300.0
 
 
 class VniLeases(Protocol):
@@ -76,14 +84,30 @@ class PodNet:
         self._cursor: int | None = None
         # VNIs other VXLAN devices on this node use (found by `scan`): never handed out.
         self._foreign: set[int] = set()
+        # The device group that marks our VXLAN devices (the worker netns's inode).
+        self._tag = _sweep.device_tag(host_netns)
+        # VNI -> (its lock, callers using it): one call at a time per tunnel.
+        self._tunnels: dict[int, tuple[asyncio.Lock, int]] = {}
+        self._sweeper = OwnedTask("podnet-sweep")
+        self.sweeps = 0
 
-    async def scan(self) -> set[int]:
-        """At start: note VNIs on the tunnel port that no sandbox here holds (devices this
-        daemon did not make, e.g. CAA's on a node taken over live), so none is handed out again
-        (the check CAA added in its #3280)."""
-        in_use = await self._run(_tunnel.vnis_in_use, self.settings.vxlan_port, self._host_netns)
-        held = {int(v) for v in await self._leases.leases(VNI_POOL) if v.isdigit()}
-        self._foreign = in_use - held
+    async def scan(
+        self, known_sandboxes: Callable[[], Awaitable[Collection[str]]] | None = None
+    ) -> set[int]:
+        """At start: free the leases of sandboxes that have no record (`known_sandboxes`; a
+        daemon killed inside CreateVM leaves one), sweep what no lease holds, and note the VNIs
+        on the tunnel port that other VXLAN devices use (not ours, e.g. CAA's on a node taken
+        over live), so none is handed out again (the check CAA added in its #3280)."""
+        if known_sandboxes is not None:
+            leases = await self._leases.leases(VNI_POOL)
+            known = set(await known_sandboxes())
+            for vni, holder in leases.items():
+                if holder not in known:
+                    log.warning(
+                        "VNI %s was leased to sandbox %s, which has no record: freed", vni, holder
+                    )
+                    await self._leases.release_lease(VNI_POOL, vni)
+        await self.sweep()
         if self._foreign:
             log.info(
                 "VNIs already in use on this node by other tunnels, skipped: %s",
@@ -91,13 +115,75 @@ class PodNet:
             )
         return set(self._foreign)
 
-    async def close(self) -> None:
-        """Stop the worker threads (after the calls in flight)."""
-        await asyncio.to_thread(self._executor.shutdown, True)
+    async def sweep(self) -> _sweep.Removed:
+        """Remove tunnel parts of ours (VXLAN devices, redirects, NOTRACK rules) whose VNI no
+        lease holds; the listing comes first, the leases are read after it (see `_sweep`)."""
+        found = await self._run(_sweep.find, self._host_netns, self.settings.vxlan_port, self._tag)
+        held = {int(v) for v in await self._leases.leases(VNI_POOL) if v.isdigit()}
+        keep = held | set(self._tunnels)
+        removed = await self._run(_sweep.remove, self._host_netns, found, keep)
+        self.sweeps += 1
+        self._foreign = found.foreign - keep
+        if removed.total:
+            log.warning(
+                "network sweep removed tunnel parts no sandbox holds: %d VXLAN devices, "
+                "%d redirects, %d NOTRACK rules",
+                removed.devices,
+                removed.redirects,
+                removed.rules,
+            )
+        return removed
 
-    async def _run(self, fn: Callable[..., T], *args: object) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+    def start_sweeping(self) -> None:
+        """Sweep every `sweep_interval_seconds` (the first sweep is `scan`'s); `close` stops."""
+        if self.settings.sweep_interval_seconds > 0:
+            self._sweeper.start(self._sweep_loop)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.sweep_interval_seconds)
+            try:
+                await self.sweep()
+            except Exception as exc:  # the next sweep must still run
+                log.error("network sweep failed (%s): %s", type(exc).__name__, exc)
+
+    async def close(self) -> None:
+        """Stop sweeping, then the worker threads (after the calls in flight)."""
+        await self._sweeper.stop()
+        await asyncio.to_thread(self._executor.shutdown, True)
+        _tunnel.close_sockets()
+
+    async def _run(self, fn: Callable[..., T], *args: object, cancellable: bool = True) -> T:
+        """`fn(*args)` on a worker thread. Cancelled, the call is dropped if no thread has
+        started it (and `cancellable`), else waited for: when this raises CancelledError, the
+        kernel is no longer being changed on the caller's behalf."""
+        future = self._executor.submit(fn, *args)
+        waiting = asyncio.wrap_future(future)
+        try:
+            return await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            if not (cancellable and future.cancel()):
+                while not waiting.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait([waiting])
+                if not waiting.cancelled():
+                    waiting.exception()  # retrieved: the cancellation is what is reported
+            raise
+
+    @contextlib.asynccontextmanager
+    async def _serial(self, vni: int) -> AsyncIterator[None]:
+        """One call at a time on the tunnel of `vni` (its VNI is busy meanwhile: never swept)."""
+        lock, users = self._tunnels.get(vni, (asyncio.Lock(), 0))
+        self._tunnels[vni] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._tunnels[vni]
+            if users > 1:
+                self._tunnels[vni] = (lock, users - 1)
+            else:
+                del self._tunnels[vni]
 
     # --- VNIs ------------------------------------------------------------------------------------
 
@@ -186,47 +272,84 @@ class PodNet:
             )
         return addresses[position]
 
-    async def setup(self, tunnel: Tunnel, addresses: Sequence[str]) -> Tunnel:
-        """StartVM: the worker end towards the VM; the tunnel, ready."""
+    async def prepare(self, tunnel: Tunnel, addresses: Sequence[str]) -> Tunnel:
+        """StartVM, before any part exists: the tunnel towards the VM, to be recorded first
+        (write-ahead), so whatever interrupts `setup` leaves parts a teardown knows about."""
         remote = await self._run(_tunnel.resolve_ipv4, self.remote_for(tunnel, addresses))
-        try:
-            await self._run(_tunnel.setup, self._host_netns, tunnel.netns, tunnel.network, remote)
-        except BaseException as exc:
-            # Whatever part was made goes again, so a failed StartVM leaves nothing behind.
-            undo = self._run(
-                _tunnel.teardown, self._host_netns, tunnel.netns, tunnel.network, remote
-            )
+        return tunnel.evolve(remote=remote, state=TunnelState.SETTING_UP, error="")
+
+    async def setup(self, tunnel: Tunnel, addresses: Sequence[str] = ()) -> Tunnel:
+        """StartVM: the worker end towards the VM (`tunnel.remote`, else the first of
+        `addresses`); the tunnel, ready. A setup that fails or is cancelled removes what it made
+        before it raises."""
+        if not tunnel.remote:
+            tunnel = await self.prepare(tunnel, addresses)
+        remote, network = tunnel.remote, tunnel.network
+        async with self._serial(tunnel.vni):
             try:
-                await asyncio.shield(undo)
-            except Exception as undo_exc:
-                log.error("tunnel VNI %d: undoing a failed setup failed: %s", tunnel.vni, undo_exc)
-            raise exc from None
+                await self._run(
+                    _tunnel.setup,
+                    self._host_netns,
+                    tunnel.netns,
+                    network,
+                    remote,
+                    self._tag,
+                    tunnel.state is TunnelState.SETTING_UP,
+                )
+            except BaseException as exc:
+                # Whatever part was made goes again, so a failed StartVM leaves nothing behind.
+                try:
+                    await self._run(
+                        _tunnel.teardown,
+                        self._host_netns,
+                        tunnel.netns,
+                        network,
+                        remote,
+                        cancellable=False,
+                    )
+                except Exception as undo_exc:
+                    log.error(
+                        "tunnel VNI %d: undoing a failed setup failed: %s", tunnel.vni, undo_exc
+                    )
+                raise exc from None
         log.info("tunnel VNI %d to %s ready in %s", tunnel.vni, remote, tunnel.netns)
-        return tunnel.evolve(remote=remote, state=TunnelState.READY, error="")
+        return tunnel.evolve(state=TunnelState.READY, error="")
 
     async def teardown(self, tunnel: Tunnel) -> None:
         """StopVM: remove the worker end (idempotent; raises PodNetError when something stays)."""
-        await self._run(
-            _tunnel.teardown, self._host_netns, tunnel.netns, tunnel.network, tunnel.remote
-        )
+        async with self._serial(tunnel.vni):
+            await self._run(
+                _tunnel.teardown,
+                self._host_netns,
+                tunnel.netns,
+                tunnel.network,
+                tunnel.remote,
+                cancellable=False,
+            )
         log.info("tunnel VNI %d removed from %s", tunnel.vni, tunnel.netns)
 
     async def repair(self, tunnel: Tunnel) -> Tunnel:
         """Restart: re-create a missing device, redirect or rule; NetnsGone when the pod is gone."""
         if not tunnel.remote:
             return tunnel
-        health = await self._run(
-            _tunnel.check, self._host_netns, tunnel.netns, tunnel.network, tunnel.remote
-        )
-        if health.whole:
-            return tunnel.evolve(state=TunnelState.READY, error="")
-        log.warning(
-            "tunnel VNI %d in %s lacks %s; re-creating",
-            tunnel.vni,
-            tunnel.netns,
-            ", ".join(health.missing),
-        )
-        await self._run(
-            _tunnel.setup, self._host_netns, tunnel.netns, tunnel.network, tunnel.remote
-        )
+        async with self._serial(tunnel.vni):
+            health = await self._run(
+                _tunnel.check, self._host_netns, tunnel.netns, tunnel.network, tunnel.remote
+            )
+            if health.whole:
+                return tunnel.evolve(state=TunnelState.READY, error="")
+            log.warning(
+                "tunnel VNI %d in %s lacks %s; re-creating",
+                tunnel.vni,
+                tunnel.netns,
+                ", ".join(health.missing),
+            )
+            await self._run(
+                _tunnel.setup,
+                self._host_netns,
+                tunnel.netns,
+                tunnel.network,
+                tunnel.remote,
+                self._tag,
+            )
         return tunnel.evolve(state=TunnelState.READY, error="")

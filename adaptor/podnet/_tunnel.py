@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,10 @@ from adaptor.podnet._model import VXLAN_DEVICE, PodNetwork
 INGRESS = 0xFFFF0000
 ETH_P_ALL = 0x0003
 FILTER_PRIO = 1
-TC_ACT_STOLEN = 4
+IFF_UP = 0x1
+# (thread, worker netns inode) -> the rtnetlink socket that thread keeps there.
+_SOCKETS: dict[tuple[int, int], Any] = {}
+_SOCKETS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -124,31 +128,81 @@ def _ignore_gone(call: Any, *args: Any, **kwargs: Any) -> None:
             raise
 
 
-def setup(host_netns: str | None, netns: str, network: PodNetwork, remote: str) -> None:
-    """Build the worker end; parts already in place are kept (a repeated call completes it)."""
-    _notrack.add(host_netns, network.vxlan_id, remote, network.vxlan_port)
+def _indexes(netns: str, *names: str) -> list[int | None]:
+    """The ifindex of each named link in `netns` (None: no such link): if_nametoindex(3) from
+    inside the netns, one ioctl each, where an RTM_GETLINK reply costs a millisecond to decode."""
+    found: list[int | None] = []
+    with _netns.entered(netns):
+        for name in names:
+            try:
+                found.append(socket.if_nametoindex(name))
+            except OSError:
+                found.append(None)
+    return found
+
+
+def netns_key(path: str | None) -> int:
+    """A network namespace's identity (its inode), whatever path names it."""
+    return os.stat(path or "/proc/self/ns/net").st_ino
+
+
+def _host_iproute(host_netns: str | None) -> Any:
+    """This thread's rtnetlink socket in the worker's netns, opened once (`close_sockets`)."""
+    key = (threading.get_ident(), netns_key(host_netns))
+    with _SOCKETS_LOCK:
+        ipr = _SOCKETS.get(key)
+    if ipr is None:
+        ipr = _netns.iproute(host_netns)
+        with _SOCKETS_LOCK:
+            _SOCKETS[key] = ipr
+    return ipr
+
+
+def close_sockets() -> None:
+    """Close the kept sockets (once no thread uses them: the worker threads have ended)."""
+    with _SOCKETS_LOCK:
+        sockets = list(_SOCKETS.values())
+        _SOCKETS.clear()
+    for ipr in sockets:
+        ipr.close()
+    _notrack.close_sockets()
+
+
+def setup(
+    host_netns: str | None,
+    netns: str,
+    network: PodNetwork,
+    remote: str,
+    tag: int = 0,
+    fresh: bool = False,
+) -> None:
+    """Build the worker end; parts already in place are kept (a repeated call completes it).
+    `tag`: the device group that marks the VXLAN device as this daemon's (`_sweep`); `fresh`:
+    no part was made yet (StartVM), so the NOTRACK rules are added without looking first."""
+    _notrack.add(host_netns, network.vxlan_id, remote, network.vxlan_port, fresh=fresh)
     try:
+        eth_index, vxlan_index = _indexes(netns, network.interface, VXLAN_DEVICE)
+        if eth_index is None:
+            raise PodNetError(f"pod interface {network.interface} is gone from {netns}")
         with _netns.iproute(netns) as pod:
-            eth = _link(pod, network.interface)
-            if eth is None:
-                raise PodNetError(f"pod interface {network.interface} is gone from {netns}")
-            vxlan = _link(pod, VXLAN_DEVICE)
-            if vxlan is not None and not _same_tunnel(vxlan, network, remote):
-                raise TunnelError(
-                    f"{netns} already has a {VXLAN_DEVICE} that is not this pod's tunnel "
-                    f"(VNI {network.vxlan_id})"
-                )
-            fresh = vxlan is None
-            if vxlan is None:
-                # A redirect left on the pod interface points at the device that is gone.
-                _unredirect(pod, eth["index"])
-                _create_vxlan(host_netns, netns, network, remote)
+            if vxlan_index is not None:
                 vxlan = _link(pod, VXLAN_DEVICE)
-                if vxlan is None:
+                if vxlan is not None and not _same_tunnel(vxlan, network, remote):
+                    raise TunnelError(
+                        f"{netns} already has a {VXLAN_DEVICE} that is not this pod's tunnel "
+                        f"(VNI {network.vxlan_id})"
+                    )
+                pod.link("set", index=vxlan_index, state="up")
+            else:
+                # A redirect left on the pod interface points at the device that is gone.
+                _unredirect(pod, eth_index)
+                _create_vxlan(host_netns, netns, network, remote, tag)
+                (vxlan_index,) = _indexes(netns, VXLAN_DEVICE)
+                if vxlan_index is None:
                     raise TunnelError(f"{VXLAN_DEVICE} did not appear in {netns}")
-            pod.link("set", index=vxlan["index"], state="up")
-            _redirect(pod, eth["index"], vxlan["index"], fresh)
-            _redirect(pod, vxlan["index"], eth["index"], fresh)
+                fresh = True
+            _redirect(pod, eth_index, vxlan_index, fresh)
+            _redirect(pod, vxlan_index, eth_index, fresh)
     except NetlinkError as exc:
         raise TunnelError(f"tunnel VNI {network.vxlan_id} in {netns}: {exc}") from None
 
@@ -162,23 +216,32 @@ def _same_tunnel(link: Any, network: PodNetwork, remote: str) -> bool:
     )
 
 
-def _create_vxlan(host_netns: str | None, netns: str, network: PodNetwork, remote: str) -> None:
+def _create_vxlan(
+    host_netns: str | None, netns: str, network: PodNetwork, remote: str, tag: int
+) -> None:
+    """Created up and tagged in one RTM_NEWLINK: no moment exists where it is untagged."""
     target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        with _netns.iproute(host_netns) as host:
-            host.link(
-                "add",
-                ifname=VXLAN_DEVICE,
-                kind="vxlan",
-                vxlan_id=network.vxlan_id,
-                vxlan_group=remote,
-                vxlan_port=network.vxlan_port,
-                vxlan_learning=0,
-                vxlan_proxy=0,
-                vxlan_ttl=0,
-                vxlan_tos=0,
-                net_ns_fd=target,
-            )
+        try:
+            host = _host_iproute(host_netns)
+        except OSError as exc:
+            raise TunnelError(f"cannot open netlink in the worker's netns: {exc}") from None
+        host.link(
+            "add",
+            ifname=VXLAN_DEVICE,
+            kind="vxlan",
+            vxlan_id=network.vxlan_id,
+            vxlan_group=remote,
+            vxlan_port=network.vxlan_port,
+            vxlan_learning=0,
+            vxlan_proxy=0,
+            vxlan_ttl=0,
+            vxlan_tos=0,
+            net_ns_fd=target,
+            group=tag,
+            flags=IFF_UP,
+            change=IFF_UP,
+        )
     except NetlinkError as exc:
         if exc.code == errno.EEXIST:
             raise TunnelError(
@@ -228,42 +291,6 @@ def teardown(host_netns: str | None, netns: str, network: PodNetwork, remote: st
         except NetlinkError as exc:
             raise TunnelError(f"removing the tunnel from {netns}: {exc}") from None
     _notrack.remove(host_netns, network.vxlan_id, remote)
-
-
-NETNS_DIRS = ("/run/netns", "/var/run/netns")
-
-
-def vnis_in_use(port: int, host_netns: str | None = None) -> set[int]:
-    """VNIs of VXLAN devices on `port` in the worker's netns and in every named netns (where
-    the CRI keeps pods'): tunnels this daemon may not know, e.g. CAA's on a node taken over
-    live. Namespaces that cannot be read are skipped. Blocking."""
-    paths: dict[tuple[int, int], str] = {}
-    for directory in NETNS_DIRS:
-        try:
-            names = os.listdir(directory)
-        except OSError:
-            continue
-        for name in names:
-            path = os.path.join(directory, name)
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            paths.setdefault((st.st_dev, st.st_ino), path)
-    found: set[int] = set()
-    namespaces: list[str | None] = [host_netns, *paths.values()]
-    for ns in namespaces:
-        if ns is not None and not _netns.netns_exists(ns):
-            continue
-        try:
-            with _netns.iproute(ns) as ipr:
-                for link in ipr.get_links():
-                    info = _vxlan_info(link)
-                    if info.get("port") == port and info.get("id") is not None:
-                        found.add(int(info["id"]))
-        except (PodNetError, NetlinkError, OSError):
-            continue
-    return found
 
 
 def resolve_ipv4(host: str) -> str:

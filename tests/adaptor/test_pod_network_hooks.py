@@ -41,6 +41,9 @@ class Tunnels:
     async def forget(self, sandbox_id: str, pod_network: str) -> None:
         self.calls.append("forget")
 
+    async def prepare(self, record: SandboxRecord, instance: Instance) -> str:
+        return tunnel(record.id, "setting-up")
+
     async def started(self, record: SandboxRecord, instance: Instance) -> str:
         self.calls.append(f"started {instance.addresses[0]}")
         return tunnel(record.id, "ready")

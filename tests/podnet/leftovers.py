@@ -1,0 +1,41 @@
+"""Counting tunnel parts left in namespaces (test and benchmark code): after every sandbox is
+gone, each count must be 0."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from adaptor.podnet import _netns, _notrack
+from adaptor.podnet._sweep import INGRESS, redirect_target
+
+
+def kernel_leftovers(worker: str, pods: Iterable[str]) -> dict[str, int]:
+    """VXLAN devices, ingress qdiscs and u32 redirects in the pods' netns (and the worker's),
+    and NOTRACK rules with a peerpod comment in the worker's."""
+    counts = {"vxlan devices": 0, "ingress qdiscs": 0, "u32 redirects": 0, "NOTRACK rules": 0}
+    for ns in (worker, *pods):
+        if not os.path.exists(ns):
+            continue
+        with _netns.iproute(ns) as ipr:
+            for link in ipr.get_links():
+                info = link.get_attr("IFLA_LINKINFO")
+                if info is not None and info.get_attr("IFLA_INFO_KIND") == "vxlan":
+                    counts["vxlan devices"] += 1
+            for qdisc in ipr.get_qdiscs():
+                if qdisc.get_attr("TCA_KIND") != "ingress":
+                    continue
+                counts["ingress qdiscs"] += 1
+                for flt in ipr.get_filters(index=qdisc["index"], parent=INGRESS):
+                    if redirect_target(flt) is not None:
+                        counts["u32 redirects"] += 1
+    with _netns.nftables(worker) as nft:
+        for _base, _hook, ours, _which in _notrack.CHAINS:
+            for rule in _notrack.rules_in(nft, ours):
+                if str(rule.get_attr("NFTA_RULE_USERDATA") or "").startswith("peerpod [vni:"):
+                    counts["NOTRACK rules"] += 1
+    return counts
+
+
+def nothing_left(counts: dict[str, int]) -> bool:
+    return not any(counts.values())

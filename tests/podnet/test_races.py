@@ -1,0 +1,170 @@
+"""Tunnels under races: StopVM landing while StartVM builds the tunnel, many sandboxes started
+and stopped at once, and the network sweep that removes parts no sandbox holds. After each,
+nothing is left: no VXLAN device, ingress qdisc, redirect or NOTRACK rule, no record, no lease."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from pathlib import Path
+
+from adaptor.hypervisor import SandboxManager, StartAborted
+from adaptor.podnet import VNI_POOL, PodNet, PodNetSettings, _tunnel
+from adaptor.podnet._sweep import device_tag
+from adaptor.state import StateStore
+from providers.core.base import Instance, VMSpec
+from tests.podnet.leftovers import kernel_leftovers
+from tests.podnet.test_manager import ANNOTATIONS, VmPool, close, manager
+from tests.podnet.topology import Topology
+
+TRIALS = 40
+CONCURRENT = 50
+
+
+class SlowPool(VmPool):
+    """VMs that take 0-50 ms to appear, so StartVM's steps spread over time."""
+
+    async def create(self, spec: VMSpec) -> Instance:
+        await asyncio.sleep(random.uniform(0, 0.05))
+        return await super().create(spec)
+
+
+async def start_then_stop(m: SandboxManager, sandbox: str, netns: str, delay: float) -> None:
+    """CreateVM, StartVM, and StopVM `delay` seconds after StartVM began."""
+    await m.create_vm(sandbox, ANNOTATIONS, netns)
+    start = asyncio.create_task(m.start_vm(sandbox))
+    await asyncio.sleep(delay)
+    await m.stop_vm(sandbox)
+    with contextlib.suppress(StartAborted):
+        await start
+
+
+async def left(store: StateStore, topo: Topology, pods: list[str]) -> dict[str, int]:
+    counts = await asyncio.to_thread(kernel_leftovers, topo.worker, pods)
+    counts["records"] = len(await store.records())
+    counts["leases"] = len(await store.leases(VNI_POOL))
+    return counts
+
+
+async def test_stopvm_racing_startvm_leaves_nothing(topo: Topology, tmp_path: Path) -> None:
+    pods = [(await asyncio.to_thread(topo.add_pod))[0] for _ in range(4)]
+    vms = [await asyncio.to_thread(topo.add_vm) for _ in range(4)]
+    store = await StateStore.open(tmp_path / "state")
+    pool = SlowPool()
+    m = manager(tmp_path, store, pool, topo.worker)
+    rng = random.Random(22)
+    dirty = []
+    try:
+        for trial in range(TRIALS):
+            sandbox = f"race{trial}"
+            pool.addresses[sandbox] = vms[trial % 4][2]
+            await start_then_stop(m, sandbox, pods[trial % 4], rng.uniform(0.02, 0.11))
+            counts = await left(store, topo, pods)
+            if any(counts.values()):
+                dirty.append((trial, counts))
+    finally:
+        await close(m)
+        await store.close()
+    assert dirty == []
+
+
+async def test_many_sandboxes_started_and_stopped_at_once(topo: Topology, tmp_path: Path) -> None:
+    pods = [(await asyncio.to_thread(topo.add_pod))[0] for _ in range(CONCURRENT)]
+    vms = [await asyncio.to_thread(topo.add_vm) for _ in range(CONCURRENT)]
+    store = await StateStore.open(tmp_path / "state")
+    pool = SlowPool()
+    m = manager(tmp_path, store, pool, topo.worker)
+    rng = random.Random(24)
+    try:
+        for i in range(CONCURRENT):
+            pool.addresses[f"sb{i}"] = vms[i][2]
+        await asyncio.gather(
+            *(start_then_stop(m, f"sb{i}", pods[i], rng.uniform(0, 0.3)) for i in range(CONCURRENT))
+        )
+        counts = await left(store, topo, pods)
+    finally:
+        await close(m)
+        await store.close()
+    assert not any(counts.values()), counts
+
+
+async def test_sweep_removes_untracked_parts_of_ours_and_keeps_foreign_ones(
+    topo: Topology, tmp_path: Path
+) -> None:
+    """What an interrupted older daemon leaves (a tunnel and NOTRACK rules with no record and
+    no lease) is removed at start, and its VNI is handed out again; a tunnel that is not ours
+    (CAA's: no device tag) and a leased one are kept."""
+    (orphan_pod, _), (caa_pod, _), (live_pod, _) = [
+        await asyncio.to_thread(topo.add_pod) for _ in range(3)
+    ]
+    vms = [await asyncio.to_thread(topo.add_vm) for _ in range(3)]
+    store = await StateStore.open(tmp_path / "state")
+    podnet = PodNet(PodNetSettings(), store, host_netns=topo.worker)
+    try:
+        tunnels = [await podnet.inspect(f"sb{i}", p) for i, p in enumerate((orphan_pod, caa_pod))]
+        orphan, caa = (t for t in tunnels if t is not None)
+        tag = device_tag(topo.worker)
+        await asyncio.to_thread(
+            _tunnel.setup, topo.worker, orphan_pod, orphan.network, vms[0][2], tag
+        )
+        await asyncio.to_thread(_tunnel.setup, topo.worker, caa_pod, caa.network, vms[1][2], 0)
+        for vni in (orphan.vni, caa.vni):
+            await podnet.release_vni(vni)  # as lost as a killed daemon's
+        live = await podnet.inspect("live", live_pod)
+        assert live is not None
+        await podnet.setup(live, (vms[2][2],))
+        before = await asyncio.to_thread(kernel_leftovers, topo.worker, [orphan_pod])
+        assert before["vxlan devices"] == 1 and before["NOTRACK rules"] == 6
+
+        async def known() -> list[str]:
+            return ["live"]
+
+        assert await podnet.scan(known) == {caa.vni}
+        orphan_left = await asyncio.to_thread(kernel_leftovers, topo.worker, [orphan_pod])
+        assert orphan_left == {
+            "vxlan devices": 0,
+            "ingress qdiscs": 0,
+            "u32 redirects": 0,
+            "NOTRACK rules": 4,  # the foreign tunnel's and the live one's
+        }
+        caa_left = await asyncio.to_thread(kernel_leftovers, topo.worker, [caa_pod, live_pod])
+        assert caa_left == {
+            "vxlan devices": 2,
+            "ingress qdiscs": 4,
+            "u32 redirects": 4,
+            "NOTRACK rules": 4,
+        }
+        # The orphan's VNI is free again (the cursor starts after the highest held).
+        again = await podnet.inspect("next", orphan_pod)
+        assert again is not None and again.vni not in (caa.vni, live.vni)
+        await podnet.release_vni(again.vni)
+        # The live tunnel went on working; the foreign one is still untouched by a second sweep.
+        assert (await podnet.sweep()).total == 0
+        await podnet.teardown(live.evolve(remote=vms[2][2]))
+        await asyncio.to_thread(_tunnel.teardown, topo.worker, caa_pod, caa.network, vms[1][2])
+    finally:
+        await podnet.close()
+        await store.close()
+    assert not any(
+        (await asyncio.to_thread(kernel_leftovers, topo.worker, [orphan_pod, caa_pod])).values()
+    )
+
+
+async def test_a_lease_without_a_sandbox_is_freed_at_start(topo: Topology, tmp_path: Path) -> None:
+    """A daemon killed inside CreateVM's netns read holds a lease for a sandbox never
+    recorded: the next start frees it."""
+    store = await StateStore.open(tmp_path / "state")
+    podnet = PodNet(PodNetSettings(), store, host_netns=topo.worker)
+    try:
+        assert await store.acquire_lease(VNI_POOL, "ghost", ["555000"]) == "555000"
+        await store.acquire_lease(VNI_POOL, "kept", ["555001"])
+
+        async def known() -> list[str]:
+            return ["kept"]
+
+        await podnet.scan(known)
+        assert await store.leases(VNI_POOL) == {"555001": "kept"}
+    finally:
+        await podnet.close()
+        await store.close()
