@@ -14,6 +14,7 @@ from webhook._patch import diff
 from webhook._policy import VmChoices
 from webhook._resolver import LookupFailed, MemoryResolver, ObjectNotFound, Resolver
 from webhook._resources import PodResources, pod_resources
+from webhook._sealkeys import SealKeyError, SealKeys, load_seal_keys
 from webhook._server import ServerConfig, TlsFiles, WebhookServer, build_app, running
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "PodIntent",
     "PodResources",
     "Resolver",
+    "SealKeyError",
+    "SealKeys",
     "ServerConfig",
     "Settings",
     "TlsFiles",
@@ -40,6 +43,7 @@ __all__ = [
     "build_app",
     "device_space",
     "diff",
+    "load_seal_keys",
     "mutate_pod",
     "parse_namespace_policy",
     "pod_resources",

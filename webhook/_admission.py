@@ -14,6 +14,7 @@ touch its contract annotations, and its VM image and initdata are removed at CRE
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,10 +22,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from providers.core.catalog import Catalog
-from providers.core.contract import sealed
+from providers.core.contract import SEAL, seal, sealed
 from providers.core.errors import InvalidRequest, NoMatch, PeerpodsError
-from webhook._devices import SelectorRunner, SelectorShareExceeded, selector_limits
-from webhook._mutate import Settings, mutate_pod
+from webhook._devices import SelectorRunner, selector_limits
+from webhook._mutate import Settings, is_sealed, mutate_pod
 from webhook._patch import diff
 from webhook._policy import VmChoices, protected_changes
 from webhook._reapply import reapply
@@ -71,9 +72,8 @@ class Admission:
             return False
         return self._is_peer(pod) and bool(pod["spec"].get("resourceClaims"))
 
-    def decide(self, review: AdmissionReview, arrived: float | None = None) -> dict[str, Any]:
-        """The response review for a parsed request; `arrived` (time.monotonic()) is when the
-        request came in: the CEL time limit counts from then, queueing included."""
+    def decide(self, review: AdmissionReview) -> dict[str, Any]:
+        """The response review for a parsed request."""
         request = review.request
         uid = request.uid
         if request.kind.kind not in ("", "Pod") or request.object is None:
@@ -95,9 +95,7 @@ class Admission:
             message = "a review of a pod with DRA claims must name its namespace"
             return response(uid, allowed=False, code=400, message=message)
         try:
-            with selector_limits(
-                self.cel_runner, self.cel_timeout_seconds, request.namespace, arrived
-            ):
+            with selector_limits(self.cel_runner, self.cel_timeout_seconds):
                 result = mutate_pod(
                     pod,
                     resolver=self.resolver,
@@ -108,9 +106,6 @@ class Admission:
         except NoMatch as exc:
             log.info("denied pod %s/%s: %s", request.namespace, name, exc)
             return response(uid, allowed=False, code=403, message=str(exc))
-        except SelectorShareExceeded as exc:
-            log.info("refused pod %s/%s: %s", request.namespace, name, exc)
-            return response(uid, allowed=False, code=429, message=f"peerpods: {exc}")
         except LookupFailed as exc:
             log.warning("denied pod %s/%s: %s", request.namespace, name, exc)
             return response(uid, allowed=False, code=503, message=f"peerpods: {exc}")
@@ -131,8 +126,8 @@ class Admission:
             # Mutating admission sees the object before the API server validates it: whatever
             # shape it has, the answer is a denial with a reason, never an HTTP 500.
             log.exception("denied pod %s/%s on an unexpected input", request.namespace, name)
-            # the exception's text may quote a claim or template: only its class goes back
-            message = f"peerpods: the pod cannot be admitted as written ({type(exc).__name__})"
+            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+            message = f"peerpods: the pod cannot be admitted as written ({reason})"
             return response(uid, allowed=False, code=400, message=message)
         patch, warnings = result.patch, list(result.warnings)
         if result.intent is not None:  # a peer pod: the operator decides its VM image/initdata
@@ -166,11 +161,11 @@ class Admission:
             namespace = request.namespace
 
             def was_mutated(annotations: Mapping[str, str]) -> bool:
-                return sealed(self.settings.seal_key, namespace, annotations)
+                return is_sealed(self.settings, namespace, annotations)
 
             stored = new
             if isinstance(old, dict) and isinstance(new, dict):
-                stored = reapply(old, new, was_mutated)
+                stored = _reseal(self.settings, namespace, reapply(old, new, was_mutated))
             changed = protected_changes(old_annotations, _pod_annotations(stored))
         except InvalidRequest as exc:
             return response(request.uid, allowed=False, code=400, message=str(exc))
@@ -182,6 +177,19 @@ class Admission:
         )
         log.info("denied update of pod %s/%s: %s", request.namespace, name, message)
         return response(request.uid, allowed=False, code=403, message=message)
+
+
+def _reseal(settings: Settings, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+    """A pod sealed under a key still accepted (a rotation's previous one) is sealed again
+    under the current key, so the old key can be dropped once such pods were updated."""
+    annotations = _pod_annotations(pod)
+    if not is_sealed(settings, namespace, annotations) or sealed(
+        settings.seal_key, namespace, annotations
+    ):
+        return pod
+    resealed = copy.deepcopy(pod)
+    resealed["metadata"]["annotations"][SEAL] = seal(settings.seal_key, namespace, annotations)
+    return resealed
 
 
 def _pod_annotations(pod: Any) -> dict[str, str]:

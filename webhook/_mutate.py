@@ -62,6 +62,7 @@ __all__ = [
     "MutationResult",
     "PodIntent",
     "Settings",
+    "is_sealed",
     "mutate_pod",
     "refuse_hugepages",
     "strip_node_resources",
@@ -70,7 +71,8 @@ __all__ = [
 Pod = dict[str, Any]
 _STRIPPED = ("cpu", "memory")
 # The seal key when none is configured: this process's own (a reinvocation reaches the process
-# that sealed the pod only by chance, so `peerpods webhook` derives one from its TLS key).
+# that sealed the pod only by chance, so `peerpods webhook` reads one from its own Secret,
+# webhook._sealkeys).
 _PROCESS_KEY = os.urandom(32)
 
 
@@ -88,6 +90,14 @@ class Settings:
     capacity: CapacityPolicy = field(default_factory=CapacityPolicy)
     # The key of the seal over the contract keys (every replica must share it).
     seal_key: bytes = field(default=_PROCESS_KEY, repr=False)
+    # Other keys whose seals are still recognised (a rotation's previous or next key).
+    accepted_seal_keys: tuple[bytes, ...] = field(default=(), repr=False)
+
+
+def is_sealed(settings: Settings, namespace: str, annotations: Mapping[str, str]) -> bool:
+    """Whether the pod carries a seal this webhook made, under any key it accepts."""
+    keys = (settings.seal_key, *settings.accepted_seal_keys)
+    return any(sealed(key, namespace, annotations) for key in keys)
 
 
 @dataclass(frozen=True)
@@ -176,10 +186,12 @@ def _has_translatable(resources: Any) -> bool:
     return False
 
 
-def _looks_mutated(pod: Pod, annotations: Mapping[str, str], key: bytes, namespace: str) -> bool:
+def _looks_mutated(
+    pod: Pod, annotations: Mapping[str, str], settings: Settings, namespace: str
+) -> bool:
     """Whether the webhook already mutated this pod: sealed contract keys (its content), and
     nothing left to translate."""
-    if not sealed(key, namespace, annotations):
+    if not is_sealed(settings, namespace, annotations):
         return False
     init, app = container_lists(pod)
     spec = pod["spec"]
@@ -468,7 +480,7 @@ def mutate_pod(
     warnings: list[str] = []
     mutated = copy.deepcopy(pod)
     kept = {k: v for k, v in annotations.items() if not k.startswith(CDI_PREFIX)}
-    if _looks_mutated(pod, annotations, settings.seal_key, namespace):
+    if _looks_mutated(pod, annotations, settings, namespace):
         intent, plan = _existing_intent(kept, machine_type)
         intent = replace(intent, capacity_type=capacity)
         if decode_capacity_type(kept.get(DEFAULT_GPU_MODEL, "")) is not capacity:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 from pathlib import Path
 
 from adaptor.cli import flags
@@ -21,13 +20,6 @@ def _names(text: str) -> frozenset[str]:
     return frozenset(n.strip() for n in text.split(",") if n.strip())
 
 
-def _networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    try:
-        return tuple(ipaddress.ip_network(n.strip()) for n in text.split(",") if n.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add this subcommand's flags."""
     flags.add(parser, "--host", default="0.0.0.0", help="address to listen on")
@@ -43,6 +35,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--tls-key-file",
         default="/etc/peerpods/tls/tls.key",
         help="private key of the serving certificate (PEM)",
+    )
+    flags.add(
+        parser,
+        "--seal-key-dir",
+        default="/etc/peerpods/seal",
+        help="the contract-seal keys, a mounted Secret: `current` seals, every other file is "
+        "still accepted (rotation: docs/install.md); never derived from the TLS key",
     )
     flags.add(
         parser,
@@ -132,35 +131,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         parser,
-        "--max-connections-per-source",
-        type=_positive,
-        default=64,
-        help="open connections from one address at most (the API server's networks excepted)",
-    )
-    flags.add(
-        parser,
-        "--reserved-connections",
-        type=int,
-        default=32,
-        help="connections of --max-connections only the API server's networks may use",
-    )
-    flags.add(
-        parser,
-        "--api-server-cidrs",
-        type=_networks,
-        default=(),
-        help="comma-separated networks the API server connects from (e.g. the control plane's "
-        "range): exempt from the per-address limit, and the reserve is theirs",
-    )
-    flags.add(
-        parser,
-        "--client-ca-file",
-        default="",
-        help="CA of the API server's client certificate (AdmissionConfiguration kubeConfig); "
-        "set, /mutate answers only clients presenting a certificate it issued (empty: any)",
-    )
-    flags.add(
-        parser,
         "--header-timeout",
         type=flags.duration,
         default=5.0,
@@ -198,18 +168,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def seal_key(tls_key_file: Path) -> bytes:
-    """The contract seal's key, derived from the TLS key every replica shares (a missing file
-    is reported by the server's own check)."""
-    import hashlib
-
-    try:
-        material = tls_key_file.read_bytes()
-    except OSError:
-        material = b""
-    return hashlib.sha256(b"peerpods contract seal\0" + material).digest()
-
-
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -224,9 +182,11 @@ def run(args: argparse.Namespace) -> int:
         Settings,
         VmChoices,
         WebhookServer,
+        load_seal_keys,
         parse_namespace_policy,
     )
 
+    seal_keys = load_seal_keys(Path(args.seal_key_dir))  # before anything starts
     settings = Settings(
         runtime_classes=frozenset(args.runtime_classes),
         allowed_machine_types=frozenset(args.allowed_machine_types),
@@ -235,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
             CapacityType(args.default_capacity_type),
             parse_namespace_policy(args.namespace_capacity_types),
         ),
-        seal_key=seal_key(Path(args.tls_key_file)),
+        seal_key=seal_keys.current,
+        accepted_seal_keys=seal_keys.accepted,
     )
     catalog_dir = Path(args.catalog_dir) if args.catalog_dir else None
 
@@ -266,10 +227,6 @@ def run(args: argparse.Namespace) -> int:
         header_timeout_seconds=args.header_timeout,
         body_timeout_seconds=args.body_timeout,
         cel_workers=max(0, args.cel_workers),
-        max_connections_per_source=args.max_connections_per_source,
-        reserved_connections=max(0, args.reserved_connections),
-        api_server_networks=tuple(args.api_server_cidrs),
-        client_ca_file=Path(args.client_ca_file) if args.client_ca_file else None,
     )
 
     async def main() -> None:
