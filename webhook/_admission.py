@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from providers.core.catalog import Catalog
 from providers.core.contract import SEAL, seal, sealed
 from providers.core.errors import InvalidRequest, NoMatch, PeerpodsError
-from webhook._devices import SelectorRunner, selector_limits
+from webhook._devices import SelectorRunner, SelectorShareExceeded, selector_limits
 from webhook._mutate import Settings, is_sealed, mutate_pod
 from webhook._patch import diff
 from webhook._policy import VmChoices, protected_changes
@@ -72,8 +72,9 @@ class Admission:
             return False
         return self._is_peer(pod) and bool(pod["spec"].get("resourceClaims"))
 
-    def decide(self, review: AdmissionReview) -> dict[str, Any]:
-        """The response review for a parsed request."""
+    def decide(self, review: AdmissionReview, arrived: float | None = None) -> dict[str, Any]:
+        """The response review for a parsed request; `arrived` (time.monotonic()) is when the
+        request came in: the CEL time limit counts from then, queueing included."""
         request = review.request
         uid = request.uid
         if request.kind.kind not in ("", "Pod") or request.object is None:
@@ -95,7 +96,9 @@ class Admission:
             message = "a review of a pod with DRA claims must name its namespace"
             return response(uid, allowed=False, code=400, message=message)
         try:
-            with selector_limits(self.cel_runner, self.cel_timeout_seconds):
+            with selector_limits(
+                self.cel_runner, self.cel_timeout_seconds, request.namespace, arrived
+            ):
                 result = mutate_pod(
                     pod,
                     resolver=self.resolver,
@@ -106,6 +109,9 @@ class Admission:
         except NoMatch as exc:
             log.info("denied pod %s/%s: %s", request.namespace, name, exc)
             return response(uid, allowed=False, code=403, message=str(exc))
+        except SelectorShareExceeded as exc:
+            log.info("refused pod %s/%s: %s", request.namespace, name, exc)
+            return response(uid, allowed=False, code=429, message=f"peerpods: {exc}")
         except LookupFailed as exc:
             log.warning("denied pod %s/%s: %s", request.namespace, name, exc)
             return response(uid, allowed=False, code=503, message=f"peerpods: {exc}")
@@ -126,8 +132,8 @@ class Admission:
             # Mutating admission sees the object before the API server validates it: whatever
             # shape it has, the answer is a denial with a reason, never an HTTP 500.
             log.exception("denied pod %s/%s on an unexpected input", request.namespace, name)
-            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
-            message = f"peerpods: the pod cannot be admitted as written ({reason})"
+            # the exception's text may quote a claim or template: only its class goes back
+            message = f"peerpods: the pod cannot be admitted as written ({type(exc).__name__})"
             return response(uid, allowed=False, code=400, message=message)
         patch, warnings = result.patch, list(result.warnings)
         if result.intent is not None:  # a peer pod: the operator decides its VM image/initdata

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from pathlib import Path
 
 from adaptor.cli import flags
@@ -18,6 +19,13 @@ def _positive(text: str) -> int:
 
 def _names(text: str) -> frozenset[str]:
     return frozenset(n.strip() for n in text.split(",") if n.strip())
+
+
+def _networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    try:
+        return tuple(ipaddress.ip_network(n.strip()) for n in text.split(",") if n.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -131,6 +139,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         parser,
+        "--max-connections-per-source",
+        type=_positive,
+        default=64,
+        help="open connections from one address at most (the API server's networks excepted)",
+    )
+    flags.add(
+        parser,
+        "--reserved-connections",
+        type=int,
+        default=32,
+        help="connections of --max-connections only the API server's networks may use",
+    )
+    flags.add(
+        parser,
+        "--api-server-cidrs",
+        type=_networks,
+        default=(),
+        help="comma-separated networks the API server connects from (e.g. the control plane's "
+        "range): exempt from the per-address limit, and the reserve is theirs",
+    )
+    flags.add(
+        parser,
+        "--client-ca-file",
+        default="",
+        help="CA of the API server's client certificate (AdmissionConfiguration kubeConfig); "
+        "set, /mutate answers only clients presenting a certificate it issued (empty: any)",
+    )
+    flags.add(
+        parser,
         "--header-timeout",
         type=flags.duration,
         default=5.0,
@@ -227,6 +264,10 @@ def run(args: argparse.Namespace) -> int:
         header_timeout_seconds=args.header_timeout,
         body_timeout_seconds=args.body_timeout,
         cel_workers=max(0, args.cel_workers),
+        max_connections_per_source=args.max_connections_per_source,
+        reserved_connections=max(0, args.reserved_connections),
+        api_server_networks=tuple(args.api_server_cidrs),
+        client_ca_file=Path(args.client_ca_file) if args.client_ca_file else None,
     )
 
     async def main() -> None:
