@@ -5,6 +5,8 @@ Types come from the cloud's API (`--types live`, credentials needed) or from the
 (providers.clouds.price_sources: AWS Price List, Azure Retail Prices, GCP Cloud Billing Catalog). It
 writes `<provider>-<region>.json` and `prices/<provider>-<region>.csv` under `--out`, which
 `--catalog-dir` (or `PEERPODS_CATALOG_DIR`) then reads. Progress goes to stderr as a tqdm bar.
+Exit status: 0 written; 1 a source failed or answered a page that does not validate (one line
+on stderr, nothing written); 2 bad input (flags, a missing API key).
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def run(args: argparse.Namespace, *, session: Any = None, client: Any = None) ->
     client: live types, and AWS Spot prices) are for tests."""
     from providers.clouds.price_sources import fetch_prices, priced_catalog
     from providers.core import prices
+    from providers.core.errors import CatalogError
     from providers.core.snapshots import (
         DEFAULT_REGIONS,
         load_live,
@@ -130,6 +133,10 @@ def run(args: argparse.Namespace, *, session: Any = None, client: Any = None) ->
             gcp_api_key=args.gcp_api_key.strip(),
             ec2_client=ec2,
         )
+    except CatalogError as exc:
+        # a source that failed or answered a bad page: one line, and nothing is written
+        print(f"peerpods catalog refresh: {exc}", file=sys.stderr)
+        return 1
     finally:
         if bar is not None:
             bar.close()

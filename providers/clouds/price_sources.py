@@ -17,8 +17,10 @@
   Preemptible (Spot) alike; an N1 type's attachable GPUs get `gpu:<model>` rows.
 
 Every fetch goes through a `requests.Session` the caller may supply (tests mount a fake on it)
-and reports each page to a progress callback. A malformed answer or an HTTP error is a
-CatalogError naming the source.
+and reports each page to a progress callback. Every page is validated (`_price_pages`: shapes,
+and prices finite from 0 to MAX_USD_PER_HOUR) before a price is taken from it; Azure's next-page
+links are followed only to the API's own host. A malformed answer or an HTTP error is a
+one-line CatalogError naming the source.
 """
 
 from __future__ import annotations
@@ -28,6 +30,17 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from providers.clouds._price_pages import (
+    AwsOffer,
+    AwsSpotPage,
+    AzureItem,
+    AzurePage,
+    GcpPage,
+    GcpSku,
+    page,
+    same_api,
+    strict_json,
+)
 from providers.clouds.loaders._common import Progress, import_sdk, report
 from providers.core.catalog import Catalog, InstanceType
 from providers.core.errors import CatalogError, InvalidRequest
@@ -76,19 +89,9 @@ def _get(session: Any, url: str, source: str, params: Mapping[str, str] | None =
     except requests.RequestException as exc:
         raise CatalogError(f"{source}: {exc}") from exc
     if response.status_code != 200:
-        raise CatalogError(f"{source}: HTTP {response.status_code}: {response.text[:200]}")
-    try:
-        return response.json()
-    except ValueError as exc:
-        raise CatalogError(f"{source}: the answer is not JSON") from exc
-
-
-def _usd(value: Any) -> float | None:
-    try:
-        price = float(value)
-    except (TypeError, ValueError):
-        return None
-    return price if price >= 0 else None
+        detail = " ".join(response.text[:200].split())
+        raise CatalogError(f"{source}: HTTP {response.status_code}: {detail}")
+    return strict_json(response.text, source)
 
 
 # --- AWS ----------------------------------------------------------------------------------------
@@ -106,25 +109,25 @@ def aws_prices(
 ) -> dict[str, Price]:
     """On-demand Linux list prices by instance type from the EC2 Price List offer file."""
     source = f"AWS Price List ({region})"
-    offer = _get(_session(session), AWS_OFFER_URL.format(region=region), source)
-    products = offer.get("products") if isinstance(offer, Mapping) else None
-    terms = (offer.get("terms") or {}).get("OnDemand") if isinstance(offer, Mapping) else None
-    if not isinstance(products, Mapping) or not isinstance(terms, Mapping):
+    raw = _get(_session(session), AWS_OFFER_URL.format(region=region), source)
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("products"), Mapping):
         raise CatalogError(f"{source}: no products/terms.OnDemand in the offer file")
+    offer = page(AwsOffer, raw, source)
+    terms = offer.terms.OnDemand
     found: dict[str, Price] = {}
-    for sku, product in products.items():
-        attributes = product.get("attributes") or {}
+    for sku, product in offer.products.items():
+        attributes = product.attributes
         name = attributes.get("instanceType")
         if not name or any(attributes.get(k) != v for k, v in _AWS_PLAIN.items()):
             continue
-        for term in (terms.get(sku) or {}).values():
-            for dimension in (term.get("priceDimensions") or {}).values():
-                if dimension.get("unit") != "Hrs":
+        for term in terms.get(sku, {}).values():
+            for dimension in term.priceDimensions.values():
+                if dimension.unit != "Hrs":
                     continue
-                price = _usd((dimension.get("pricePerUnit") or {}).get("USD"))
+                price = dimension.pricePerUnit.get("USD")
                 if price is not None and price > 0:
                     found[name] = Price(price, None)
-    report(progress, "AWS Price List products", len(products))
+    report(progress, "AWS Price List products", len(offer.products))
     return found
 
 
@@ -139,24 +142,26 @@ def aws_spot_prices(client: Any, *, progress: Progress | None = None) -> dict[st
         "StartTime": datetime.datetime.now(datetime.UTC),
         "MaxResults": 1000,
     }
-    for _ in range(_MAX_PAGES):
-        page = client.describe_spot_price_history(**request)
-        history = page.get("SpotPriceHistory", [])
-        report(progress, "EC2 Spot price history", len(history))
-        for entry in history:
-            price = _usd(entry.get("SpotPrice"))
-            name, zone = entry.get("InstanceType"), entry.get("AvailabilityZone", "")
+    for number in range(_MAX_PAGES):
+        answer = page(
+            AwsSpotPage,
+            client.describe_spot_price_history(**request),
+            "EC2 Spot price history",
+            f" (page {number + 1})",
+        )
+        report(progress, "EC2 Spot price history", len(answer.SpotPriceHistory))
+        for entry in answer.SpotPriceHistory:
+            price, name = entry.SpotPrice, entry.InstanceType
             if price is None or not name:
                 continue
-            key = (name, zone)
-            stamp = entry.get("Timestamp")
+            key = (name, entry.AvailabilityZone)
+            stamp = entry.Timestamp
             known = latest.get(key)
             if known is None or (stamp is not None and known[0] is not None and stamp > known[0]):
                 latest[key] = (stamp, price)
-        token = page.get("NextToken")
-        if not token:
+        if not answer.NextToken:
             break
-        request["NextToken"] = token
+        request["NextToken"] = answer.NextToken
     spot: dict[str, float] = {}
     for (name, _zone), (_stamp, price) in latest.items():
         spot[name] = min(spot.get(name, price), price)
@@ -166,18 +171,13 @@ def aws_spot_prices(client: Any, *, progress: Progress | None = None) -> dict[st
 # --- Azure --------------------------------------------------------------------------------------
 
 
-def _page_items(
-    page: Any, key: str, source: str, progress: Progress | None, what: str
-) -> list[Any]:
-    """The list under `key` in one page of a paged price API (reported as `what`)."""
-    items = page.get(key) if isinstance(page, Mapping) else None
-    if not isinstance(items, list):
+def _has_list(raw: Any, key: str, source: str) -> None:
+    """A page of a paged price API must hold its item list under `key`."""
+    if not isinstance(raw, Mapping) or not isinstance(raw.get(key), list):
         raise CatalogError(f"{source}: no {key} in the answer")
-    report(progress, what, len(items))
-    return items
 
 
-def _azure_items(session: Any, region: str, progress: Progress | None) -> Iterator[Any]:
+def _azure_items(session: Any, region: str, progress: Progress | None) -> Iterator[AzureItem]:
     source = f"Azure Retail Prices ({region})"
     query = (
         f"serviceName eq 'Virtual Machines' and armRegionName eq '{region}' "
@@ -185,12 +185,17 @@ def _azure_items(session: Any, region: str, progress: Progress | None) -> Iterat
     )
     url: str | None = AZURE_PRICES_URL
     params: dict[str, str] | None = {"$filter": query, "currencyCode": "USD"}
-    for _ in range(_MAX_PAGES):
+    for number in range(_MAX_PAGES):
         if url is None:
             return
-        page = _get(session, url, source, params)
-        yield from _page_items(page, "Items", source, progress, "Azure Retail Prices")
-        url, params = page.get("NextPageLink") or None, None
+        raw = _get(session, url, source, params)
+        _has_list(raw, "Items", source)
+        answer = page(AzurePage, raw, source, f" (page {number + 1})")
+        report(progress, "Azure Retail Prices", len(answer.Items))
+        yield from answer.Items
+        link = answer.NextPageLink
+        url = same_api(link, AZURE_PRICES_URL, source) if link else None
+        params = None
     raise CatalogError(f"{source}: more than {_MAX_PAGES} pages")
 
 
@@ -201,13 +206,10 @@ def azure_prices(
     on_demand: dict[str, float] = {}
     spot: dict[str, float] = {}
     for item in _azure_items(_session(session), region, progress):
-        size = item.get("armSkuName") or ""
-        sku_name = str(item.get("skuName") or "")
-        product = str(item.get("productName") or "")
-        price = _usd(item.get("retailPrice", item.get("unitPrice")))
+        size, sku_name, product, price = item.armSkuName, item.skuName, item.productName, item.price
         if not size or price is None or price == 0 or "Windows" in product:
             continue
-        if item.get("unitOfMeasure", "1 Hour") != "1 Hour" or "Low Priority" in sku_name:
+        if item.unitOfMeasure != "1 Hour" or "Low Priority" in sku_name:
             continue
         table = spot if sku_name.endswith("Spot") else on_demand
         table[size] = min(table.get(size, price), price)
@@ -227,29 +229,22 @@ _SERIES_SKU = re.compile(
 _NOT_LIST = ("Custom", "Sole Tenancy", "Commitment", "DWS", "Calendar", "Reserved", "Extended")
 
 
-def _gcp_skus(session: Any, key: str, progress: Progress | None) -> Iterator[Any]:
+def _gcp_skus(session: Any, key: str, progress: Progress | None) -> Iterator[GcpSku]:
     source = "GCP Cloud Billing Catalog"
     token = ""
-    for _ in range(_MAX_PAGES):
+    for number in range(_MAX_PAGES):
         params = {"key": key, "pageSize": "5000", "currencyCode": "USD"}
         if token:
             params["pageToken"] = token
-        page = _get(session, GCP_SKUS_URL, source, params)
-        yield from _page_items(page, "skus", source, progress, "Cloud Billing Catalog SKUs")
-        token = str(page.get("nextPageToken") or "")
+        raw = _get(session, GCP_SKUS_URL, source, params)
+        _has_list(raw, "skus", source)
+        answer = page(GcpPage, raw, source, f" (page {number + 1})")
+        report(progress, "Cloud Billing Catalog SKUs", len(answer.skus))
+        yield from answer.skus
+        token = answer.nextPageToken
         if not token:
             return
     raise CatalogError(f"{source}: more than {_MAX_PAGES} pages")
-
-
-def _unit_price(sku: Mapping[str, Any]) -> float | None:
-    """USD per unit (hour, GiB-hour) of a SKU's current first tier."""
-    try:
-        rates = sku["pricingInfo"][0]["pricingExpression"]["tieredRates"]
-        price = rates[-1]["unitPrice"]
-        return int(price.get("units") or 0) + int(price.get("nanos") or 0) / 1e9
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
 
 
 def gcp_prices(
@@ -266,20 +261,19 @@ def gcp_prices(
     series: dict[tuple[str, str, str], float] = {}  # (series, Core|Ram, usage) -> USD
     gpus: dict[tuple[str, str], float] = {}  # (model id, usage) -> USD per GPU-hour
     for sku in _gcp_skus(_session(session), api_key, progress):
-        if catalog.region not in (sku.get("serviceRegions") or ()):
+        if catalog.region not in sku.serviceRegions:
             continue
-        category = sku.get("category") or {}
-        usage = str(category.get("usageType") or "")
+        usage = sku.category.usageType
         if usage not in ("OnDemand", "Preemptible"):
             continue
-        description = str(sku.get("description") or "")
+        description = sku.description
         if any(word in description for word in _NOT_LIST):
             continue
-        price = _unit_price(sku)
+        price = sku.unit_price
         if price is None:
             continue
         gpu = _GPU_SKU.match(description)
-        if gpu and category.get("resourceGroup") == "GPU":
+        if gpu and sku.category.resourceGroup == "GPU":
             try:
                 model = resolve_gpu(gpu.group("model")).id
             except InvalidRequest:
