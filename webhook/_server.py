@@ -86,9 +86,10 @@ class Limits:
     header_timeout_seconds: float = 5.0  # connection (or last response) to complete headers
     body_timeout_seconds: float = 10.0  # headers to complete body (the API server waits <= 30s)
     admission_threads: int = 8  # pods that evaluate no selector
-    selector_threads: int = 8  # pods that do (they wait on the CEL workers or the API)
-    # DRA admissions of one namespace in flight at once (0: a quarter of selector_threads);
-    # one more is refused at once (429), never queued behind them
+    selector_threads: int = 16  # pods that do (they wait on the CEL workers or the API)
+    # DRA admissions of one namespace in flight at once (0: half of selector_threads); one
+    # more is refused at once (429), never queued behind them. Most take a millisecond (their
+    # selectors' results are cached): the share bounds what slow ones may hold.
     namespace_selector_admissions: int = 0
     max_connections_per_source: int = 64  # open connections from one address
     # of max_connections, kept for the API server's addresses (api_server_networks)
@@ -99,7 +100,7 @@ class Limits:
 
     @property
     def namespace_share(self) -> int:
-        share = self.namespace_selector_admissions or self.selector_threads // 4
+        share = self.namespace_selector_admissions or self.selector_threads // 2
         return max(1, min(share, self.selector_threads))
 
     def trusted(self, host: str) -> bool:
@@ -466,7 +467,7 @@ class ServerConfig:
             max_connections=self.max_connections,
             header_timeout_seconds=self.header_timeout_seconds,
             body_timeout_seconds=self.body_timeout_seconds,
-            selector_threads=max(8, 4 * self.cel_workers),
+            selector_threads=max(16, 4 * self.cel_workers),
             max_connections_per_source=self.max_connections_per_source,
             reserved_connections=min(self.reserved_connections, self.max_connections - 1),
             api_server_networks=self.api_server_networks,
