@@ -44,6 +44,7 @@ from providers.core.contract import (
     GpuIntent,
     decode_capacity_type,
     encode_gpu_model,
+    request_for,
     seal,
     sealed,
 )
@@ -112,19 +113,9 @@ class PodIntent:
     capacity_type: CapacityType = CapacityType.ON_DEMAND
 
     def request(self) -> InstanceRequest:
-        return InstanceRequest(
-            vcpus=self.vcpus,
-            memory_mib=self.memory_mib,
-            gpus=self.gpu.gpus,
-            gpu_models=self.gpu.models,
-            gpu_products=self.gpu.products,
-            gpu_memory_mib=self.gpu.memory_mib,
-            mig=dict(self.gpu.mig),
-            fractional=self.gpu.fractional,
-            rdma=self.gpu.rdma,
-            rdma_devices=self.gpu.rdma_devices,
-            instance_type=self.machine_type,
-            provisioning="spot" if self.capacity_type.wants_spot else "on-demand",
+        """The selection request, mapped exactly as the adaptor maps it at StartVM."""
+        return request_for(
+            self.vcpus, self.memory_mib, self.gpu, self.machine_type, self.capacity_type
         )
 
 

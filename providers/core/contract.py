@@ -351,27 +351,46 @@ class VMIntent(BaseModel):
     capacity_type: CapacityType = CapacityType.ON_DEMAND
 
     def to_request(self, **overrides: object) -> InstanceRequest:
-        """The selection request this intent implies (a Spot first pass ranks by Spot price).
-        A pod's GPUs are NVIDIA devices: a non-NVIDIA model is refused (InvalidRequest)."""
-        from providers.core.gpus import require_nvidia
+        """The selection request this intent implies (see `request_for`)."""
+        return request_for(
+            self.vcpus,
+            self.memory_mib,
+            self.gpu,
+            self.machine_type,
+            self.capacity_type,
+            **overrides,
+        )
 
-        models = require_nvidia(self.gpu.models)
-        fields: dict[str, object] = {
-            "vcpus": self.vcpus,
-            "memory_mib": self.memory_mib,
-            "gpus": self.gpu.gpus,
-            "gpu_models": models,
-            "gpu_products": self.gpu.products,
-            "gpu_memory_mib": self.gpu.memory_mib,
-            "mig": dict(self.gpu.mig),
-            "fractional": self.gpu.fractional,
-            "rdma": self.gpu.rdma,
-            "rdma_devices": self.gpu.rdma_devices,
-            "instance_type": self.machine_type,
-            "provisioning": "spot" if self.capacity_type.wants_spot else "on-demand",
-        }
-        fields.update(overrides)
-        return InstanceRequest.model_validate(fields)
+
+def request_for(
+    vcpus: int,
+    memory_mib: int,
+    gpu: GpuIntent,
+    machine_type: str,
+    capacity_type: CapacityType,
+    **overrides: object,
+) -> InstanceRequest:
+    """The selection request a VM-level intent implies: the one mapping the webhook (at
+    admission) and the adaptor (at StartVM) both use. A Spot first pass ranks by Spot price; a
+    pod's GPUs are NVIDIA devices, so a non-NVIDIA model is refused (InvalidRequest)."""
+    from providers.core.gpus import require_nvidia
+
+    fields: dict[str, object] = {
+        "vcpus": vcpus,
+        "memory_mib": memory_mib,
+        "gpus": gpu.gpus,
+        "gpu_models": require_nvidia(gpu.models),
+        "gpu_products": gpu.products,
+        "gpu_memory_mib": gpu.memory_mib,
+        "mig": dict(gpu.mig),
+        "fractional": gpu.fractional,
+        "rdma": gpu.rdma,
+        "rdma_devices": gpu.rdma_devices,
+        "instance_type": machine_type,
+        "provisioning": "spot" if capacity_type.wants_spot else "on-demand",
+    }
+    fields.update(overrides)
+    return InstanceRequest.model_validate(fields)
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
