@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from providers.clouds.loaders.gcp import SPOT_OR_FLEX_ONLY
 from providers.clouds.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
 from providers.clouds.sdk import discard, sdk_call
 from providers.clouds.settings import GcpSettings
@@ -47,6 +46,7 @@ from providers.core.errors import (
     TransientError,
 )
 from providers.core.markets import VMCondition, create_in_markets
+from providers.core.offers import offer_for
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,11 @@ class GcpConfig:
     operation_timeout_seconds: float = 600.0
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     max_candidate_types: int = 8
+
+
+def _on_demand(machine_type: str) -> bool:
+    """Whether GCP sells the machine type on demand (providers.core.offers)."""
+    return "on-demand" in offer_for("gcp", machine_type).provisioning
 
 
 def label_value(value: str) -> str:
@@ -404,11 +409,11 @@ class GcpProvider:
             async def one(placement: Site) -> Instance:
                 return await attempt(placement, spot)
 
-            # spot-or-on-demand's on-demand pass skips the shapes GCP sells only as Spot or
-            # Flex-start (its Spot ranking may hold them): creating one on-demand is refused,
-            # not short of capacity. An on-demand pod never has them (selection).
+            # spot-or-on-demand's on-demand pass skips the shapes GCP does not sell on demand
+            # (its Spot ranking may hold them: A3 High 1-4g, A4, A4X, A3 Ultra): creating one
+            # on-demand is refused, not short of capacity. An on-demand pod never has them.
             fallback = not spot and spec.capacity_type is CapacityType.SPOT_OR_ON_DEMAND
-            sold = [p for p in order if not fallback or p.instance_type not in SPOT_OR_FLEX_ONLY]
+            sold = [p for p in order if not fallback or _on_demand(p.instance_type)]
             if not sold:
                 names = ", ".join(dict.fromkeys(p.instance_type for p in order))
                 raise CapacityError(f"{what}: {names} cannot be created on-demand (Spot only)")

@@ -19,11 +19,13 @@ Cloud = Literal["aws", "azure", "gcp"]
 Arch = Literal["x86_64", "arm64"]
 CLOUDS: tuple[Cloud, ...] = get_args(Cloud)
 ARCHES: tuple[Arch, ...] = get_args(Arch)
-Provisioning = Literal["on-demand", "spot", "flex-start", "capacity-block"]
+Provisioning = Literal["on-demand", "spot", "flex-start", "capacity-block", "reservation"]
 """How a cloud sells a type: on demand; as Spot (AWS Spot, Azure Spot, GCP Spot VMs: cheaper,
 reclaimable); GCP's Flex-start (Dynamic Workload Scheduler: queued, runs at most 7 days); AWS
-Capacity Blocks for ML (reserved in advance)."""
+Capacity Blocks for ML and GCP reservations (capacity bought in advance, used by naming it)."""
 DEFAULT_PROVISIONING: tuple[Provisioning, ...] = ("on-demand", "spot")
+RESERVED: frozenset[Provisioning] = frozenset({"capacity-block", "reservation"})
+"""The ways that need capacity the operator bought in advance, named by its id."""
 
 
 class GpuSpec(BaseModel):
@@ -86,12 +88,32 @@ class InstanceType(BaseModel):
         description="how the cloud sells it; a type without 'on-demand' (GCP's 1-, 2- and 4-GPU "
         "A3 High: Spot and Flex-start only) is never a candidate for an on-demand pod",
     )
+    zone_provisioning: tuple[tuple[str, tuple[Provisioning, ...]], ...] = Field(
+        (),
+        description="(zone, how it is sold there) for the zones where that differs from "
+        "`provisioning`",
+    )
+    confidential: bool = Field(
+        False,
+        description="a confidential VM size (Azure NCC H100 v5): only for pods that ask for "
+        "confidential computing",
+    )
     family: str = ""
 
     @property
     def on_demand(self) -> bool:
         """Whether an on-demand VM of this type can be created."""
         return "on-demand" in self.provisioning
+
+    def sold_in(self, zone: str) -> tuple[Provisioning, ...]:
+        """How the type is sold in `zone` ("": in general)."""
+        return next((ways for z, ways in self.zone_provisioning if z == zone), self.provisioning)
+
+    def zones_selling(self, ways: frozenset[str]) -> tuple[str, ...] | None:
+        """The zones where one of `ways` buys it; None: every zone offering it."""
+        if not self.zone_provisioning:
+            return None if ways & set(self.provisioning) else ()
+        return tuple(z for z in self.zones if ways & set(self.sold_in(z)))
 
 
 class Catalog(BaseModel):

@@ -40,6 +40,18 @@ class InstanceRequest(BaseModel):
         "on-demand",
         description="how the VM is bought: only types the cloud sells that way are candidates",
     )
+    reservation: str = Field(
+        "",
+        max_length=256,
+        description="a capacity reservation or block the operator named (AWS Capacity Block "
+        "`cr-...`, GCP reservation): types sold only that way become candidates, launched into "
+        "it; empty: none",
+    )
+    confidential: bool = Field(
+        False,
+        description="the pod asks for confidential computing: only confidential VM sizes "
+        "(never chosen otherwise)",
+    )
 
     @field_validator("mig")
     @classmethod

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Final, NamedTuple, get_args
 
-from providers.core.catalog import Catalog, InstanceType, Provisioning
+from providers.core.catalog import RESERVED, Catalog, InstanceType, Provisioning
 from providers.core.errors import NoMatch
 from providers.core.estimates import catalog_gpu_rates, estimate_price, gpu_hourly_usd
 from providers.core.gpus import GPU_MODELS, models_matching
@@ -155,6 +155,8 @@ class _Index:
     rates: Mapping[str, float] = field(default_factory=dict)  # per-GPU rates for estimates
     # provisioning model -> names of the types not sold that way (usually none)
     not_sold: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # types sold differently per zone, or confidential sizes: `check` decides them in full
+    special: frozenset[str] = frozenset()
     cloud: str = ""
 
 
@@ -205,6 +207,7 @@ def _index(catalog: Catalog) -> _Index:
             sold: frozenset(t.name for t in catalog.types if sold not in t.provisioning)
             for sold in get_args(Provisioning)
         },
+        special=frozenset(t.name for t in catalog.types if t.zone_provisioning or t.confidential),
     )
     key = id(catalog)
     _INDEXES[key] = (weakref.ref(catalog, lambda _ref: _INDEXES.pop(key, None)), index)
@@ -240,6 +243,15 @@ class _Matcher:
     )
     cloud: str = ""
     products: frozenset[str] = frozenset()  # acceptable GPU forms (product keys); empty: any
+    ways: frozenset[str] = frozenset({"on-demand"})  # how the pod may buy: its market, reserved
+
+    @staticmethod
+    def ways_of(request: InstanceRequest) -> frozenset[str]:
+        """The ways a request buys a VM: its market, and reserved capacity when one is named."""
+        ways: set[str] = {request.provisioning}
+        if request.reservation:
+            ways |= RESERVED
+        return frozenset(ways)
 
     @classmethod
     def build(cls, request: InstanceRequest, index: _Index) -> _Matcher:
@@ -273,6 +285,7 @@ class _Matcher:
             wants_gpu=request.wants_gpu,
             cloud=index.cloud,
             products=frozenset(request.gpu_products),
+            ways=cls.ways_of(request),
         )
 
     def gpu_fit(
@@ -416,10 +429,23 @@ class _Matcher:
         if t.memory_mib < request.memory_mib:
             reason = f"{_mib(t.memory_mib)} memory, need {_mib(request.memory_mib)}"
             return Rejection(t.name, reason, MEMORY, have=t.memory_mib)
-        if request.provisioning not in t.provisioning:
-            sold = " or ".join(t.provisioning) or "nothing"
-            reason = f"sold only as {sold}, not {request.provisioning}"
+        if t.confidential != request.confidential:
+            reason = (
+                "a confidential VM size, only for a pod that asks for confidential computing"
+                if t.confidential
+                else "not a confidential VM size (the pod asks for confidential computing)"
+            )
             return Rejection(t.name, reason, OFFERED)
+        selling = t.zones_selling(self.ways)
+        if selling is not None:
+            if request.zone:
+                selling = tuple(z for z in selling if z == request.zone)
+            if fit.zones:
+                selling = tuple(z for z in selling if z in fit.zones)
+            if not selling:
+                return Rejection(t.name, _not_sold(t, request), OFFERED)
+            if t.zone_provisioning:
+                fit = replace(fit, zones=selling)
         if request.zone and t.zones and request.zone not in t.zones:
             return Rejection(t.name, f"not offered in zone {request.zone}", OFFERED)
         if self.has_zones and not t.zones:
@@ -429,6 +455,20 @@ class _Matcher:
         if self.allow is not None and not self.allow.match(t.name):
             return Rejection(t.name, "not in the allow list", POLICY)
         return fit
+
+
+_SOLD = ("sold only as", "a confidential VM size", "not a confidential VM size")
+
+
+def _not_sold(t: InstanceType, request: InstanceRequest) -> str:
+    """Why a type is not sold the way the pod buys (the prefix `_summarise` looks for)."""
+    ways = t.sold_in(request.zone) if request.zone else t.provisioning
+    if t.zone_provisioning and not request.zone:
+        ways = tuple(dict.fromkeys(w for z in t.zones for w in t.sold_in(z)))
+    reason = f"sold only as {' or '.join(ways) or 'nothing'}, not {request.provisioning}"
+    if RESERVED & set(ways) and not request.reservation:
+        reason += " (a reservation or capacity block is used only when the operator names it)"
+    return reason
 
 
 def _stage(rejection: Rejection) -> int:
@@ -624,6 +664,12 @@ class Selection:
                 found.append(result)
         return sorted(found, key=lambda r: (-r.stage, r.name))
 
+    def not_sold(self) -> list[Rejection]:
+        """Types that fit the pod but are not sold the way it buys (Spot only, a capacity block
+        or reservation nobody named, a confidential size the pod did not ask for): what `plan`
+        and `select` name as not chosen, and why."""
+        return [r for r in self.rejections if r.stage == OFFERED and r.reason.startswith(_SOLD)]
+
     @property
     def selected(self) -> Candidate:
         """The best candidate; NoMatch with the summary when there is none."""
@@ -756,7 +802,10 @@ def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
     allow, deny = matcher.allow, matcher.deny
     fits: list[tuple[InstanceType, _Fit]] = []
     if not matcher.wants_gpu:
-        not_sold = index.not_sold.get(sold_as, frozenset())
+        not_sold = frozenset[str].intersection(
+            *(index.not_sold.get(way, frozenset()) for way in matcher.ways)
+        )
+        special = index.special
         # Every condition of `check` for a request without GPUs, inline.
         for t, vc, mem, a, rd, zones, offered, model, _count, _attach in index.rows:
             if (
@@ -772,6 +821,11 @@ def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
                 and (allow is None or allow.match(t.name))
             ):
                 if not_sold and t.name in not_sold:
+                    continue
+                if special and t.name in special:
+                    verdict = matcher.check(t)
+                    if not isinstance(verdict, Rejection):
+                        fits.append((t, verdict))
                     continue
                 fits.append((t, _NO_FIT))
         if sold_as == "spot":  # the index is in on-demand order

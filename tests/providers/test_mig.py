@@ -260,7 +260,8 @@ def test_new_tables_select_on_the_clouds(
     from providers.core.selection import select
     from providers.core.snapshots import load_catalog
 
-    request = InstanceRequest.model_validate({"mig": mig, "arch": arch})
+    # GB200 on AWS and GCP is sold through reserved capacity: an operator-named one
+    request = InstanceRequest.model_validate({"mig": mig, "arch": arch, "reservation": "r-1"})
     chosen = select(load_catalog(cloud, region), request).selected  # type: ignore[arg-type]
     assert chosen.gpu_model == model
     assert chosen.mig_layout is not None and chosen.mig_layout.gpus_used == 1

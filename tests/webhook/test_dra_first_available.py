@@ -89,3 +89,26 @@ def test_no_subrequest_the_pod_can_run_on_is_a_denial() -> None:
     report = plan_manifest(first_available(("gb200", product("NVIDIA GB200"))), "gcp")
     assert not report.ok
     assert report.failure is not None
+
+
+def test_a_first_subrequest_not_sold_as_the_pod_buys_falls_through() -> None:
+    """GCP sells B200 (A4) only through reservations, Flex-start and Spot: an on-demand pod's
+    first subrequest for it falls through to the A100; a Spot pod keeps the B200."""
+    docs = first_available(("b200", product("NVIDIA B200")), ("a100", "device.attributes["
+                           "'gpu.nvidia.com'].productName.matches('A100')"))  # fmt: skip
+    report = plan_manifest(docs, "gcp")
+    assert report.ok, report.failure
+    assert report.selection is not None
+    assert report.selection.selected.gpu_model in ("a100-40gb", "a100-80gb")
+    assert any("a100 serves it" in w for w in report.warnings), report.warnings
+    docs[-1]["metadata"]["annotations"] = {"peerpods.io/capacity-type": "spot"}
+    spot = plan_manifest(docs, "gcp", capacity=_spot_allowed())
+    assert spot.ok, spot.failure
+    assert spot.selection is not None and spot.selection.selected.gpu_model == "b200"
+
+
+def _spot_allowed() -> Any:
+    from providers.core.capacity import CapacityType
+    from webhook._capacity import CapacityPolicy
+
+    return CapacityPolicy(allowed={"*": tuple(CapacityType)})

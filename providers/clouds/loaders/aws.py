@@ -18,6 +18,7 @@ from providers.core import prices
 from providers.core.catalog import Arch, Catalog, GpuSpec, InstanceType
 from providers.core.errors import CatalogError, InvalidRequest
 from providers.core.gpus import aws_gpu, unknown_model_id
+from providers.core.offers import apply_offer
 
 __all__ = ["instance_type", "load_catalog"]
 
@@ -68,7 +69,7 @@ def instance_type(raw: Mapping[str, Any], zones: tuple[str, ...] = ()) -> Instan
     gpu = _gpu(raw.get("GpuInfo"), name)
     network = raw.get("NetworkInfo", {})
     efa = bool(network.get("EfaSupported"))
-    return InstanceType(
+    parsed = InstanceType(
         name=name,
         vcpus=int(raw.get("VCpuInfo", {}).get("DefaultVCpus", 0)),
         memory_mib=int(raw.get("MemoryInfo", {}).get("SizeInMiB", 0)),
@@ -79,6 +80,7 @@ def instance_type(raw: Mapping[str, Any], zones: tuple[str, ...] = ()) -> Instan
         zones=zones,
         family=name.split(".", 1)[0],
     )
+    return apply_offer("aws", parsed)
 
 
 def _arch(supported: list[str]) -> Arch | None:

@@ -21,6 +21,7 @@ from providers.core import prices
 from providers.core.catalog import Arch, Catalog, GpuSpec, InstanceType
 from providers.core.errors import CatalogError
 from providers.core.gpus import azure_size_gpu, unknown_model_id
+from providers.core.offers import apply_offer
 
 __all__ = ["instance_type", "load_catalog"]
 
@@ -102,7 +103,7 @@ def instance_type(sku: Any, region: str) -> InstanceType | None:
                 memory_mib=round(model.memory_mib * fraction),
                 fraction=fraction,
             )
-    return InstanceType(
+    parsed = InstanceType(
         name=name,
         vcpus=vcpus,
         memory_mib=memory_mib,
@@ -112,6 +113,7 @@ def instance_type(sku: Any, region: str) -> InstanceType | None:
         zones=zones,
         family=str(_get(sku, "family") or ""),
     )
+    return apply_offer("azure", parsed)
 
 
 def _zones(sku: Any, region: str) -> tuple[str, ...] | None:

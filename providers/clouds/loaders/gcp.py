@@ -17,16 +17,10 @@ from typing import Any
 
 from providers.clouds.loaders._common import Progress, import_sdk, report, require_region
 from providers.core import prices
-from providers.core.catalog import (
-    DEFAULT_PROVISIONING,
-    Arch,
-    AttachableGpu,
-    Catalog,
-    GpuSpec,
-    InstanceType,
-)
+from providers.core.catalog import Arch, AttachableGpu, Catalog, GpuSpec, InstanceType
 from providers.core.errors import CatalogError, InvalidRequest
 from providers.core.gpus import GPU_MODELS, GpuModel, gcp_accelerator_gpu, unknown_model_id
+from providers.core.offers import apply_offer
 
 __all__ = ["GcpClients", "instance_type", "load_catalog"]
 
@@ -45,9 +39,6 @@ _ARM_FAMILIES = frozenset({"t2a", "c4a", "a4x"})
 # Machine series whose GPU NICs do GPUDirect RDMA over RoCE (GCP's A3 Ultra, A4 and A4X: the
 # accelerator-optimized machine docs); the MachineType resource does not say so.
 _ROCE_PREFIXES = ("a3-ultragpu-", "a4-highgpu-", "a4x-highgpu-")
-# Shapes GCP sells only as Spot or Flex-start VMs (accelerator-optimized machine docs, A3 High:
-# "a3-highgpu-1g, -2g and -4g ... only with Spot VMs or Flex-start VMs").
-SPOT_OR_FLEX_ONLY = frozenset({"a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g"})
 _GONE = frozenset({"OBSOLETE", "DELETED"})
 
 
@@ -132,7 +123,7 @@ def instance_type(
     attach: tuple[AttachableGpu, ...] = ()
     if family == "n1" and attachable:
         attach = _attachable(vcpus, memory_mib, zones, attachable)
-    return InstanceType(
+    parsed = InstanceType(
         name=name,
         vcpus=vcpus,
         memory_mib=memory_mib,
@@ -141,9 +132,9 @@ def instance_type(
         attachable_gpus=attach,
         rdma="roce" if name.startswith(_ROCE_PREFIXES) else "",
         zones=zones,
-        provisioning=("spot", "flex-start") if name in SPOT_OR_FLEX_ONLY else DEFAULT_PROVISIONING,
         family=family,
     )
+    return apply_offer("gcp", parsed)
 
 
 def _attachable(
