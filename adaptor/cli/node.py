@@ -72,9 +72,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         parser,
+        "--kata-shim",
+        default="go",
+        choices=["go", "rs"],
+        help="Kata's Go runtime or runtime-rs (their remote configurations differ)",
+    )
+    flags.add(
+        parser,
         "--shim-path",
         default="",
-        help="the Kata shim binary (default: containerd finds it from --runtime-type in PATH)",
+        help="the Kata shim binary (default: where kata-deploy puts the --kata-shim one)",
     )
     flags.add(
         parser,
@@ -113,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         record=args.install_record,
         handler=args.handler,
         runtime_type=args.runtime_type,
+        shim=args.kata_shim,
         shim_path=args.shim_path,
         socket=args.socket,
         snapshotter=args.snapshotter,

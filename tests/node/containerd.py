@@ -88,9 +88,18 @@ class Containerd:
 
     def cri_config(self) -> dict[str, Any]:
         """The CRI plugin's configuration from its Status(verbose) reply."""
+        deadline = time.monotonic() + 20
         with grpc.insecure_channel(f"unix://{self.socket}") as channel:
             status = channel.unary_unary(CRI_STATUS)
-            reply = status(b"\x08\x01", timeout=10)  # StatusRequest{verbose: true}
+            while True:
+                try:
+                    reply = status(b"\x08\x01", timeout=10)  # StatusRequest{verbose: true}
+                    break
+                except grpc.RpcError:
+                    # the socket is there a moment before every service answers on it
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
         info = {}
         for number, value in _fields(reply):
             if number == 2 and isinstance(value, bytes):  # map<string, string> info

@@ -6,15 +6,24 @@ back, and a refusal writes nothing."""
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 
 from adaptor.cli.main import main
-from adaptor.node.install import InstallError, NodeInstall, install, uninstall
+from adaptor.node.install import (
+    InstallError,
+    NodeInstall,
+    containerd_dropin,
+    install,
+    kata_configuration,
+    uninstall,
+)
 from tests.node import containerd
 from tests.node.containerd import default_config, private, running
 
@@ -149,6 +158,7 @@ def test_the_version_3_dropin_holds_only_the_runtime(base: Path) -> None:
                     "runtimes": {
                         "kata-remote": {
                             "runtime_type": "io.containerd.kata.v2",
+                            "runtime_path": "/opt/kata/bin/containerd-shim-kata-v2",
                             "pod_annotations": ["io.katacontainers.*"],
                             "privileged_without_host_devices": True,
                             "snapshotter": "nydus",
@@ -304,3 +314,33 @@ def test_the_installer_daemonset_mounts_every_path_it_writes() -> None:
         assert any(str(path).startswith(host + "/") for host in mounted.values()), path
     assert pod["nodeSelector"] == {"node.kubernetes.io/peerpods": "true"}
     assert "node" in yaml.safe_load((root / "kustomization.yaml").read_text())["resources"]
+
+
+def _doc_blocks() -> list[dict[str, Any]]:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "install.md").read_text()
+    return [tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", text, flags=re.S)]
+
+
+@pytest.mark.parametrize("shim", ["go", "rs"])
+def test_the_installed_kata_configuration_is_the_documented_one(shim: str) -> None:
+    documented = [b for b in _doc_blocks() if "remote" in b.get("hypervisor", {})]
+    go, rs = documented  # docs/install.md: the Go runtime's, then runtime-rs's
+    written = kata_configuration(NodeInstall.build(shim=shim))
+    assert written == (go if shim == "go" else rs)
+
+
+def test_the_installed_runtime_is_the_documented_one() -> None:
+    documented = [b for b in _doc_blocks() if "plugins" in b]
+    v2, v3 = documented
+    go = NodeInstall.build(
+        kata_config="/opt/kata/share/defaults/kata-containers/configuration-remote.toml"
+    )
+    rs = NodeInstall.build(
+        shim="rs", kata_config="/etc/kata-containers/runtime-rs/configuration-remote.toml"
+    )
+    for settings, doc, plugin in ((go, v2, "io.containerd.grpc.v1.cri"),
+                                  (rs, v3, "io.containerd.cri.v1.runtime")):  # fmt: skip
+        main_file = {"version": 2 if plugin.endswith("grpc.v1.cri") else 3}
+        dropin = containerd_dropin(settings.model_copy(update={"snapshotter": ""}), main_file)
+        runtime = dropin["plugins"][plugin]["containerd"]["runtimes"]["kata-remote"]
+        assert runtime == doc["plugins"][plugin]["containerd"]["runtimes"]["kata-remote"]
