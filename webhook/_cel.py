@@ -31,7 +31,7 @@ from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError, Evaluator
 
 from providers.core.errors import InvalidRequest
-from providers.core.quantity import parse_quantity
+from providers.core.quantity import parse_capped, parse_quantity
 
 __all__ = [
     "COST_LIMIT",
@@ -66,7 +66,14 @@ class CelBudgetExceeded(CelError):
 
 
 # CEL's own evaluation errors that quote nothing of the expression after these words
+# The Kubernetes library functions' runtime errors: fixed texts that quote no value.
+_WIDE = "asInteger: the quantity does not fit an int64"
+_FRACTION = "asInteger: the quantity is not an integer"
+_BAD_SEMVER = "semver: not a semantic version (MAJOR.MINOR.PATCH[-PRE][+BUILD])"
+_BAD_QUANTITY = "quantity: not a valid quantity"
+_LIBRARY_ERRORS = (_WIDE, _FRACTION, _BAD_SEMVER, _BAD_QUANTITY)
 _PUBLIC_EVAL_ERRORS = (
+    *_LIBRARY_ERRORS,
     "no such key",
     "no such member",
     "no such overload",
@@ -137,11 +144,14 @@ class _Metered(Evaluator):
 
 
 class Quantity:
-    """A Kubernetes quantity as a CEL value (exact, compared by value)."""
+    """A Kubernetes quantity as a CEL value (exact, compared by value). `wide`: its value does
+    not fit an int64 (capped at 2^63-1 for comparisons, as Kubernetes caps it), so `asInteger`
+    is a runtime error and `isInteger` false, as in Kubernetes' quantity library."""
 
-    __slots__ = ("value",)
+    __slots__ = ("value", "wide")
 
-    def __init__(self, value: Decimal) -> None:
+    def __init__(self, value: Decimal, wide: bool = False) -> None:
+        self.wide = wide or abs(value) > _MAX_QUANTITY
         self.value = value
 
     def __eq__(self, other: object) -> bool:
@@ -154,35 +164,55 @@ class Quantity:
         return f"Quantity({self.value})"
 
 
-_SEMVER = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?:[-+].*)?$")
+# Semantic Versioning 2.0.0, strictly (as Kubernetes' semver library parses): no leading zeros,
+# pre-release and build identifiers of [0-9A-Za-z-], numeric pre-release identifiers without
+# leading zeros.
+_NUM = r"(?:0|[1-9][0-9]*)"
+_PRE_ID = rf"(?:{_NUM}|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
+_BUILD_ID = r"[0-9A-Za-z-]+"
+_SEMVER = re.compile(
+    rf"^({_NUM})\.({_NUM})\.({_NUM})"
+    rf"(?:-({_PRE_ID}(?:\.{_PRE_ID})*))?(?:\+{_BUILD_ID}(?:\.{_BUILD_ID})*)?$"
+)
 
 
 class Semver:
-    """A semantic version as a CEL value (the type of version attributes)."""
+    """A semantic version as a CEL value (the type of version attributes), ordered by semver
+    precedence: a pre-release ranks below its release, build metadata is ignored."""
 
-    __slots__ = ("parts",)
+    __slots__ = ("parts", "pre")
 
-    def __init__(self, parts: tuple[int, int, int]) -> None:
+    def __init__(self, parts: tuple[int, int, int], pre: tuple[str, ...] = ()) -> None:
         self.parts = parts
+        self.pre = pre
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """Precedence: numeric identifiers below alphanumeric ones, a release above them all."""
+        if not self.pre:
+            return (*self.parts, 1, ())
+        ids = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in self.pre)
+        return (*self.parts, 0, ids)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Semver) and self.parts == other.parts
+        return isinstance(other, Semver) and self.key == other.key
 
     def __hash__(self) -> int:
-        return hash(self.parts)
+        return hash(self.key)
 
     def __repr__(self) -> str:
-        return "Semver({}.{}.{})".format(*self.parts)
+        pre = "-" + ".".join(self.pre) if self.pre else ""
+        return "Semver({}.{}.{}".format(*self.parts) + pre + ")"
 
 
 def _quantity(text: Any) -> Quantity:
     _charge(_size_cost(text))
     try:
-        value = parse_quantity(str(text))
-    except InvalidRequest as exc:
-        raise ValueError(str(exc)) from None
-    # as Kubernetes does: a magnitude beyond 2^63-1 is capped, never carried as a huge number
-    return Quantity(min(value, _MAX_QUANTITY))
+        value, capped = parse_capped(str(text))
+    except InvalidRequest:
+        raise ValueError(_BAD_QUANTITY) from None
+    # as Kubernetes does: a magnitude beyond 2^63-1 is capped (and marked: asInteger fails)
+    return Quantity(value, capped)
 
 
 def _is_quantity(text: Any) -> celtypes.BoolType:
@@ -198,8 +228,9 @@ def _semver(text: Any) -> Semver:
     _charge(_size_cost(text))
     match = _SEMVER.fullmatch(str(text))
     if not match:
-        raise ValueError(f"invalid semver {text!r}")
-    return Semver((int(match[1]), int(match[2]), int(match[3])))
+        raise ValueError(_BAD_SEMVER)
+    pre = tuple(match[4].split(".")) if match[4] else ()
+    return Semver((int(match[1]), int(match[2]), int(match[3])), pre)
 
 
 def _is_semver(text: Any) -> celtypes.BoolType:
@@ -211,7 +242,7 @@ def _key(value: Any) -> Any:
     if isinstance(value, Quantity):
         return value.value
     if isinstance(value, Semver):
-        return value.parts
+        return value.key
     raise TypeError(f"no comparison for {type(value).__name__}")
 
 
@@ -238,19 +269,23 @@ def _operand(value: Any) -> Decimal:
     raise TypeError(f"expected a quantity or int, got {type(value).__name__}")
 
 
+def _wide(*values: Any) -> bool:
+    return any(isinstance(v, Quantity) and v.wide for v in values)
+
+
 def _add(a: Quantity, b: Any) -> Quantity:
-    return Quantity(_operand(a) + _operand(b))
+    return Quantity(_operand(a) + _operand(b), _wide(a, b))
 
 
 def _sub(a: Quantity, b: Any) -> Quantity:
-    return Quantity(_operand(a) - _operand(b))
+    return Quantity(_operand(a) - _operand(b), _wide(a, b))
 
 
 def _as_integer(a: Quantity) -> celtypes.IntType:
-    if abs(a.value) > _MAX_QUANTITY:
-        raise ValueError(f"quantity {a.value} does not fit a 64-bit integer")
+    if a.wide:
+        raise ValueError(_WIDE)
     if a.value != a.value.to_integral_value():
-        raise ValueError(f"quantity {a.value} is not an integer")
+        raise ValueError(_FRACTION)
     return celtypes.IntType(int(a.value))
 
 
@@ -259,7 +294,8 @@ def _as_float(a: Quantity) -> celtypes.DoubleType:
 
 
 def _is_integer(a: Quantity) -> celtypes.BoolType:
-    return celtypes.BoolType(a.value == a.value.to_integral_value())
+    """True exactly when asInteger would not fail (Kubernetes' definition)."""
+    return celtypes.BoolType(not a.wide and a.value == a.value.to_integral_value())
 
 
 def _sign(a: Quantity) -> celtypes.IntType:
@@ -366,4 +402,6 @@ def _eval_message(exc: CELEvalError) -> str:
     detail = args[2] if len(args) > 2 else None
     if text == "no such key" and detail:
         return f"no such key {detail[0]!s}"
+    if text == "return error for overflow" and detail and str(detail[0]) in _LIBRARY_ERRORS:
+        return str(detail[0])  # celpy's words for any ValueError a function raises
     return text.split(" (in activation", 1)[0]

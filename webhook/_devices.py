@@ -91,6 +91,9 @@ class Outcome:
 
     accepted: frozenset[str] = frozenset()
     error: str = ""
+    # (device id, what went wrong) for each device the selector failed on: a failure on a
+    # device the earlier selectors still admit fails the claim, as in Kubernetes' allocator
+    errors: tuple[tuple[str, str], ...] = ()
     denial: str = ""
     over_budget: bool = False
     timed_out: bool = False
@@ -331,6 +334,7 @@ class DeviceSpace:
             return Outcome(denial=str(exc))
         accepted: set[str] = set()
         first_error = ""
+        errors: list[tuple[str, str]] = []
         for device in self.devices:
             try:
                 if evaluate(program, device.activation, Meter(deadline=deadline)):
@@ -347,9 +351,12 @@ class DeviceSpace:
                         "pod VM boots; peer pods cannot be matched on it"
                     )
                 first_error = first_error or exc.public
-        return Outcome(frozenset(accepted), first_error)
+                errors.append((device.id, exc.public))
+        return Outcome(frozenset(accepted), first_error, errors=tuple(errors))
 
-    def _one(self, label: str, expression: str) -> tuple[frozenset[str], str]:
+    def _one(
+        self, label: str, expression: str, candidates: frozenset[str]
+    ) -> tuple[frozenset[str], str]:
         with self._lock:
             outcome = self._cache.get(expression)
             if outcome is not None:
@@ -386,8 +393,11 @@ class DeviceSpace:
             raise CelBudgetExceeded(f"{label} {outcome.denial}")
         if outcome.denial:
             raise CelError(f"{label}: {outcome.denial}")
-        if outcome.error:
-            return outcome.accepted, f"{label} failed on some devices: {outcome.error}"
+        # Kubernetes evaluates a selector on the devices the earlier ones admitted, and a
+        # runtime error there fails the allocation (CEL runtime error): never "no match"
+        failed = next((why for device, why in outcome.errors if device in candidates), "")
+        if failed:
+            raise CelError(f"{label}: CEL runtime error: {failed}")
         return outcome.accepted, ""
 
     def match(self, selectors: list[tuple[str, str]]) -> tuple[Match, str]:
@@ -397,7 +407,7 @@ class DeviceSpace:
         ids = frozenset(d.id for d in self.devices)
         error = ""
         for label, expression in selectors:
-            accepted, err = self._one(label, expression)
+            accepted, err = self._one(label, expression, ids)
             ids &= accepted
             error = error or err
         return Match(tuple(d for d in self.devices if d.id in ids)), error

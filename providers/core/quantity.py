@@ -37,6 +37,17 @@ MAX_QUANTITY = Decimal(2**63 - 1)
 
 def parse_quantity(value: str | int | float) -> Decimal:
     """The exact value of a quantity; InvalidRequest for anything Kubernetes would reject."""
+    return parse_capped(value)[0]
+
+
+def parse_capped(value: str | int | float) -> tuple[Decimal, bool]:
+    """The value of a quantity capped at 2^63-1, and whether it was capped: Kubernetes keeps
+    such a quantity but will not convert it to an int64 (CEL's `asInteger` fails on it)."""
+    found = _parse(value)
+    return min(found, MAX_QUANTITY), found > MAX_QUANTITY
+
+
+def _parse(value: str | int | float) -> Decimal:
     if isinstance(value, bool):
         raise InvalidRequest(f"invalid quantity {value!r}")
     if isinstance(value, int | float):
@@ -44,8 +55,7 @@ def parse_quantity(value: str | int | float) -> Decimal:
             raise InvalidRequest(f"invalid quantity {value!r}")
         if value < 0:
             raise InvalidRequest(f"negative quantity {value!r}")
-        exact = Decimal(str(value)) if isinstance(value, float) else Decimal(value)
-        return min(exact, MAX_QUANTITY)
+        return Decimal(str(value)) if isinstance(value, float) else Decimal(value)
     text = str(value).strip()
     match = _QUANTITY.match(text)
     if not match:
@@ -58,11 +68,11 @@ def parse_quantity(value: str | int | float) -> Decimal:
         if mantissa < 0:
             raise InvalidRequest(f"negative quantity {_short(text)}")
         if mantissa and mantissa.adjusted() > 40:
-            return MAX_QUANTITY
+            return MAX_QUANTITY + 1  # far beyond the cap: never built as a huge number
         result = mantissa * _SUFFIX[suffix]
     except DecimalException:
         raise InvalidRequest(f"invalid quantity {_short(text)}") from None
-    return min(result, MAX_QUANTITY)
+    return result
 
 
 def _short(text: str) -> str:
