@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from adaptor.cli import flags
-from adaptor.cli.select import add_cloud_flags
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Add this subcommand's flags."""
+    """Add this subcommand's flags (from `CatalogRefreshSettings`)."""
+    from adaptor.cli.settings import CatalogRefreshSettings
+
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     refresh = sub.add_parser(
         "refresh",
@@ -30,43 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "instance types (live or the bundled snapshot) priced from the cloud's public source "
         "(AWS Price List, Azure Retail Prices, GCP Cloud Billing Catalog).",
     )
-    add_cloud_flags(refresh, "cloud to read")
-    flags.add(
-        refresh,
-        "--out",
-        default=".",
-        metavar="DIR",
-        help="folder to write <provider>-<region>.json and prices/<provider>-<region>.csv into",
-    )
-    flags.add(
-        refresh,
-        "--types",
-        choices=["live", "snapshot"],
-        default="live",
-        help="instance types from the cloud's API (live) or the bundled snapshot",
-    )
-    flags.add(
-        refresh,
-        "--gcp-api-key",
-        default="",
-        metavar="KEY",
-        help="API key for the GCP Cloud Billing Catalog (gcp only)",
-    )
-    flags.add(
-        refresh,
-        "--aws-spot",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="aws: also read current Spot prices (EC2 DescribeSpotPriceHistory, credentials "
-        "needed; skipped with a warning when they are missing)",
-    )
-    flags.add(
-        refresh,
-        "--no-progress",
-        action="store_true",
-        default=False,
-        help="no progress bar on stderr",
-    )
+    flags.add_settings(refresh, CatalogRefreshSettings)
 
 
 def _bar(args: argparse.Namespace, label: str) -> Any:

@@ -14,16 +14,23 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, create_model
 
 from providers.core.errors import InvalidRequest
-from providers.core.settings import Setting, describe, env_name, parse_duration, settings
+from providers.core.settings import (
+    Flag,
+    Section,
+    Setting,
+    describe,
+    env_name,
+    parse_duration,
+    settings,
+)
 
 __all__ = [
     "add",
-    "add_default_capacity_type",
     "add_settings",
     "duration",
     "env_name",
@@ -126,38 +133,45 @@ def _converter(setting: Setting) -> Any:
     return convert
 
 
-def add(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> argparse.Action:
-    """Add a long flag whose default comes from its env twin; the help names the twin."""
-    env = env_name(flag)
-    raw = os.environ.get(env)
-    action = kwargs.get("action")
-    if raw is not None:
-        if action == "store_true" or isinstance(action, type):
-            kwargs["default"] = raw.strip().lower() in ("1", "true", "yes", "on")
-        elif "type" in kwargs and callable(kwargs["type"]):
-            try:
-                kwargs["default"] = kwargs["type"](raw)
-            except (argparse.ArgumentTypeError, ValueError) as exc:
-                parser.error(f"{env}: {exc}")
-        else:
-            kwargs["default"] = raw
-    help_text = kwargs.get("help", "")
-    default = kwargs.get("default")
-    suffix = f" [env {env}]"
-    if default not in (None, "", False) and "%(default)" not in help_text:
-        suffix = f" (default: %(default)s) [env {env}]"
-    kwargs["help"] = help_text + suffix
-    return parser.add_argument(flag, **kwargs)
-
-
-def add_default_capacity_type(parser: argparse.ArgumentParser, help_text: str) -> None:
-    """--default-capacity-type, as the webhook and `peerpods plan` both take it."""
-    from providers.core.capacity import CapacityType
-
-    add(
-        parser,
-        "--default-capacity-type",
-        default=CapacityType.ON_DEMAND.value,
-        choices=[kind.value for kind in CapacityType],
-        help=help_text,
+def add(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
+    """A flag declared in place, argparse-style (`default`, `type`, `choices`, `action`, `help`,
+    `metavar`): made into a one-field section, so its env twin is resolved and checked like every
+    other setting's. Prefer a field in a section model."""
+    action = kwargs.pop("action", None)
+    convert = kwargs.pop("type", None)
+    default = kwargs.pop("default", None)
+    marker = Flag(
+        flag,
+        metavar=kwargs.pop("metavar", None),
+        choices=tuple(str(choice) for choice in kwargs.pop("choices", ()) or ()),
+        duration=convert is duration,
     )
+    description = kwargs.pop("help", "")
+    if kwargs:
+        raise TypeError(f"{flag}: unsupported argument(s) {', '.join(kwargs)}")
+    annotation: Any
+    if action == "store_true" or action is argparse.BooleanOptionalAction:
+        annotation, default = Annotated[bool, marker], bool(default)
+    elif marker.duration:
+        annotation = Annotated[float, marker]
+        default = parse_duration(default) if isinstance(default, str) else default
+    elif convert is not None:
+        annotation = Annotated[Any, marker, BeforeValidator(_typed(convert))]
+        default = convert(default) if isinstance(default, str) else default
+    else:
+        annotation = Annotated[str | None if default is None else str, marker]
+    fields: dict[str, Any] = {marker.dest: (annotation, Field(default, description=description))}
+    model = create_model("Flag_" + marker.dest, __base__=Section, **fields)
+    add_settings(parser, model)
+
+
+def _typed(convert: Any) -> Any:
+    def check(value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        try:
+            return convert(value)
+        except argparse.ArgumentTypeError as exc:
+            raise ValueError(str(exc)) from None
+
+    return check

@@ -50,8 +50,26 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser: once the command line is parsed, every setting it did not give is
+    filled from its env twin or its default (`flags.resolve`, only the chosen command's); an
+    invalid env value exits 2 with one line naming the variable."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        from adaptor.cli import flags
+
+        parsed, rest = super().parse_known_args(args, namespace)
+        try:
+            flags.resolve(parsed)
+        except PeerpodsError as exc:
+            self.exit(2, f"peerpods {getattr(parsed, 'command', '')}: {exc}\n")
+        return parsed, rest
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="peerpods",
         description="Peer-pods cloud-API adaptor with GPU-aware instance selection.",
     )
@@ -59,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action=_VersionAction, help="print the package version and exit"
     )
     _log_flags(parser, top=True)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=argparse.ArgumentParser
+    )
     for name, (module_name, summary) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
         child = sub.add_parser(name, help=summary, description=summary)
@@ -72,34 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
 def _log_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
     """`--log-level` and `--log-format`, before or after the subcommand, with env twins.
 
-    The top-level flags carry the defaults (from PEERPODS_LOG_LEVEL / PEERPODS_LOG_FORMAT); a
-    subcommand's copy changes them only when given, so both spellings work.
+    Both copies come from `LogSettings`; whichever the command line gives wins, and neither
+    given, the env twin or the default fills them in (`flags.resolve`).
     """
     from adaptor.cli import flags
+    from adaptor.cli.settings import LogSettings
 
-    levels = ["debug", "info", "warning", "error"]
-    formats = ["json", "text"]
-    if top:
-        flags.add(parser, "--log-level", default="info", choices=levels, help="log level")
-        flags.add(
-            parser, "--log-format", default="json", choices=formats, help="log line format (stderr)"
-        )
-        return
-    parser.add_argument(
-        "--log-level", default=argparse.SUPPRESS, choices=levels, help="as before the subcommand"
-    )
-    parser.add_argument(
-        "--log-format", default=argparse.SUPPRESS, choices=formats, help="as before the subcommand"
-    )
+    flags.add_settings(parser, LogSettings, help=None if top else "as before the subcommand")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    from adaptor.cli import flags
-
+    args = parser.parse_args(argv)  # an invalid flag or env twin value exits 2 here
     try:
-        flags.resolve(args)  # settings not on the command line: env twin, else the default
         logs.configure(args.log_level, args.log_format)
         module = importlib.import_module(args._module)
         return int(module.run(args))

@@ -21,51 +21,15 @@ if TYPE_CHECKING:
     from adaptor.cli.pod_plan import PlanReport
 
 _MAX_MANIFEST_BYTES = 4 << 20
-# adaptor.devices.naming.CdiNaming's defaults, repeated so --help imports nothing (a test checks)
-DEFAULT_CDI_NAMES = {
-    "gpu": "peerpods.io/gpu=gpu{index}",
-    "mig": "peerpods.io/gpu=gpu{gpu}-mig{mig}",
-    "rdma": "rdma.peerpods.io/hca={index}",
-}
-CDI_NAME_FLAGS = {
-    "gpu": "a whole GPU ({index}: its index in the VM)",
-    "mig": "a MIG device ({gpu}, {mig}: GPU and MIG index)",
-    "rdma": "an RDMA device ({index}: its index)",
-}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Add this subcommand's flags."""
-    from adaptor.cli.select import add_cloud_flags, add_output_flags
+    """Add this subcommand's flags (from `PlanSettings` and the adaptor's `CdiNames`)."""
+    from adaptor.cli.settings import PlanSettings
+    from adaptor.settings import CdiNames
 
     parser.add_argument("manifest", metavar="POD.yaml", help="pod manifest ('-' for stdin)")
-    add_cloud_flags(parser, "cloud whose catalog to plan on")
-    add_output_flags(parser)
-    flags.add(parser, "--pod", default="", metavar="NAME",
-              help="the pod to plan when the manifest holds several")  # fmt: skip
-    flags.add(
-        parser,
-        "--allowed-machine-types",
-        default="",
-        metavar="TYPE[,...]",
-        help="instance types a pod may pin with the machine_type annotation (as the webhook's)",
-    )
-    flags.add_default_capacity_type(
-        parser,
-        "capacity type of a pod without peerpods.io/capacity-type (as the webhook's)",
-    )
-    flags.add(
-        parser,
-        "--namespace-capacity-types",
-        default="",
-        metavar="NS=TYPE|TYPE[,...]",
-        help="capacity types each namespace may ask for (as the webhook's)",
-    )
-    flags.add(parser, "--limit", type=int, default=5, metavar="N",
-              help="candidates shown in the table (JSON lists all)")  # fmt: skip
-    for kind, what in CDI_NAME_FLAGS.items():
-        flags.add(parser, f"--cdi-{kind}-name", default=DEFAULT_CDI_NAMES[kind],
-                  help=f"CDI name template of {what} (as the adaptor's)")  # fmt: skip
+    flags.add_settings(parser, PlanSettings, CdiNames)
 
 
 def _read(path: str) -> str:
@@ -254,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     naming = naming_from_flags(args.cdi_gpu_name, args.cdi_mig_name, args.cdi_rdma_name)
     source = "stdin" if args.manifest == "-" else args.manifest
     documents = load_documents(_read(args.manifest), source)
-    allowed = [t.strip() for t in args.allowed_machine_types.split(",") if t.strip()]
+    allowed = list(args.allowed_machine_types)
     from providers.core.capacity import CapacityType
     from webhook import CapacityPolicy, parse_namespace_policy
 

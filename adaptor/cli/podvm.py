@@ -17,6 +17,8 @@ from adaptor.cli import flags
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add this subcommand's actions and flags (no heavy imports)."""
+    from adaptor.cli.settings import PodvmPrepareSettings
+
     sub = parser.add_subparsers(dest="podvm_command", metavar="ACTION", required=True)
     prep = sub.add_parser(
         "prepare",
@@ -26,68 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "planned device is ready; 1 one could not be created (one line on stderr says which and "
         "why); 2 bad input; 3 rebooting once for a pending MIG mode change.",
     )
-    flags.add(
-        prep,
-        "--apf-json",
-        default="/run/peerpod/apf.json",
-        metavar="PATH",
-        help="forwarder config carrying the device layout (key peerpods-devices)",
-    )
-    flags.add(
-        prep,
-        "--devices-json",
-        default="/run/peerpod/devices.json",
-        metavar="PATH",
-        help="legacy layout file, read when apf.json has no layout",
-    )
-    flags.add(
-        prep,
-        "--cdi-dir",
-        default="/var/run/cdi",
-        metavar="DIR",
-        help="where the CDI specs are written (peerpods-<vendor>_<class>.json)",
-    )
-    flags.add(
-        prep,
-        "--status-file",
-        default="/run/peerpod/podvm-status.json",
-        metavar="PATH",
-        help="per-device record of what was done (JSON)",
-    )
-    flags.add(
-        prep,
-        "--state-dir",
-        default="/var/lib/peerpods/podvm",
-        metavar="DIR",
-        help="persistent state guarding the one reboot a pending MIG mode may need",
-    )
-    flags.add(
-        prep,
-        "--root",
-        default="/",
-        metavar="DIR",
-        help="the filesystem root /dev and /proc are read under",
-    )
-    flags.add(
-        prep,
-        "--reboot-command",
-        default="systemctl reboot",
-        metavar="CMD",
-        help="how the VM reboots when a MIG mode change is pending a GPU reset",
-    )
-    flags.add(
-        prep,
-        "--no-reboot",
-        action="store_true",
-        help="never reboot: a pending MIG mode change fails its devices instead",
-    )
-    flags.add(
-        prep,
-        "--nvml-module",
-        default="pynvml",
-        metavar="MODULE",
-        help="the NVML bindings module (pynvml from nvidia-ml-py; a stand-in for tests)",
-    )
+    flags.add_settings(prep, PodvmPrepareSettings)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from adaptor.cli import flags
-from providers.core.catalog import ARCHES, CLOUDS
 
 if TYPE_CHECKING:
     from providers.core.catalog import Catalog
@@ -21,114 +20,11 @@ if TYPE_CHECKING:
     from providers.core.selection import Candidate, Selection
 
 
-def add_cloud_flags(parser: argparse.ArgumentParser, provider_help: str) -> None:
-    """--provider and --region: which catalog (`select` and `plan` read them alike)."""
-    flags.add(
-        parser,
-        "--provider",
-        choices=list(CLOUDS),
-        default="aws",
-        help=provider_help,
-    )
-    flags.add(
-        parser,
-        "--region",
-        default="",
-        help="region (default: us-east-1, eastus or us-central1 by provider)",
-    )
-
-
-def add_output_flags(parser: argparse.ArgumentParser) -> None:
-    """--catalog-dir and --output (`select` and `plan` read them alike)."""
-    flags.add(
-        parser,
-        "--catalog-dir",
-        default="",
-        metavar="DIR",
-        help="folder of catalog snapshots (default: the bundled snapshots)",
-    )
-    flags.add(parser, "--output", choices=["table", "json"], default="table", help="output format")
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Add this subcommand's flags."""
-    add_cloud_flags(parser, "cloud whose catalog to select from")
-    flags.add(parser, "--gpus", type=int, default=0, metavar="N", help="whole GPUs")
-    flags.add(
-        parser,
-        "--gpu-model",
-        default="",
-        metavar="M[,M...]",
-        help="acceptable GPU models, alternatives (h100, a100-80gb, 'NVIDIA L4', ...)",
-    )
-    flags.add(
-        parser,
-        "--gpu-memory",
-        default="",
-        metavar="QTY",
-        help="minimum memory per GPU, Kubernetes quantity (e.g. 40Gi)",
-    )
-    flags.add(
-        parser,
-        "--mig",
-        default="",
-        metavar="PROFILE=COUNT[,...]",
-        help="MIG devices, e.g. 1g.10gb=2,3g.40gb=1",
-    )
-    flags.add(parser, "--vcpus", default="", metavar="N", help="minimum vCPUs")
-    flags.add(parser, "--memory", default="", metavar="QTY", help="minimum memory (e.g. 16Gi)")
-    flags.add(
-        parser,
-        "--allow",
-        default="",
-        metavar="TYPE[,...]",
-        help="only these instance types (globs like 'p5.*' allowed)",
-    )
-    flags.add(
-        parser,
-        "--deny",
-        default="",
-        metavar="TYPE[,...]",
-        help="never these instance types (globs allowed)",
-    )
-    flags.add(
-        parser,
-        "--instance-type",
-        default="",
-        metavar="TYPE",
-        help="an explicit instance type, checked against the catalog and --allow",
-    )
-    flags.add(parser, "--zone", default="", help="only types offered in this zone")
-    flags.add(
-        parser,
-        "--spot",
-        action="store_true",
-        help="a Spot VM: only types sold as Spot, ranked by Spot price (a type with no published "
-        "Spot price by its on-demand price, what Spot costs at most)",
-    )
-    flags.add(parser, "--rdma", action="store_true", help="RDMA (EFA / InfiniBand) required")
-    flags.add(
-        parser,
-        "--fractional",
-        action="store_true",
-        help="a fraction of a GPU (g6f, NV*ads_A10_v5) may serve one GPU",
-    )
-    flags.add(
-        parser,
-        "--arch",
-        choices=list(ARCHES),
-        default="x86_64",
-        help="architecture of the pod VM image",
-    )
-    flags.add(
-        parser,
-        "--live",
-        action="store_true",
-        help="read the cloud's API instead of the bundled snapshot (needs credentials)",
-    )
-    add_output_flags(parser)
-    flags.add(parser, "--limit", type=int, default=10, metavar="N",
-              help="candidates shown in the table (JSON lists all)")  # fmt: skip
+    """Add this subcommand's flags (from `SelectSettings`)."""
+    from adaptor.cli.settings import SelectSettings
+
+    flags.add_settings(parser, SelectSettings)
 
 
 def _split(text: str) -> tuple[str, ...]:

@@ -18,7 +18,10 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from adaptor.cdi import CdiError, parse_qualified_name
+from adaptor.settings import CdiNames
 from providers.core.errors import InvalidRequest
+
+_DEFAULTS = CdiNames()
 
 
 class CdiNaming(BaseModel):
@@ -26,9 +29,10 @@ class CdiNaming(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    gpu: str = "peerpods.io/gpu=gpu{index}"
-    mig: str = "peerpods.io/gpu=gpu{gpu}-mig{mig}"
-    rdma: str = "rdma.peerpods.io/hca={index}"
+    # the defaults are the `serve` settings' (adaptor.settings.CdiNames), declared there once
+    gpu: str = _DEFAULTS.cdi_gpu_name
+    mig: str = _DEFAULTS.cdi_mig_name
+    rdma: str = _DEFAULTS.cdi_rdma_name
 
     @field_validator("gpu", "mig", "rdma")
     @classmethod

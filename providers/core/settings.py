@@ -197,15 +197,11 @@ class Setting:
             value = csv(text)
         elif self.optional and not text:
             value = None
-        return self.check(value)
-
-    def check(self, value: object) -> Any:
-        """Validate a value against the field's type and constraints; ValueError says why."""
         try:
             return self._adapter.validate_python(value)
         except ValidationError as exc:
             message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
-            raise ValueError(f"invalid value {value!r}: {message}") from None
+            raise ValueError(f"invalid value {text!r}: {message}") from None
 
     def shown_default(self) -> str:
         """The default as the help shows it ('' when there is nothing worth showing)."""

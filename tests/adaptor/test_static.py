@@ -124,7 +124,6 @@ def test_registry_builds_a_cloud_provider_from_serve_flags(monkeypatch: pytest.M
             "--no-agent-tls",
         ]
     )
-    flags.resolve(args, {})
     settings = flags.section(AwsSettings, args)
     assert settings.aws_zones == () and settings.aws_use_public_ip is False
     provider = registry.create(

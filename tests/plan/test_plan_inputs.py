@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from adaptor.cli.main import main
-from adaptor.cli.plan import DEFAULT_CDI_NAMES
 from adaptor.cli.pod_plan import load_documents, plan_manifest
 from adaptor.devices.naming import CdiNaming
+from adaptor.settings import CdiNames
 from providers.core.errors import InvalidRequest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,8 +242,12 @@ def test_cdi_name_templates_follow_the_flags(
     names = sorted(m["name"] for m in data["mig_layout"])
     assert names == ["example.com/mig=gpu0-mig0", "example.com/mig=gpu0-mig1",
                      "example.com/mig=gpu0-mig2"]  # fmt: skip
-    naming = CdiNaming()
-    assert {"gpu": naming.gpu, "mig": naming.mig, "rdma": naming.rdma} == DEFAULT_CDI_NAMES
+    naming, flagged = CdiNaming(), CdiNames()
+    assert (naming.gpu, naming.mig, naming.rdma) == (
+        flagged.cdi_gpu_name,
+        flagged.cdi_mig_name,
+        flagged.cdi_rdma_name,
+    )
 
 
 def test_library_entry_point() -> None:

@@ -1,0 +1,316 @@
+"""The settings of the commands other than `serve`, one section each (`providers.core.settings`
+says how to add one); the commands' flags, env twins and help derive from these fields.
+
+Sections two commands share are declared once and given to both: `plan` takes the webhook's
+admission policy and the adaptor's CDI names, `select` and `plan` read the same catalog.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, IPvAnyNetwork
+
+from providers.core.capacity import CapacityType
+from providers.core.catalog import ARCHES, CLOUDS
+from providers.core.settings import Flag, Section, csv
+
+
+def _list(value: object) -> object:
+    return csv(value) if isinstance(value, str) else value
+
+
+Names = Annotated[tuple[str, ...], BeforeValidator(_list)]
+NameSet = Annotated[frozenset[str], BeforeValidator(_list)]
+
+
+class LogSettings(Section):
+    """Logging, before or after the subcommand."""
+
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], Flag("--log-level")] = Field(
+        "info", description="log level"
+    )
+    log_format: Annotated[Literal["json", "text"], Flag("--log-format")] = Field(
+        "json", description="log line format (stderr)"
+    )
+
+
+class CatalogChoice(Section):
+    """Which cloud's catalog, in which region (`select`, `plan`, `catalog refresh`)."""
+
+    provider: Annotated[str, Flag("--provider", choices=CLOUDS)] = Field(
+        "aws", description="cloud whose catalog to read"
+    )
+    region: Annotated[str, Flag("--region")] = Field(
+        "", description="region (default: us-east-1, eastus or us-central1 by provider)"
+    )
+
+
+class CatalogSource(Section):
+    """Where catalog snapshots are read from."""
+
+    catalog_dir: Annotated[str, Flag("--catalog-dir", metavar="DIR")] = Field(
+        "", description="folder of catalog snapshots (default: the bundled snapshots)"
+    )
+
+
+class OutputSettings(Section):
+    """How a report is printed."""
+
+    output: Annotated[Literal["table", "json"], Flag("--output")] = Field(
+        "table", description="output format"
+    )
+
+
+class SelectSettings(CatalogChoice, CatalogSource, OutputSettings):
+    """`peerpods select`: the request, described by flags."""
+
+    gpus: Annotated[int, Flag("--gpus", metavar="N")] = Field(0, description="whole GPUs")
+    gpu_model: Annotated[str, Flag("--gpu-model", metavar="M[,M...]")] = Field(
+        "",
+        description="acceptable GPU models, alternatives (h100, a100-80gb, 'NVIDIA L4', ...)",
+    )
+    gpu_memory: Annotated[str, Flag("--gpu-memory", metavar="QTY")] = Field(
+        "", description="minimum memory per GPU, Kubernetes quantity (e.g. 40Gi)"
+    )
+    mig: Annotated[str, Flag("--mig", metavar="PROFILE=COUNT[,...]")] = Field(
+        "", description="MIG devices, e.g. 1g.10gb=2,3g.40gb=1"
+    )
+    vcpus: Annotated[str, Flag("--vcpus", metavar="N")] = Field("", description="minimum vCPUs")
+    memory: Annotated[str, Flag("--memory", metavar="QTY")] = Field(
+        "", description="minimum memory (e.g. 16Gi)"
+    )
+    allow: Annotated[str, Flag("--allow", metavar="TYPE[,...]")] = Field(
+        "", description="only these instance types (globs like 'p5.*' allowed)"
+    )
+    deny: Annotated[str, Flag("--deny", metavar="TYPE[,...]")] = Field(
+        "", description="never these instance types (globs allowed)"
+    )
+    instance_type: Annotated[str, Flag("--instance-type", metavar="TYPE")] = Field(
+        "", description="an explicit instance type, checked against the catalog and --allow"
+    )
+    zone: Annotated[str, Flag("--zone")] = Field("", description="only types offered in this zone")
+    spot: Annotated[bool, Flag("--spot")] = Field(
+        False,
+        description="a Spot VM: only types sold as Spot, ranked by Spot price (a type with no "
+        "published Spot price by its on-demand price, what Spot costs at most)",
+    )
+    rdma: Annotated[bool, Flag("--rdma")] = Field(
+        False, description="RDMA (EFA / InfiniBand) required"
+    )
+    fractional: Annotated[bool, Flag("--fractional")] = Field(
+        False, description="a fraction of a GPU (g6f, NV*ads_A10_v5) may serve one GPU"
+    )
+    arch: Annotated[str, Flag("--arch", choices=ARCHES)] = Field(
+        "x86_64", description="architecture of the pod VM image"
+    )
+    live: Annotated[bool, Flag("--live")] = Field(
+        False,
+        description="read the cloud's API instead of the bundled snapshot (needs credentials)",
+    )
+    limit: Annotated[int, Flag("--limit", metavar="N")] = Field(
+        10, description="candidates shown in the table (JSON lists all)"
+    )
+
+
+class AdmissionPolicy(Section):
+    """What pods may ask for: the webhook enforces it, `peerpods plan` previews it."""
+
+    allowed_machine_types: Annotated[Names, Flag("--allowed-machine-types")] = Field(
+        (),
+        description="comma-separated instance types users may pin with the machine_type "
+        "annotation (empty: none)",
+    )
+    default_capacity_type: Annotated[CapacityType, Flag("--default-capacity-type")] = Field(
+        CapacityType.ON_DEMAND,
+        description="capacity type of a pod without the peerpods.io/capacity-type annotation",
+    )
+    namespace_capacity_types: Annotated[str, Flag("--namespace-capacity-types")] = Field(
+        "",
+        description="capacity types each namespace's pods may ask for, NAMESPACE=TYPE|TYPE[,...] "
+        "with * for every other namespace, e.g. 'ml=spot|spot-or-on-demand,*=on-demand'; a "
+        "namespace's first type is its default when --default-capacity-type is not allowed "
+        "there (empty: any type anywhere)",
+    )
+
+
+class PlanSettings(CatalogChoice, CatalogSource, OutputSettings, AdmissionPolicy):
+    """`peerpods plan`: which pod of the manifest, and how much of the ranking to show."""
+
+    pod: Annotated[str, Flag("--pod", metavar="NAME")] = Field(
+        "", description="the pod to plan when the manifest holds several"
+    )
+    limit: Annotated[int, Flag("--limit", metavar="N")] = Field(
+        5, description="candidates shown in the table (JSON lists all)"
+    )
+
+
+class WebhookSettings(AdmissionPolicy, CatalogSource):
+    """`peerpods webhook`: the server, its catalog and its policy."""
+
+    host: Annotated[str, Flag("--host")] = Field("0.0.0.0", description="address to listen on")
+    port: Annotated[int, Flag("--port")] = Field(
+        8443, ge=0, le=65535, description="HTTPS port (0: any free one)"
+    )
+    tls_cert_file: Annotated[str, Flag("--tls-cert-file")] = Field(
+        "/etc/peerpods/tls/tls.crt",
+        description="serving certificate (PEM); re-read when its content changes",
+    )
+    tls_key_file: Annotated[str, Flag("--tls-key-file")] = Field(
+        "/etc/peerpods/tls/tls.key", description="private key of the serving certificate (PEM)"
+    )
+    seal_key_dir: Annotated[str, Flag("--seal-key-dir")] = Field(
+        "/etc/peerpods/seal",
+        description="the contract-seal keys, a mounted Secret: `current` seals, every other file "
+        "is still accepted (rotation: docs/install.md); never derived from the TLS key",
+    )
+    provider: Annotated[str, Flag("--provider", choices=("", *CLOUDS))] = Field(
+        "",
+        description="cloud whose catalog DRA selectors and impossible requests are checked "
+        "against (empty: no catalog; pods with DRA claims are denied)",
+    )
+    region: Annotated[str, Flag("--region")] = Field(
+        "", description="catalog region (default: the cloud's)"
+    )
+    runtime_classes: Annotated[NameSet, Flag("--runtime-classes")] = Field(
+        frozenset({"kata-remote"}),
+        description="comma-separated runtimeClassNames that make a pod a peer pod",
+    )
+    impossible: Annotated[Literal["deny", "warn"], Flag("--impossible")] = Field(
+        "deny",
+        description="a GPU request no catalog type can serve: deny the pod, or admit it with a "
+        "warning",
+    )
+    max_request_bytes: Annotated[int, Flag("--max-request-bytes")] = Field(
+        3 << 20, gt=0, description="largest AdmissionReview body accepted, bytes"
+    )
+    tls_reload_seconds: Annotated[float, Flag("--tls-reload-seconds", duration=True)] = Field(
+        10.0, gt=0, description="how often the TLS files are checked for new content (duration)"
+    )
+    vm_image_namespaces: Annotated[NameSet, Flag("--vm-image-namespaces")] = Field(
+        frozenset(),
+        description="comma-separated namespaces whose peer pods may choose their pod VM image "
+        "and initdata (the image and cc_init_data annotations); elsewhere both are removed",
+    )
+    allowed_vm_images: Annotated[NameSet, Flag("--allowed-vm-images")] = Field(
+        frozenset(),
+        description="comma-separated pod VM images any peer pod may choose with the image "
+        "annotation",
+    )
+    max_connections: Annotated[int, Flag("--max-connections")] = Field(
+        256, gt=0, description="open connections at most; one more is closed at once"
+    )
+    header_timeout_seconds: Annotated[float, Flag("--header-timeout", duration=True)] = Field(
+        5.0,
+        gt=0,
+        description="a connection must send complete request headers within this (duration)",
+    )
+    body_timeout_seconds: Annotated[float, Flag("--body-timeout", duration=True)] = Field(
+        10.0,
+        gt=0,
+        description="a request body must arrive within this once the headers have (duration; "
+        "else 408)",
+    )
+    cel_timeout_seconds: Annotated[float, Flag("--cel-timeout", duration=True)] = Field(
+        5.0,
+        gt=0,
+        description="wall-clock limit for all DRA selectors of one admission (duration); a pod "
+        "whose selectors run longer is denied",
+    )
+    cel_workers: Annotated[int, Flag("--cel-workers")] = Field(
+        2,
+        ge=0,
+        description="worker processes that evaluate DRA selectors (killed and replaced when one "
+        "runs past --cel-timeout; 0: selectors run in the admission thread)",
+    )
+    max_connections_per_source: Annotated[int, Flag("--max-connections-per-source")] = Field(
+        64,
+        gt=0,
+        description="open connections from one address at most (the API server's networks "
+        "excepted)",
+    )
+    reserved_connections: Annotated[int, Flag("--reserved-connections")] = Field(
+        32,
+        ge=0,
+        description="connections of --max-connections only the API server's networks may use",
+    )
+    api_server_cidrs: Annotated[
+        tuple[IPvAnyNetwork, ...], Flag("--api-server-cidrs"), BeforeValidator(_list)
+    ] = Field(
+        (),
+        description="comma-separated networks the API server connects from (e.g. the control "
+        "plane's range): exempt from the per-address limit, and the reserve is theirs",
+    )
+    client_ca_file: Annotated[str, Flag("--client-ca-file")] = Field(
+        "",
+        description="CA of the API server's client certificate (AdmissionConfiguration "
+        "kubeConfig); set, /mutate answers only clients presenting a certificate it issued "
+        "(empty: any)",
+    )
+    cache_ttl_seconds: Annotated[float, Flag("--cache-ttl", duration=True)] = Field(
+        30.0,
+        ge=0,
+        description="how long claims, templates and device classes read from the API are cached",
+    )
+
+
+class CatalogRefreshSettings(CatalogChoice):
+    """`peerpods catalog refresh`: where types and prices come from, where the snapshot goes."""
+
+    out: Annotated[str, Flag("--out", metavar="DIR")] = Field(
+        ".",
+        description="folder to write <provider>-<region>.json and prices/<provider>-<region>.csv "
+        "into",
+    )
+    types: Annotated[Literal["live", "snapshot"], Flag("--types")] = Field(
+        "live", description="instance types from the cloud's API (live) or the bundled snapshot"
+    )
+    gcp_api_key: Annotated[str, Flag("--gcp-api-key", metavar="KEY")] = Field(
+        "", description="API key for the GCP Cloud Billing Catalog (gcp only)"
+    )
+    aws_spot: Annotated[bool, Flag("--aws-spot")] = Field(
+        True,
+        description="aws: also read current Spot prices (EC2 DescribeSpotPriceHistory, "
+        "credentials needed; skipped with a warning when they are missing)",
+    )
+    no_progress: Annotated[bool, Flag("--no-progress")] = Field(
+        False, description="no progress bar on stderr"
+    )
+
+
+class PodvmPrepareSettings(Section):
+    """`peerpods podvm prepare`, inside the pod VM: where the layout, specs and state live."""
+
+    apf_json: Annotated[str, Flag("--apf-json", metavar="PATH")] = Field(
+        "/run/peerpod/apf.json",
+        description="forwarder config carrying the device layout (key peerpods-devices)",
+    )
+    devices_json: Annotated[str, Flag("--devices-json", metavar="PATH")] = Field(
+        "/run/peerpod/devices.json",
+        description="legacy layout file, read when apf.json has no layout",
+    )
+    cdi_dir: Annotated[str, Flag("--cdi-dir", metavar="DIR")] = Field(
+        "/var/run/cdi",
+        description="where the CDI specs are written (peerpods-<vendor>_<class>.json)",
+    )
+    status_file: Annotated[str, Flag("--status-file", metavar="PATH")] = Field(
+        "/run/peerpod/podvm-status.json", description="per-device record of what was done (JSON)"
+    )
+    state_dir: Annotated[str, Flag("--state-dir", metavar="DIR")] = Field(
+        "/var/lib/peerpods/podvm",
+        description="persistent state guarding the one reboot a pending MIG mode may need",
+    )
+    root: Annotated[str, Flag("--root", metavar="DIR")] = Field(
+        "/", description="the filesystem root /dev and /proc are read under"
+    )
+    reboot_command: Annotated[str, Flag("--reboot-command", metavar="CMD")] = Field(
+        "systemctl reboot",
+        description="how the VM reboots when a MIG mode change is pending a GPU reset",
+    )
+    no_reboot: Annotated[bool, Flag("--no-reboot")] = Field(
+        False, description="never reboot: a pending MIG mode change fails its devices instead"
+    )
+    nvml_module: Annotated[str, Flag("--nvml-module", metavar="MODULE")] = Field(
+        "pynvml",
+        description="the NVML bindings module (pynvml from nvidia-ml-py; a stand-in for tests)",
+    )

@@ -1,0 +1,205 @@
+"""Every setting is declared once (`providers.core.settings`), and its env twin is checked exactly
+like its flag: an invalid value stops the command with exit 2 and one line naming the variable,
+never a silent fallback or a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from adaptor.cli import flags
+from adaptor.cli.main import SUBCOMMANDS, build_parser, main
+from adaptor.hypervisor import ManagerConfig
+from adaptor.node.settings import ServeSettings
+from adaptor.podnet import PodNetSettings
+from adaptor.settings import AgentTls, CdiSettings
+from providers.clouds import registry
+from providers.core.settings import Setting, format_duration, parse_duration, settings
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("adaptor", "providers", "webhook")
+
+
+def leaves(
+    parser: argparse.ArgumentParser, argv: list[str], inherited: tuple[Setting, ...] = ()
+) -> Iterator[tuple[list[str], tuple[Setting, ...]]]:
+    """Each runnable command line (placeholders for required arguments) with every setting it
+    resolves: its own and those of the parsers above it."""
+    own = tuple(v for k, v in parser._defaults.items() if k.startswith("_setting:"))
+    found = inherited + own
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if subparsers:
+        for name, child in subparsers[0].choices.items():
+            yield from leaves(child, [*argv, name], found)
+        return
+    extra: list[str] = []
+    for action in parser._actions:
+        if not action.option_strings:
+            extra.append("placeholder")
+        elif action.required:
+            extra += [action.option_strings[0], "placeholder"]
+    yield [*argv, *extra], found
+
+
+def invalid_text(setting: Setting) -> str:
+    """A value the setting's declaration refuses, as specific to its type as it has."""
+    if setting.is_bool:
+        return "ture"
+    if setting.choices:
+        return "not-one-of-them"
+    if setting.flag.duration:
+        return "5 minutes"
+    if setting._type is int:
+        return "many"
+    return "bad\x01value"  # free text: control characters are refused everywhere
+
+
+def cases() -> list[tuple[list[str], Setting]]:
+    found: list[tuple[list[str], Setting]] = []
+    top = build_parser()
+    for argv, declared in leaves(top, []):
+        unique = {s.flag.env: s for s in declared}
+        found += [(argv, s) for s in unique.values()]
+    return found
+
+
+CASES = cases()
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in [k for k in os.environ if k.startswith("PEERPODS_")]:
+        monkeypatch.delenv(key)
+
+
+def test_every_command_and_setting_is_covered() -> None:
+    commands = {argv[0] for argv, _ in CASES}
+    assert commands == set(SUBCOMMANDS)
+    serve = {s.flag.env for argv, s in CASES if argv[0] == "serve"}
+    for section in (ServeSettings, AgentTls, CdiSettings, *registry.sections()):
+        assert {s.flag.env for s in settings(section)} <= serve
+    assert len(CASES) > 150
+
+
+@pytest.mark.parametrize(
+    ("argv", "setting"), CASES, ids=[f"{' '.join(a[:2])}:{s.flag.env}" for a, s in CASES]
+)
+def test_an_invalid_env_value_exits_2_naming_the_variable(
+    argv: list[str],
+    setting: Setting,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def must_not_run(args: argparse.Namespace) -> int:
+        raise AssertionError(f"{setting.flag.env} was accepted: the command ran")
+
+    for module_name, _ in SUBCOMMANDS.values():
+        monkeypatch.setattr(f"{module_name}.run", must_not_run)
+    text = invalid_text(setting)
+    monkeypatch.setenv(setting.flag.env, text)
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"peerpods {argv[0]}: {setting.flag.env}: invalid "), lines
+    assert "Traceback" not in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "flag_argv", "dest", "expected"),
+    [
+        ("PEERPODS_AGENT_TLS", "false", ["--no-agent-tls"], "agent_tls", False),
+        ("PEERPODS_EXT_NETWORK_VIA_PODVM", "yes", ["--ext-network-via-podvm"], None, True),
+        ("PEERPODS_PROXY_TIMEOUT", "1h30m", ["--proxy-timeout", "1h30m"], None, 5400.0),
+        ("PEERPODS_VXLAN_PORT", "4790", ["--vxlan-port", "4790"], None, 4790),
+        ("PEERPODS_ALLOWED_IMAGES", "a, b,", ["--allowed-images", "a, b,"], None, ("a", "b")),
+        ("PEERPODS_AWS_USE_PUBLIC_IP", "on", ["--aws-use-public-ip", "on"], None, True),
+        ("PEERPODS_AGENT_TLS_CA", "", ["--agent-tls-ca", ""], "agent_tls_ca", None),
+    ],
+)
+def test_env_twin_and_flag_mean_the_same(
+    env: str,
+    value: str,
+    flag_argv: list[str],
+    dest: str | None,
+    expected: object,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dest = dest or flag_argv[0].lstrip("-").replace("-", "_")
+    by_flag = build_parser().parse_args(["serve", *flag_argv])
+    monkeypatch.setenv(env, value)
+    by_env = build_parser().parse_args(["serve"])
+    assert getattr(by_env, dest) == getattr(by_flag, dest) == expected
+
+
+def test_the_command_line_wins_over_the_env_twin_and_unset_means_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PEERPODS_VXLAN_PORT", "4791")
+    monkeypatch.setenv("PEERPODS_SOCKET", "/s")
+    args = build_parser().parse_args(["serve", "--vxlan-port", "4790"])
+    built = flags.section(ServeSettings, args)
+    assert (built.vxlan_port, str(built.socket)) == (4790, "/s")
+    assert built.forwarder_port == ServeSettings.model_fields["forwarder_port"].default
+
+
+def test_one_commands_env_twin_never_fails_another_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # valid for serve, invalid for select and webhook: only the command that runs checks them
+    monkeypatch.setenv("PEERPODS_PROVIDER", "static")
+    monkeypatch.setenv("PEERPODS_IMPOSSIBLE", "allow")
+    args = build_parser().parse_args(["serve"])
+    assert args.provider == "static"
+    built = flags.section(ServeSettings, args, agent_tls=flags.section(AgentTls, args))
+    assert built.provider == "static"
+
+
+def test_sub_configs_are_built_from_their_sections() -> None:
+    serve = ServeSettings.build(forwarder_port=15151, vxlan_port=4790, start_timeout_seconds=5)
+    manager = ManagerConfig.of(serve)
+    podnet = PodNetSettings.of(serve)
+    assert (manager.forwarder_port, manager.start_timeout_seconds) == (15151, 5.0)
+    assert (podnet.vxlan_port, podnet.vxlan_min_id) == (4790, serve.vxlan_min_id)
+    # a section's defaults are the serve defaults, not a second declaration
+    assert ManagerConfig().forwarder_port == ServeSettings().forwarder_port
+    assert PodNetSettings().vxlan_min_id == ServeSettings().vxlan_min_id
+
+
+def test_durations_read_back_as_the_help_shows_them() -> None:
+    for seconds in (0.0, 0.25, 10.0, 30.0, 60.0, 300.0, 900.0, 5400.0, 7200.0):
+        assert parse_duration(format_duration(seconds)) == seconds
+
+
+def numeric_literals() -> dict[float, list[str]]:
+    """Every int and float constant in the package sources, with where it stands."""
+    found: dict[float, list[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "gen" in path.relative_to(ROOT).parts:
+                continue  # generated protobuf code
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    found.setdefault(float(node.value), []).append(where)
+    return found
+
+
+def test_each_serve_default_is_written_once() -> None:
+    literals = numeric_literals()
+    sections = (ServeSettings, AgentTls, CdiSettings, *registry.sections())
+    distinctive = {
+        float(s.default)
+        for s in settings(*sections)
+        if type(s.default) in (int, float) and s.default >= 1000
+    }
+    start_timeout = ServeSettings.model_fields["start_timeout_seconds"].default
+    distinctive |= {15150.0, 555000.0, 4789.0, float(start_timeout)}
+    for value in sorted(distinctive):
+        assert len(literals.get(value, [])) == 1, (value, literals.get(value))
