@@ -274,6 +274,8 @@ class Daemon:
                 self.devices,
                 refresh_metrics=lambda: refresh_sandbox_gauge(store),
                 abandoned=self.abandoned,
+                # the names a request's Host may carry besides IP addresses and localhost
+                host_names=(settings.node_name, socket.gethostname()),
             )
             self.status = StatusServer(app, settings.status_address)
             await self.status.start()

@@ -11,17 +11,20 @@
     GET /healthz             200 "ok" while the daemon serves
     GET /metrics             Prometheus text format
 
-Errors are JSON `{"code": ..., "message": ...}` with a matching HTTP status.
+Errors are JSON `{"code": ..., "message": ...}` with a matching HTTP status. A request whose
+Host header names neither an IP address, `localhost` nor one of the node's names is refused
+with 400 (adaptor.status.hosts: a browser on the node cannot reach this through DNS rebinding).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -30,6 +33,7 @@ from adaptor.runtime import metrics
 from adaptor.state import QuarantinedRecord, SandboxRecord
 from adaptor.status.abandoned import AbandonedBook
 from adaptor.status.devices import DeviceBook
+from adaptor.status.hosts import HostCheck
 
 
 class SandboxSource(Protocol):
@@ -90,9 +94,11 @@ def build_app(
     *,
     refresh_metrics: Callable[[], Awaitable[None]] | None = None,
     abandoned: AbandonedBook | None = None,
+    host_names: Iterable[str] = (),
 ) -> Starlette:
     """The status application over a sandbox source, the device book and the sandboxes given
-    up after a restart."""
+    up after a restart; `host_names`: the node's names a request's Host may carry (besides IP
+    addresses and localhost)."""
     gone = abandoned or AbandonedBook()
 
     async def list_sandboxes(request: Request) -> Response:
@@ -139,6 +145,7 @@ def build_app(
             Route("/metrics", metrics_endpoint, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: internal_error},
+        middleware=[Middleware(HostCheck, names=tuple(host_names))],
     )
 
 

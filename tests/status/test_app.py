@@ -17,7 +17,9 @@ async def _client(tmp_path: Path) -> tuple[httpx.AsyncClient, StateStore, Device
     store = await StateStore.open(tmp_path)
     devices = DeviceBook()
     app = build_app(store, devices, refresh_metrics=lambda: refresh_sandbox_gauge(store))
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://status")
+    client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8006"
+    )
     return client, store, devices
 
 
