@@ -4,7 +4,7 @@ Layers import one way: wire schema (`_reviews`), pure admission logic (`_resourc
 `_extended`, `_cel`, `_devices`, `_dra`, `_mutate`, `_admission`), then the server (`_server`).
 """
 
-from webhook._admission import Admission
+from webhook._admission import ANSWER_OF_FAULT, Admission
 from webhook._capacity import CAPACITY_ANNOTATION, CapacityPolicy, parse_namespace_policy
 from webhook._devices import POST_BOOT_ATTRIBUTES, DeviceSpace, VirtualDevice
 from webhook._dra import ClaimDenied
@@ -18,6 +18,7 @@ from webhook._sealkeys import SealKeyError, SealKeys, load_seal_keys
 from webhook._server import ServerConfig, TlsFiles, WebhookServer, build_app, running
 
 __all__ = [
+    "ANSWER_OF_FAULT",
     "CAPACITY_ANNOTATION",
     "POST_BOOT_ATTRIBUTES",
     "Admission",

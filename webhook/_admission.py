@@ -23,16 +23,31 @@ from pydantic import ValidationError
 
 from providers.core.catalog import Catalog
 from providers.core.contract import SEAL, seal, sealed
-from providers.core.errors import InvalidRequest, NoMatch, PeerpodsError
-from webhook._devices import SelectorRunner, SelectorShareExceeded, selector_limits
+from providers.core.errors import Fault, InvalidRequest, PeerpodsError
+from webhook._devices import SelectorRunner, selector_limits
 from webhook._mutate import Settings, is_sealed, mutate_pod
 from webhook._patch import diff
 from webhook._policy import VmChoices, protected_changes
 from webhook._reapply import reapply
-from webhook._resolver import LookupFailed, MemoryResolver, Resolver
+from webhook._resolver import MemoryResolver, Resolver
 from webhook._reviews import AdmissionReview, parse_review, response
 
 log = logging.getLogger(__name__)
+
+# How a denial answers each fault (providers.core.errors.Fault): the HTTP code, the log level,
+# and a prefix naming peerpods where the fault is ours or transient, not the pod's. The one
+# table of this boundary; `peerpods plan` reports the same codes.
+ANSWER_OF_FAULT: dict[Fault, tuple[int, int, str]] = {
+    Fault.INVALID: (400, logging.INFO, ""),
+    Fault.NOT_FOUND: (400, logging.INFO, ""),
+    Fault.BUSY: (409, logging.INFO, ""),
+    Fault.UNSERVABLE: (403, logging.INFO, ""),
+    Fault.EXHAUSTED: (429, logging.INFO, "peerpods: "),
+    Fault.UNAVAILABLE: (503, logging.WARNING, "peerpods: "),
+    Fault.ABORTED: (503, logging.WARNING, "peerpods: "),
+    Fault.TIMEOUT: (504, logging.WARNING, "peerpods: "),
+    Fault.INTERNAL: (500, logging.WARNING, ""),
+}
 
 CatalogSource = Callable[[], Catalog | None]
 
@@ -106,21 +121,10 @@ class Admission:
                     settings=self.settings,
                     namespace=request.namespace,
                 )
-        except NoMatch as exc:
-            log.info("denied pod %s/%s: %s", request.namespace, name, exc)
-            return response(uid, allowed=False, code=403, message=str(exc))
-        except SelectorShareExceeded as exc:
-            log.info("refused pod %s/%s: %s", request.namespace, name, exc)
-            return response(uid, allowed=False, code=429, message=f"peerpods: {exc}")
-        except LookupFailed as exc:
-            log.warning("denied pod %s/%s: %s", request.namespace, name, exc)
-            return response(uid, allowed=False, code=503, message=f"peerpods: {exc}")
-        except InvalidRequest as exc:
-            log.info("denied pod %s/%s: %s", request.namespace, name, exc)
-            return response(uid, allowed=False, code=400, message=str(exc))
         except PeerpodsError as exc:
-            log.warning("denied pod %s/%s: %s", request.namespace, name, exc)
-            return response(uid, allowed=False, code=500, message=str(exc))
+            code, level, prefix = ANSWER_OF_FAULT[exc.fault]
+            log.log(level, "denied pod %s/%s: %s", request.namespace, name, exc)
+            return response(uid, allowed=False, code=code, message=f"{prefix}{exc}")
         except ValidationError as exc:
             # a value the contract models refuse (too many devices, a name too long)
             first = exc.errors()[0]

@@ -42,6 +42,7 @@ from typing import Any, Literal
 from celpy import celtypes
 
 from providers.core.catalog import Catalog
+from providers.core.errors import Fault
 from providers.core.gpus import GPU_MODELS
 from providers.core.mig import profiles_for
 from providers.core.skus import product_name
@@ -107,6 +108,8 @@ class SelectorsBusy(LookupFailed):
 
 class SelectorShareExceeded(SelectorsBusy):
     """The namespace already holds its share of the selector workers: refused, not queued."""
+
+    fault = Fault.EXHAUSTED
 
 
 # Where selectors are evaluated: (space, expression, deadline, tenant) -> Outcome; None: here.

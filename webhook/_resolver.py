@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from providers.core.errors import InvalidRequest, PeerpodsError
+from providers.core.errors import Fault, InvalidRequest, PeerpodsError
 
 
 class ObjectNotFound(InvalidRequest):
@@ -17,6 +17,8 @@ class ObjectNotFound(InvalidRequest):
 
 class LookupFailed(PeerpodsError):
     """The Kubernetes API could not be asked (unreachable, forbidden, 5xx)."""
+
+    fault = Fault.UNAVAILABLE
 
 
 class Resolver(Protocol):

@@ -224,16 +224,10 @@ def _run_to_end(step: Coroutine[Any, Any, Plan]) -> Plan:
 
 
 def _admission_code(exc: PeerpodsError) -> int:
-    # the codes the webhook answers with (webhook/_admission.py)
-    from webhook import LookupFailed
+    """The HTTP code the webhook answers this denial with (its own table)."""
+    from webhook import ANSWER_OF_FAULT
 
-    if isinstance(exc, NoMatch):
-        return 403
-    if isinstance(exc, LookupFailed):
-        return 503
-    if isinstance(exc, InvalidRequest):
-        return 400
-    return 500
+    return ANSWER_OF_FAULT[exc.fault][0]
 
 
 def plan_manifest(

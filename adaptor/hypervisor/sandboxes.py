@@ -39,6 +39,7 @@ from adaptor.state import SandboxRecord, SandboxState, StateError, StateStore
 from providers.core.base import TAG_OWNER, TAG_SANDBOX, Instance, Provider
 from providers.core.contract import VMIntent, parse_vm_annotations
 from providers.core.errors import (
+    Fault,
     CapacityError,
     InstanceNotFound,
     InvalidRequest,
@@ -63,17 +64,25 @@ REAP_WAIT_SECONDS = 120.0
 class SandboxNotFound(PeerpodsError):
     """No sandbox with this id was created (or it was already stopped)."""
 
+    fault = Fault.NOT_FOUND
+
 
 class SandboxBusy(PeerpodsError):
     """The sandbox is in a state where this call cannot proceed (the message says why)."""
+
+    fault = Fault.BUSY
 
 
 class StartAborted(PeerpodsError):
     """StartVM gave way to a StopVM of the same sandbox."""
 
+    fault = Fault.ABORTED
+
 
 class StartTimeout(PeerpodsError):
     """StartVM ran past the daemon's own limit (--start-timeout)."""
+
+    fault = Fault.TIMEOUT
 
 
 class ShuttingDown(TransientError):

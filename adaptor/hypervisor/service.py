@@ -22,26 +22,12 @@ from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from adaptor.hypervisor.sandboxes import (
-    SandboxBusy,
-    SandboxManager,
-    SandboxNotFound,
-    StartAborted,
-    StartTimeout,
-)
+from adaptor.hypervisor.sandboxes import SandboxManager
 from adaptor.hypervisor.version import package_version
-from adaptor.podnet import VniExhausted
 from adaptor.ttrpc.gen import hypervisor_pb2 as pb
 from adaptor.ttrpc.server import CallContext, Handler, Server
 from adaptor.ttrpc.status import Code, TtrpcError
-from providers.core.errors import (
-    CapacityError,
-    InvalidRequest,
-    NoMatch,
-    PeerpodsError,
-    QuotaExhausted,
-    TransientError,
-)
+from providers.core.errors import Fault, PeerpodsError
 
 log = logging.getLogger(__name__)
 
@@ -58,28 +44,26 @@ def _decode(message_type: type[M], payload: bytes) -> M:
     return message
 
 
+# The ttrpc status of each fault (providers.core.errors.Fault): the one table of this boundary.
+STATUS_OF_FAULT: dict[Fault, Code] = {
+    Fault.INVALID: Code.INVALID_ARGUMENT,
+    Fault.NOT_FOUND: Code.NOT_FOUND,
+    Fault.BUSY: Code.FAILED_PRECONDITION,
+    Fault.UNSERVABLE: Code.FAILED_PRECONDITION,
+    Fault.EXHAUSTED: Code.RESOURCE_EXHAUSTED,
+    Fault.UNAVAILABLE: Code.UNAVAILABLE,
+    Fault.ABORTED: Code.ABORTED,
+    Fault.TIMEOUT: Code.DEADLINE_EXCEEDED,
+    Fault.INTERNAL: Code.INTERNAL,
+}
+
+
 def to_status(exc: Exception) -> TtrpcError:
     """The ttrpc status for an error raised by the manager."""
     if isinstance(exc, TtrpcError):
         return exc
-    if isinstance(exc, InvalidRequest):
-        return TtrpcError(Code.INVALID_ARGUMENT, str(exc))
-    if isinstance(exc, SandboxNotFound):
-        return TtrpcError(Code.NOT_FOUND, str(exc))
-    if isinstance(exc, SandboxBusy):
-        return TtrpcError(Code.FAILED_PRECONDITION, str(exc))
-    if isinstance(exc, StartAborted):
-        return TtrpcError(Code.ABORTED, str(exc))
-    if isinstance(exc, StartTimeout):
-        return TtrpcError(Code.DEADLINE_EXCEEDED, str(exc))
-    if isinstance(exc, CapacityError | QuotaExhausted | VniExhausted):
-        return TtrpcError(Code.RESOURCE_EXHAUSTED, str(exc))
-    if isinstance(exc, NoMatch):
-        return TtrpcError(Code.FAILED_PRECONDITION, str(exc))
-    if isinstance(exc, TransientError):
-        return TtrpcError(Code.UNAVAILABLE, str(exc))
     if isinstance(exc, PeerpodsError):
-        return TtrpcError(Code.INTERNAL, str(exc))
+        return TtrpcError(STATUS_OF_FAULT[exc.fault], str(exc))
     log.error("unexpected error in the hypervisor service", exc_info=exc)
     return TtrpcError(Code.INTERNAL, f"internal error: {type(exc).__name__}")
 

@@ -13,7 +13,7 @@ pyroute2's NetlinkError and OSError are translated here, at the one boundary tha
 
 from __future__ import annotations
 
-from providers.core.errors import InvalidRequest, PeerpodsError
+from providers.core.errors import Fault, InvalidRequest, PeerpodsError
 
 
 class PodNetError(PeerpodsError):
@@ -30,6 +30,8 @@ class NetnsGone(PodNetError):
 
 class VniExhausted(PodNetError):
     """No VNI of the configured range is free."""
+
+    fault = Fault.EXHAUSTED
 
 
 class TunnelError(PodNetError):

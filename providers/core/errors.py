@@ -12,17 +12,43 @@
     └── QuotaExhausted          the adaptor's own GPU quota pool is full
 
 Third-party errors are translated into these only inside the module that calls the SDK.
+
+Each error class declares its `fault`: whose problem it is and whether trying again can help.
+Every protocol boundary answers from one table over the faults (ttrpc status codes in
+`adaptor.hypervisor.service`, HTTP codes in `webhook._admission`), never by matching classes
+one by one, so a new error class is answered alike everywhere once it names its fault.
 """
 
 from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+
+class Fault(enum.StrEnum):
+    """The one classification of errors that every protocol boundary maps to its own codes."""
+
+    INVALID = "invalid"  # the caller's input can never succeed as written
+    NOT_FOUND = "not-found"  # the object named does not exist (any more)
+    BUSY = "busy"  # the object's state does not allow this call now
+    UNSERVABLE = "unservable"  # valid, but nothing can serve it (no instance type)
+    EXHAUSTED = "exhausted"  # a pool or a share is used up: capacity, quota, VNIs, workers
+    UNAVAILABLE = "unavailable"  # a dependency failed for now: retrying may succeed
+    ABORTED = "aborted"  # the work gave way to a later call
+    TIMEOUT = "timeout"  # the work ran out of its time
+    INTERNAL = "internal"  # ours or the cloud's: nothing the caller can change
 
 
 class PeerpodsError(Exception):
     """Base of every error peerpods raises on purpose."""
 
+    fault: ClassVar[Fault] = Fault.INTERNAL
+
 
 class InvalidRequest(PeerpodsError):
     """Input that can never succeed as written."""
+
+    fault = Fault.INVALID
 
 
 class AnnotationError(InvalidRequest):
@@ -36,6 +62,8 @@ class AnnotationError(InvalidRequest):
 class NoMatch(PeerpodsError):
     """No instance type satisfies a valid request; `reasons` summarise why, and `stage` names the
     check that ruled the last types out (a bounded label: metrics count by it, never by text)."""
+
+    fault = Fault.UNSERVABLE
 
     STAGES = (
         "gpu_model", "memory", "mig", "too_large", "arch", "rdma", "offering", "policy", "quota",
@@ -63,9 +91,13 @@ class ProviderError(PeerpodsError):
 class CapacityError(ProviderError):
     """The cloud has no capacity or quota for this type in this zone."""
 
+    fault = Fault.EXHAUSTED
+
 
 class TransientError(ProviderError):
     """Throttling or a server-side hiccup: the same call may succeed later."""
+
+    fault = Fault.UNAVAILABLE
 
 
 class InstanceNotFound(ProviderError):
@@ -74,3 +106,5 @@ class InstanceNotFound(ProviderError):
 
 class QuotaExhausted(PeerpodsError):
     """The adaptor's shared GPU quota pool cannot take this sandbox."""
+
+    fault = Fault.EXHAUSTED
