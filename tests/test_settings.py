@@ -19,6 +19,7 @@ from adaptor.node.settings import ServeSettings
 from adaptor.podnet import PodNetSettings
 from adaptor.settings import AgentTls, CdiSettings
 from providers.clouds import registry
+from providers.core.errors import InvalidRequest
 from providers.core.settings import Setting, format_duration, parse_duration, settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,3 +204,51 @@ def test_each_serve_default_is_written_once() -> None:
     distinctive |= {15150.0, 555000.0, 4789.0, float(start_timeout)}
     for value in sorted(distinctive):
         assert len(literals.get(value, [])) == 1, (value, literals.get(value))
+
+
+def test_the_deployment_manifests_set_only_valid_values() -> None:
+    from tests.test_deploy import DOCUMENTS
+
+    by_command = {
+        command: {s.flag.env: s for argv, s in CASES if argv[0] == command}
+        for command in ("serve", "webhook")
+    }
+    checked = 0
+    for path, doc in DOCUMENTS:
+        command = "webhook" if "webhook" in path.parts else "serve"
+        values: dict[str, str] = {}
+        if doc["kind"] == "ConfigMap":
+            values |= {k: str(v) for k, v in doc.get("data", {}).items()}
+        if doc["kind"] in ("DaemonSet", "Deployment"):
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                values |= {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+        for name, value in values.items():
+            setting = by_command[command].get(name) or by_command["webhook"].get(name)
+            if setting is not None:
+                setting.parse(value)  # raises on a value the command would refuse
+                checked += 1
+    assert checked > 5
+
+
+def test_a_flag_declared_in_place_gets_the_same_env_rules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parser = argparse.ArgumentParser(prog="peerpods x")
+    flags.add(parser, "--count", type=int, default=3, help="how many")
+    flags.add(parser, "--wait", type=flags.duration, default="1m", help="how long")
+    flags.add(parser, "--mode", default="a", choices=["a", "b"], help="which")
+    flags.add(parser, "--dry-run", action="store_true", help="only say")
+    args = parser.parse_args([])
+    flags.resolve(args, {})
+    assert (args.count, args.wait, args.mode, args.dry_run) == (3, 60.0, "a", False)
+    args = parser.parse_args(["--count", "4"])
+    flags.resolve(args, {"PEERPODS_COUNT": "x", "PEERPODS_WAIT": "2h", "PEERPODS_DRY_RUN": "on"})
+    assert (args.count, args.wait, args.dry_run) == (4, 7200.0, True)
+    for env, text in (
+        ("PEERPODS_COUNT", "x"),
+        ("PEERPODS_MODE", "c"),
+        ("PEERPODS_DRY_RUN", "ture"),
+    ):
+        with pytest.raises(InvalidRequest, match=f"^{env}: invalid "):
+            flags.resolve(parser.parse_args([]), {env: text})
+    assert "[env PEERPODS_COUNT]" in parser.format_help()

@@ -32,6 +32,7 @@ from providers.core.settings import (
 __all__ = [
     "add",
     "add_settings",
+    "declared",
     "duration",
     "env_name",
     "resolve",
@@ -69,6 +70,11 @@ def add_settings(
         except argparse.ArgumentError:
             continue  # already added by another section sharing this declaration
         parser.set_defaults(**{_KEY + setting.flag.dest: setting})
+
+
+def declared(parser: argparse.ArgumentParser) -> list[Setting]:
+    """The settings `add_settings` gave this parser (its own, not its subcommands')."""
+    return [v for k, v in parser._defaults.items() if k.startswith(_KEY)]
 
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> None:

@@ -203,6 +203,20 @@ class Setting:
             message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
             raise ValueError(f"invalid value {text!r}: {message}") from None
 
+    def kind(self) -> str:
+        """What the value is, in words (the configuration reference's type column)."""
+        if self.is_bool:
+            return "boolean"
+        if self.choices:
+            return "one of " + ", ".join(choice or "''" for choice in self.choices)
+        if self.flag.duration:
+            return "duration"
+        if self.is_list:
+            return "comma-separated list"
+        if self._type is int:
+            return "integer"
+        return "text"
+
     def shown_default(self) -> str:
         """The default as the help shows it ('' when there is nothing worth showing)."""
         default = self.default
