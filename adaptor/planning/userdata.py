@@ -8,42 +8,26 @@ CreateContainer will carry), which `peerpods podvm prepare` turns into MIG devic
 before kata-agent starts; CAA's forwarder ignores the key. `/run/peerpod/devices.json` (the
 older, nameless form) is still written for cloud-init images with an older pod VM half.
 
-Limits: AWS 16 KiB of raw user data; Azure 64 KiB of base64 custom data; GCP 256 KiB per metadata
-value. Going over is a clear InvalidRequest before any cloud call, never a cloud-side failure.
+Each cloud's size limit is the provider registry's (`providers.clouds.registry.limit_of`: AWS
+16 KiB raw, Azure 64 KiB of base64, GCP 256 KiB per metadata value). Going over is a clear
+InvalidRequest before any cloud call, never a cloud-side failure.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from adaptor.podvm.layout import APF_KEY
-from providers.core.errors import InvalidRequest
+from providers.clouds import registry
 
 APF_PATH = "/run/peerpod/apf.json"
 DEVICES_PATH = "/run/peerpod/devices.json"
 CDI_SPEC_PATH = "/var/run/cdi/nvidia.yaml"
-
-
-@dataclass(frozen=True)
-class Limit:
-    """A user data size limit: bytes, counted raw or after base64."""
-
-    max_bytes: int
-    counted: Literal["raw", "base64"]
-    what: str
-
-
-LIMITS: dict[str, Limit] = {
-    "aws": Limit(16 * 1024, "raw", "EC2 user data"),
-    "azure": Limit(64 * 1024, "base64", "Azure custom data (base64)"),
-    "gcp": Limit(256 * 1024, "raw", "GCP metadata value user-data"),
-}
 
 
 @dataclass(frozen=True)
@@ -159,20 +143,12 @@ def render(config: PodVMConfig) -> str:
 
 def counted_size(cloud: str, user_data: str) -> int:
     """The size the cloud's limit applies to."""
-    limit = _limit(cloud)
-    raw = user_data.encode()
-    return len(base64.b64encode(raw)) if limit.counted == "base64" else len(raw)
+    return registry.limit_of(cloud).size(user_data)
 
 
 def check_size(cloud: str, user_data: str) -> None:
     """InvalidRequest, naming the cloud's limit, when `user_data` is too large for `cloud`."""
-    limit = _limit(cloud)
-    size = counted_size(cloud, user_data)
-    if size > limit.max_bytes:
-        raise InvalidRequest(
-            f"pod VM user data is {size} bytes, over the {limit.what} limit of "
-            f"{limit.max_bytes} bytes"
-        )
+    registry.limit_of(cloud).check(user_data)
 
 
 def build(cloud: str, config: PodVMConfig) -> str:
@@ -180,10 +156,3 @@ def build(cloud: str, config: PodVMConfig) -> str:
     user_data = render(config)
     check_size(cloud, user_data)
     return user_data
-
-
-def _limit(cloud: str) -> Limit:
-    try:
-        return LIMITS[cloud]
-    except KeyError:
-        raise InvalidRequest(f"unknown cloud {cloud!r} for user data") from None

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from providers.clouds import registry
 from providers.clouds.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
 from providers.clouds.sdk import discard, sdk_call
 from providers.clouds.settings import AwsSettings
@@ -47,7 +48,7 @@ from providers.core.markets import VMCondition, create_in_markets
 
 log = logging.getLogger(__name__)
 
-USER_DATA_LIMIT_BYTES = 16 * 1024  # EC2 user data, before base64
+USER_DATA_LIMIT = registry.limit_of("aws")
 
 CAPACITY_CODES = frozenset(
     {
@@ -246,11 +247,7 @@ class AwsProvider:
         image = spec.image or self.config.image_id
         if not image:
             raise InvalidRequest(f"{what}: no pod VM image (set --aws-image-id or --pod-vm-image)")
-        if len(spec.user_data.encode()) > USER_DATA_LIMIT_BYTES:
-            raise InvalidRequest(
-                f"{what}: user data is {len(spec.user_data.encode())} bytes, "
-                f"over the EC2 limit of {USER_DATA_LIMIT_BYTES}"
-            )
+        USER_DATA_LIMIT.check(spec.user_data, what)
         existing = await self._find(spec.sandbox_id)
         if existing is not None:
             log.info("%s: adopting existing instance %s", what, existing["InstanceId"])

@@ -19,6 +19,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from providers.clouds import registry
 from providers.clouds.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
 from providers.clouds.sdk import discard, sdk_call
 from providers.clouds.settings import AzureSettings
@@ -45,7 +46,7 @@ from providers.core.markets import VMCondition, create_in_markets
 
 log = logging.getLogger(__name__)
 
-CUSTOM_DATA_LIMIT_BYTES = 64 * 1024  # base64-encoded
+USER_DATA_LIMIT = registry.limit_of("azure")
 CAPACITY_CODES = frozenset(
     {
         "SkuNotAvailable",
@@ -273,12 +274,7 @@ class AzureProvider:
             raise InvalidRequest(
                 f"{what}: no pod VM image (set --azure-image-id or --pod-vm-image)"
             )
-        encoded = len(base64.b64encode(spec.user_data.encode()))
-        if encoded > CUSTOM_DATA_LIMIT_BYTES:
-            raise InvalidRequest(
-                f"{what}: custom data is {encoded} bytes base64, over the Azure limit of "
-                f"{CUSTOM_DATA_LIMIT_BYTES}"
-            )
+        USER_DATA_LIMIT.check(spec.user_data, what)
         name = vm_name(spec.sandbox_id)
         rg = self.config.resource_group
         existing = await self._get(name)

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from providers.clouds import registry
 from providers.clouds.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
 from providers.clouds.sdk import discard, sdk_call
 from providers.clouds.settings import GcpSettings
@@ -50,7 +51,7 @@ from providers.core.offers import offer_for
 
 log = logging.getLogger(__name__)
 
-USER_DATA_LIMIT_BYTES = 256 * 1024  # one metadata value
+USER_DATA_LIMIT = registry.limit_of("gcp")
 CAPACITY_MARKERS = (
     "ZONE_RESOURCE_POOL_EXHAUSTED",
     "QUOTA_EXCEEDED",
@@ -364,12 +365,7 @@ class GcpProvider:
         image = spec.image or self.config.image
         if not image:
             raise InvalidRequest(f"{what}: no pod VM image (set --gcp-image or --pod-vm-image)")
-        size = len(spec.user_data.encode())
-        if size > USER_DATA_LIMIT_BYTES:
-            raise InvalidRequest(
-                f"{what}: user data is {size} bytes, over the GCP metadata value limit of "
-                f"{USER_DATA_LIMIT_BYTES}"
-            )
+        USER_DATA_LIMIT.check(spec.user_data, what)
         candidates = self._usable(spec.candidates)
         name = vm_name(spec.sandbox_id)
         for zone in self.config.zones:

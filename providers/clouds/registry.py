@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from providers.clouds.settings import AwsSettings, AzureSettings, CloudSettings, GcpSettings
 from providers.clouds.static import Endpoint, LeaseBook
-from providers.core.base import Instance, Provider
+from providers.core.base import Instance, Provider, UserDataLimit
 from providers.core.errors import InvalidRequest
 
 
@@ -45,12 +45,31 @@ class Entry:
     extra: str = ""  # pip extra carrying the SDK
     style: Literal["options", "settings"] = "options"
     settings: type[CloudSettings] | None = None  # the provider's own settings section
+    user_data: UserDataLimit | None = None  # the cloud's limit on a VM's user data
 
 
 PROVIDERS: dict[str, Entry] = {
-    "aws": Entry("providers.clouds.aws:from_settings", "aws", "settings", AwsSettings),
-    "azure": Entry("providers.clouds.azure:from_settings", "azure", "settings", AzureSettings),
-    "gcp": Entry("providers.clouds.gcp:from_settings", "gcp", "settings", GcpSettings),
+    "aws": Entry(
+        "providers.clouds.aws:from_settings",
+        "aws",
+        "settings",
+        AwsSettings,
+        UserDataLimit(16 * 1024, "raw", "EC2 user data"),
+    ),
+    "azure": Entry(
+        "providers.clouds.azure:from_settings",
+        "azure",
+        "settings",
+        AzureSettings,
+        UserDataLimit(64 * 1024, "base64", "Azure custom data (base64)"),
+    ),
+    "gcp": Entry(
+        "providers.clouds.gcp:from_settings",
+        "gcp",
+        "settings",
+        GcpSettings,
+        UserDataLimit(256 * 1024, "raw", "GCP metadata value user-data"),
+    ),
     "static": Entry("providers.clouds.registry:_static"),
     "local": Entry("providers.clouds.registry:_local"),
 }
@@ -67,6 +86,15 @@ def load(name: str) -> Callable[..., Any]:
     if entry is None:
         raise InvalidRequest(f"unknown provider {name!r} (choose from {', '.join(names())})")
     return _import(name, entry, entry.target)
+
+
+def limit_of(name: str) -> UserDataLimit:
+    """The named cloud's limit on a VM's user data; InvalidRequest for a provider that takes
+    no user data (static, local) or an unknown one."""
+    entry = PROVIDERS.get(name)
+    if entry is None or entry.user_data is None:
+        raise InvalidRequest(f"unknown cloud {name!r} for user data")
+    return entry.user_data
 
 
 def sections() -> list[type[CloudSettings]]:

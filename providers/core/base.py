@@ -9,12 +9,14 @@ and log cleanly; cloud-specific details go in `extra`.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from providers.core.capacity import CapacityType
+from providers.core.errors import InvalidRequest
 
 # Tag/label keys every VM carries (clouds that forbid dots map these to their own spelling).
 TAG_OWNER = "peerpods-owner"
@@ -80,6 +82,29 @@ class VMCandidate:
         if self.accelerator is None:
             return self.instance_type
         return f"{self.instance_type} with {self.accelerator.count} {self.accelerator.model}"
+
+
+@dataclass(frozen=True)
+class UserDataLimit:
+    """A cloud's limit on a VM's user data: bytes, counted raw or after base64."""
+
+    max_bytes: int
+    counted: Literal["raw", "base64"]
+    what: str  # the cloud's name for it, for the error
+
+    def size(self, user_data: str) -> int:
+        """The size the limit applies to."""
+        raw = user_data.encode()
+        return len(base64.b64encode(raw)) if self.counted == "base64" else len(raw)
+
+    def check(self, user_data: str, what: str = "pod VM") -> None:
+        """InvalidRequest, naming the limit, when `user_data` is too large."""
+        size = self.size(user_data)
+        if size > self.max_bytes:
+            raise InvalidRequest(
+                f"{what} user data is {size} bytes, over the {self.what} limit of "
+                f"{self.max_bytes} bytes"
+            )
 
 
 @dataclass(frozen=True)
