@@ -39,8 +39,8 @@ from adaptor.state import SandboxRecord, SandboxState, StateError, StateStore
 from providers.core.base import TAG_OWNER, TAG_SANDBOX, Instance, Provider
 from providers.core.contract import VMIntent, parse_vm_annotations
 from providers.core.errors import (
-    Fault,
     CapacityError,
+    Fault,
     InstanceNotFound,
     InvalidRequest,
     NoMatch,
