@@ -46,10 +46,12 @@ from providers.core.contract import (
     encode_gpu_model,
     request_for,
     seal,
+    seal_requests,
     sealed,
 )
 from providers.core.errors import InvalidRequest, NoMatch
 from providers.core.request import InstanceRequest
+from webhook._asks import request_digest
 from webhook._capacity import CapacityPolicy
 from webhook._choose import choose
 from webhook._devices import DeviceSpace
@@ -180,9 +182,12 @@ def _has_translatable(resources: Any) -> bool:
 def _looks_mutated(
     pod: Pod, annotations: Mapping[str, str], settings: Settings, namespace: str
 ) -> bool:
-    """Whether the webhook already mutated this pod: sealed contract keys (its content), and
+    """Whether the webhook already mutated this pod: contract keys sealed for what this pod
+    asks for (a seal copied from another pod asking for anything else does not match), and
     nothing left to translate."""
     if not is_sealed(settings, namespace, annotations):
+        return False
+    if seal_requests(annotations) != request_digest(pod):
         return False
     init, app = container_lists(pod)
     spec = pod["spec"]
@@ -492,7 +497,7 @@ def mutate_pod(
     _check_possible(intent, catalog, settings, warnings)
     kept.pop(SEAL, None)
     if any(k in OWNED_KEYS for k in kept):
-        kept[SEAL] = seal(settings.seal_key, namespace, kept)
+        kept[SEAL] = seal(settings.seal_key, namespace, kept, request_digest(mutated))
     if kept or "annotations" in mutated["metadata"]:
         mutated["metadata"]["annotations"] = kept
     return MutationResult(

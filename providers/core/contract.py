@@ -88,6 +88,7 @@ CONTAINER_TYPE = "io.kubernetes.cri.container-type"
 DEVICES = "io.katacontainers.peerpods.devices"
 # The webhook's seal over the contract keys it wrote (providers.core.contract.seal).
 SEAL = "peerpods.io/contract-seal"
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 VM_RESOURCE = "kata.peerpods.io/vm"
 CDI_PREFIX = "cdi.k8s.io/"
 CDI_OWN_PREFIX = CDI_PREFIX + "peerpods_"
@@ -320,9 +321,40 @@ class Contract(BaseModel):
         )
 
 
-def seal(key: bytes, namespace: str, contract: Mapping[str, str]) -> str:
-    """A MAC over the contract keys a pod carries in a namespace: how the webhook recognises a
-    pod it already mutated by its content (a user cannot write a matching seal)."""
+def seal(
+    key: bytes, namespace: str, contract: Mapping[str, str], requests: str | None = None
+) -> str:
+    """A MAC over the contract keys a pod carries in a namespace and over what the pod asks for:
+    how the webhook recognises a pod it already mutated by its content (a user cannot write a
+    matching seal, and a seal copied onto a pod that asks for something else does not match).
+
+    `requests` is the digest of the pod's requests (the webhook's `request_digest`: its
+    containers, their resources and claims), carried in the seal in the clear; None: the digest
+    the pod's current seal carries (a re-seal under another key of a pod already sealed; a v1
+    seal, which binds no requests, is re-sealed as v1).
+    """
+    if requests is None:
+        requests = seal_requests(contract)
+        if not requests:
+            return _seal_v1(key, namespace, contract)
+    if not _DIGEST.fullmatch(requests):
+        raise ValueError("a seal's request digest is 64 lower-case hex digits")
+    body = json.dumps(
+        [namespace, sorted((k, v) for k, v in contract.items() if k in OWNED_KEYS), requests],
+        separators=(",", ":"),
+    )
+    return f"v2:{requests}:" + hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+
+
+def seal_requests(annotations: Mapping[str, str]) -> str:
+    """The request digest the pod's seal carries ("" when it carries none: no seal, a v1 seal
+    from before seals were bound to requests, or a malformed one)."""
+    version, _, rest = annotations.get(SEAL, "").partition(":")
+    digest, sep, _mac = rest.rpartition(":")
+    return digest if version == "v2" and sep and _DIGEST.fullmatch(digest) else ""
+
+
+def _seal_v1(key: bytes, namespace: str, contract: Mapping[str, str]) -> str:
     body = json.dumps(
         [namespace, sorted((k, v) for k, v in contract.items() if k in OWNED_KEYS)],
         separators=(",", ":"),
@@ -331,9 +363,18 @@ def seal(key: bytes, namespace: str, contract: Mapping[str, str]) -> str:
 
 
 def sealed(key: bytes, namespace: str, annotations: Mapping[str, str]) -> bool:
-    """Whether the pod's contract keys carry the seal the webhook wrote for them."""
+    """Whether the pod's contract keys carry a seal the webhook wrote for them under `key`.
+
+    A v1 seal (over the contract keys only, from before the request binding) still counts for
+    updates of the pods it was written on; whether the seal was written for this pod's requests
+    is the caller's check (`seal_requests`: a v1 seal binds none)."""
     found = annotations.get(SEAL, "")
-    return bool(found) and hmac.compare_digest(found, seal(key, namespace, annotations))
+    if found.startswith("v1:"):
+        return hmac.compare_digest(found, _seal_v1(key, namespace, annotations))
+    requests = seal_requests(annotations)
+    return bool(requests) and hmac.compare_digest(
+        found, seal(key, namespace, annotations, requests)
+    )
 
 
 class VMIntent(BaseModel):

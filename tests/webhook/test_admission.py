@@ -26,7 +26,7 @@ from tests.webhook.conftest import Admit, Running, container, patch_of, pod, pos
 def _annotations(p: dict[str, Any]) -> dict[str, str]:
     """The pod's annotations less the webhook's seal (tests/webhook/test_contract_trust.py)."""
     found = dict(p["metadata"].get("annotations") or {})
-    assert found.pop(SEAL, "").startswith("v1:") or not found.get(DEFAULT_VCPUS)
+    assert found.pop(SEAL, "").startswith("v2:") or not found.get(DEFAULT_VCPUS)
     return found
 
 
