@@ -87,9 +87,10 @@ class Limits:
     body_timeout_seconds: float = 10.0  # headers to complete body (the API server waits <= 30s)
     admission_threads: int = 8  # pods that evaluate no selector
     selector_threads: int = 16  # pods that do (they wait on the CEL workers or the API)
-    # DRA admissions of one namespace in flight at once (0: half of selector_threads); one
-    # more is refused at once (429), never queued behind them. Most take a millisecond (their
-    # selectors' results are cached): the share bounds what slow ones may hold.
+    # DRA admissions of one namespace in flight at once (0: three quarters of selector_threads,
+    # the rest kept for the others); one more is refused at once (429), never queued behind
+    # them. Most take a millisecond (their selectors' results are cached): the share bounds
+    # what slow ones (API lookups, CEL workers) may hold.
     namespace_selector_admissions: int = 0
     max_connections_per_source: int = 64  # open connections from one address
     # of max_connections, kept for the API server's addresses (api_server_networks)
@@ -100,7 +101,7 @@ class Limits:
 
     @property
     def namespace_share(self) -> int:
-        share = self.namespace_selector_admissions or self.selector_threads // 2
+        share = self.namespace_selector_admissions or self.selector_threads * 3 // 4
         return max(1, min(share, self.selector_threads))
 
     def trusted(self, host: str) -> bool:
