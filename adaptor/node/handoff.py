@@ -1,0 +1,431 @@
+"""Hand-off between two `serve` processes of one node: the sockets move, the pods never notice.
+
+The running daemon listens on `<pods-dir>/.handoff` (mode 0600, and only a peer of the same uid
+is answered). A successor connects, says Hello; the predecessor stops (`Predecessor.detach`:
+no new hypervisor call, in-flight ones answered, its shim-side calls drained to the ones safe to
+repeat, its state store closed and unlocked) and sends an Offer with the listening hypervisor
+socket, every listening agent socket and every shim connection as SCM_RIGHTS file descriptors.
+The successor serves them, dials the pod VMs afresh and acks; the predecessor closes its copies
+and exits. No shim connection is ever closed: both processes hold it while it moves.
+
+The messages are in `adaptor.node.handoff_wire`; the blocking socket work runs in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import socket
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from adaptor.proxy import AgentProxy
+from adaptor.proxy.moved import MovedCall, MovedProxy, MovedShim
+from adaptor.ttrpc.codec import DecoderState
+from adaptor.ttrpc.connection import bind_unix, unlink_socket
+from providers.core.errors import PeerpodsError
+
+from .handoff_wire import (
+    HEADER_BYTES,
+    Ack,
+    HandoffError,
+    Hello,
+    Message,
+    Offer,
+    WireCall,
+    WireSandbox,
+    WireShim,
+    decode,
+    encode,
+    frame_length,
+)
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = ".handoff"
+FD_BATCH = 200  # descriptors per message (the kernel takes at most 253)
+HELLO_SECONDS = 10.0  # a connected successor says Hello within this
+OFFER_SECONDS = 120.0  # the predecessor drains its calls, then offers, within this
+ACK_SECONDS = 60.0  # the successor serves everything and acks within this
+
+
+class HandoffClosed(HandoffError):
+    """The other process closed the hand-off socket."""
+
+
+class NoPredecessor(PeerpodsError):
+    """No running `serve` answers on the hand-off socket."""
+
+
+class TakeOverFailed(PeerpodsError):
+    """The predecessor refused the hand-off or broke off."""
+
+
+def handoff_path(pods_dir: Path) -> Path:
+    """Where the running daemon waits for its successor."""
+    return pods_dir / SOCKET_NAME
+
+
+# --- the successor's side ---------------------------------------------------------------------
+
+
+@dataclass
+class Inherited:
+    """What a successor received: the hypervisor listener, each sandbox's agent sockets, and
+    the channel it acks on."""
+
+    hypervisor: socket.socket
+    proxies: dict[str, MovedProxy]
+    predecessor_pid: int
+    _channel: socket.socket | None = field(default=None, repr=False)
+
+    async def adopt(self, sandbox_id: str, proxy: object) -> bool:
+        """Serve the sandbox's inherited sockets with `proxy` (the manager's `adopt` hook);
+        False when the predecessor did not serve it (the proxy then starts afresh)."""
+        moved = self.proxies.pop(sandbox_id, None)
+        if moved is None:
+            return False
+        if not isinstance(proxy, AgentProxy):
+            moved.close()
+            return False
+        try:
+            await proxy.adopt(moved)
+        except BaseException:
+            moved.close()
+            raise
+        return True
+
+    def close_unclaimed(self) -> list[str]:
+        """Close the sockets no sandbox took (its record is no longer running); their ids."""
+        ids = sorted(self.proxies)
+        for moved in self.proxies.values():
+            moved.close()
+        self.proxies.clear()
+        return ids
+
+    async def ack(self, ok: bool, error: str = "") -> None:
+        """Tell the predecessor it may exit (it does either way); the channel closes."""
+        channel, self._channel = self._channel, None
+        if channel is None:
+            return
+        try:
+            await asyncio.to_thread(channel.sendall, encode(Ack(ok=ok, error=error[:1000])))
+        except OSError as exc:
+            log.warning("hand-off: the predecessor did not take the ack: %s", exc)
+        finally:
+            channel.close()
+
+    def close(self) -> None:
+        """Close everything still held (a take-over that failed half way)."""
+        self.hypervisor.close()
+        self.close_unclaimed()
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+
+async def inherit(take_over: bool | None, pods_dir: Path, lock_file: Path) -> Inherited | None:
+    """What this daemon starts from: a predecessor's sockets, or None to start afresh.
+
+    `take_over` True: a running daemon must hand over (NoPredecessor otherwise); False: never
+    (a live predecessor then keeps its state locked); None: only when a live daemon holds the
+    same state directory and answers on the hand-off socket of the same pods dir.
+    """
+    if take_over is False:
+        return None
+    if take_over is None:
+        live = await asyncio.to_thread(_locked, lock_file)
+        if not live or not await asyncio.to_thread(predecessor_listening, pods_dir):
+            return None
+    inherited = await asyncio.to_thread(_take_over, handoff_path(pods_dir))
+    log.info(
+        "hand-off: took over from pid %d: %d sandbox(es), %d shim connection(s)",
+        inherited.predecessor_pid,
+        len(inherited.proxies),
+        sum(len(m.shims) for m in inherited.proxies.values()),
+    )
+    return inherited
+
+
+def _locked(lock_file: Path) -> bool:
+    """Whether another process holds the state directory's lock (blocking, instant)."""
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+    return False
+
+
+def predecessor_listening(pods_dir: Path) -> bool:
+    """Whether a daemon answers on the hand-off socket (blocking; a short connect)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2)
+    try:
+        probe.connect(str(handoff_path(pods_dir)))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def _take_over(path: Path) -> Inherited:
+    channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        channel.settimeout(HELLO_SECONDS)
+        try:
+            channel.connect(str(path))
+        except OSError as exc:
+            raise NoPredecessor(f"no running peerpods serve at {path}: {exc.strerror}") from None
+        _check_peer(channel)
+        channel.settimeout(OFFER_SECONDS)
+        channel.sendall(encode(Hello(pid=os.getpid())))
+        message = _receive(channel)
+        if isinstance(message, Ack):
+            raise TakeOverFailed(f"the running serve refused the hand-off: {message.error}")
+        if not isinstance(message, Offer):
+            raise TakeOverFailed(f"unexpected hand-off message {message.kind}")
+        fds = _receive_fds(channel, message.fd_count)
+        inherited = _inherit(message, fds)
+    except (OSError, HandoffError) as exc:
+        channel.close()
+        raise TakeOverFailed(f"hand-off broke off: {exc}") from None
+    except BaseException:
+        channel.close()
+        raise
+    inherited._channel = channel
+    return inherited
+
+
+def _inherit(offer: Offer, fds: list[int]) -> Inherited:
+    """Sockets for the descriptors the Offer names (any fd it names twice or not at all is
+    closed: nothing leaks, nothing is served twice)."""
+    owned: dict[int, socket.socket] = {}
+
+    def sock(index: int) -> socket.socket:
+        if index >= len(fds) or index in owned:
+            raise HandoffError(f"descriptor {index} is missing or named twice")
+        owned[index] = socket.socket(fileno=fds[index])
+        return owned[index]
+
+    try:
+        hypervisor = sock(offer.hypervisor_fd)
+        proxies: dict[str, MovedProxy] = {}
+        for sandbox in offer.sandboxes:
+            moved = MovedProxy(sock(sandbox.listener_fd))
+            proxies[sandbox.sandbox_id] = moved
+            for shim in sandbox.shims:
+                moved.shims.append(
+                    MovedShim(
+                        sock(shim.fd),
+                        shim.last_stream_id,
+                        DecoderState(shim.partial, shim.discard, shim.skipping),
+                        tuple(
+                            MovedCall(c.stream_id, c.service, c.method, c.request)
+                            for c in shim.calls
+                        ),
+                    )
+                )
+    except BaseException:
+        for index, fd in enumerate(fds):
+            if index in owned:
+                owned[index].close()
+            else:
+                os.close(fd)
+        raise
+    for index, fd in enumerate(fds):
+        if index not in owned:
+            os.close(fd)
+    return Inherited(hypervisor, proxies, offer.pid)
+
+
+# --- the predecessor's side -------------------------------------------------------------------
+
+
+class Predecessor(Protocol):
+    """What the running daemon gives up to its successor."""
+
+    async def detach(self) -> tuple[socket.socket, dict[str, MovedProxy]]:
+        """Stop serving and return the sockets to move (duplicates: the originals stay open)."""
+        ...
+
+    async def handed_over(self, ok: bool) -> None:
+        """The successor has them (or broke off): close this process's copies and end."""
+        ...
+
+
+class HandoffListener:
+    """Waits on `<pods-dir>/.handoff` for a successor and hands everything over, once."""
+
+    def __init__(self, pods_dir: Path, daemon: Predecessor) -> None:
+        self.path = handoff_path(pods_dir)
+        self._daemon = daemon
+        self._listener: socket.socket | None = None
+        self._inode: int | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.busy = False  # a hand-off has begun: the daemon must not close under it
+
+    async def start(self) -> None:
+        self._listener = await asyncio.to_thread(bind_unix, str(self.path), 0o600)
+        self._inode = os.lstat(self.path).st_ino
+        self._task = asyncio.get_running_loop().create_task(self._serve(), name="handoff")
+
+    async def stop(self) -> None:
+        """Stop listening (a shutdown); a hand-off already begun is left to finish."""
+        if self._task is not None and not self.busy:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+            unlink_socket(str(self.path), self._inode)
+
+    async def _serve(self) -> None:
+        assert self._listener is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            channel, _ = await loop.sock_accept(self._listener)
+            try:
+                if await self._one(channel):
+                    return
+            finally:
+                channel.close()
+
+    async def _one(self, channel: socket.socket) -> bool:
+        """One successor: True once everything was handed over (this daemon ends)."""
+        channel.setblocking(True)
+        channel.settimeout(HELLO_SECONDS)
+        try:
+            _check_peer(channel)
+            hello = await asyncio.to_thread(_receive, channel)
+        except HandoffClosed:
+            return False  # a probe (predecessor_listening), or a successor that gave up
+        except (OSError, HandoffError) as exc:
+            log.warning("hand-off: ignoring a connection: %s", exc)
+            return False
+        if not isinstance(hello, Hello):
+            log.warning("hand-off: ignoring a connection that sent %s first", hello.kind)
+            return False
+        log.info("hand-off: successor pid %d asks to take over", hello.pid)
+        self.busy = True
+        hypervisor, proxies = await self._daemon.detach()
+        offer, fds = _offer(hypervisor, proxies)
+        ok = False
+        try:
+            channel.settimeout(ACK_SECONDS)
+            await asyncio.to_thread(_send_offer, channel, offer, fds)
+            ack = await asyncio.to_thread(_receive, channel)
+            ok = isinstance(ack, Ack) and ack.ok
+            if not ok:
+                why = ack.error if isinstance(ack, Ack) else f"sent {ack.kind}"
+                log.error("hand-off: the successor failed after taking the sockets: %s", why)
+        except (OSError, HandoffError) as exc:
+            log.error("hand-off: the successor broke off: %s", exc)
+        finally:
+            hypervisor.close()
+            for moved in proxies.values():
+                moved.close()
+            await self._daemon.handed_over(ok)
+        if ok:
+            log.info("hand-off: pid %d serves everything now; exiting", hello.pid)
+        return True
+
+
+def _offer(hypervisor: socket.socket, proxies: dict[str, MovedProxy]) -> tuple[Offer, list[int]]:
+    fds = [hypervisor.fileno()]
+    sandboxes = []
+    for sandbox_id, moved in proxies.items():
+        listener = len(fds)
+        fds.append(moved.listener.fileno())
+        shims = []
+        for shim in moved.shims:
+            shims.append(
+                WireShim(
+                    fd=len(fds),
+                    last_stream_id=shim.last_stream_id,
+                    partial=shim.decoder.partial,
+                    discard=shim.decoder.discard,
+                    skipping=shim.decoder.skipping,
+                    calls=tuple(
+                        WireCall(
+                            stream_id=c.stream_id,
+                            service=c.service,
+                            method=c.method,
+                            request=c.request,
+                        )
+                        for c in shim.calls
+                    ),
+                )
+            )
+            fds.append(shim.sock.fileno())
+        sandboxes.append(
+            WireSandbox(sandbox_id=sandbox_id, listener_fd=listener, shims=tuple(shims))
+        )
+    offer = Offer(pid=os.getpid(), hypervisor_fd=0, sandboxes=tuple(sandboxes), fd_count=len(fds))
+    return offer, fds
+
+
+# --- blocking socket helpers (run in a thread) --------------------------------------------------
+
+
+def _check_peer(channel: socket.socket) -> None:
+    """Only a process of our own uid may take the sockets (the socket is 0600 as well)."""
+    creds = channel.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    if uid != os.getuid():
+        raise HandoffError(f"peer uid {uid} is not {os.getuid()}")
+
+
+def _read_exactly(channel: socket.socket, count: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < count:
+        chunk = channel.recv(count - len(chunks))
+        if not chunk:
+            raise HandoffClosed("the other side closed the hand-off")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def _receive(channel: socket.socket) -> Message:
+    length = frame_length(_read_exactly(channel, HEADER_BYTES))
+    return decode(_read_exactly(channel, length))
+
+
+def _send_offer(channel: socket.socket, offer: Offer, fds: list[int]) -> None:
+    channel.sendall(encode(offer))
+    for start in range(0, len(fds), FD_BATCH):
+        socket.send_fds(channel, [b"F"], fds[start : start + FD_BATCH])
+
+
+def _receive_fds(channel: socket.socket, count: int) -> list[int]:
+    fds: list[int] = []
+    try:
+        while len(fds) < count:
+            data, got, flags, _ = socket.recv_fds(channel, 1, FD_BATCH, socket.MSG_CMSG_CLOEXEC)
+            fds += got
+            if not data:
+                raise HandoffError("the predecessor closed before sending every socket")
+            if flags & socket.MSG_CTRUNC:
+                raise HandoffError("descriptors were cut short (out of file descriptors?)")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    if len(fds) != count:
+        for fd in fds:
+            os.close(fd)
+        raise HandoffError(f"received {len(fds)} descriptors, the offer names {count}")
+    return fds
