@@ -98,6 +98,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         parser,
+        "--nydus-address",
+        default="/run/containerd-nydus/containerd-nydus-grpc.sock",
+        help="nydus-snapshotter's socket, declared to containerd as the `nydus` proxy plugin "
+        "(with --snapshotter nydus, unless the main config declares one)",
+    )
+    flags.add(
+        parser,
         "--restart-command",
         default="",
         help="run when containerd's configuration changed, e.g. 'nsenter -t 1 -m -- systemctl "
@@ -124,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         shim_path=args.shim_path,
         socket=args.socket,
         snapshotter=args.snapshotter,
+        nydus_address=args.nydus_address,
     )
     outcome = install(settings) if args.node_command == "install" else uninstall(settings)
     for path in outcome.written:

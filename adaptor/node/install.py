@@ -73,6 +73,8 @@ class NodeInstall(BaseModel):
     shim_path: str = Field("", description="the shim binary ('': kata-deploy's for `shim`)")
     socket: str = "/run/peerpod/hypervisor.sock"
     snapshotter: str = Field("nydus", pattern=r"^[\w.-]*$")
+    # nydus-snapshotter's socket (kata-deploy's path), declared to containerd as a proxy plugin
+    nydus_address: str = "/run/containerd-nydus/containerd-nydus-grpc.sock"
     pod_annotations: tuple[str, ...] = ("io.katacontainers.*",)
 
     @field_validator("containerd_config", "dropin", "kata_config", "record")
@@ -82,7 +84,7 @@ class NodeInstall(BaseModel):
             raise ValueError(f"{value} must be an absolute host path without '..'")
         return value
 
-    @field_validator("shim_path", "socket")
+    @field_validator("shim_path", "socket", "nydus_address")
     @classmethod
     def _absolute_or_empty(cls, value: str) -> str:
         if value and not value.startswith("/"):
@@ -159,12 +161,24 @@ def _runtime(settings: NodeInstall) -> dict[str, Any]:
     return runtime
 
 
+def _proxy_plugins(settings: NodeInstall, main: Mapping[str, Any]) -> dict[str, Any]:
+    """nydus-snapshotter as containerd's proxy plugin, unless the main file declares it."""
+    declared = main.get("proxy_plugins", {})
+    if settings.snapshotter != "nydus" or (isinstance(declared, Mapping) and "nydus" in declared):
+        return {}
+    return {"proxy_plugins": {"nydus": {"type": "snapshot", "address": settings.nydus_address}}}
+
+
 def containerd_dropin(settings: NodeInstall, main: Mapping[str, Any]) -> dict[str, Any]:
     """The drop-in for the main config `main` (its version decides the layout)."""
     version = main.get("version", 1)
     if version == 3:
         runtimes = {settings.handler: _runtime(settings)}
-        return {"version": 3, "plugins": {CRI_V3: {"containerd": {"runtimes": runtimes}}}}
+        return {
+            "version": 3,
+            **_proxy_plugins(settings, main),
+            "plugins": {CRI_V3: {"containerd": {"runtimes": runtimes}}},
+        }
     if version != 2:
         raise InstallError(
             f"{settings.containerd_config}: config version {version!r} is not supported "
@@ -183,7 +197,7 @@ def containerd_dropin(settings: NodeInstall, main: Mapping[str, Any]) -> dict[st
     if settings.snapshotter:
         # the guest pull's snapshotter reads the image reference from these labels
         section["disable_snapshot_annotations"] = False
-    return {"version": 2, "plugins": {CRI_V2: cri}}
+    return {"version": 2, **_proxy_plugins(settings, main), "plugins": {CRI_V2: cri}}
 
 
 def _covered(settings: NodeInstall, imports: list[str]) -> bool:

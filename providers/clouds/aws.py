@@ -488,6 +488,11 @@ def from_settings(
     settings: AwsSettings, owner_id: str, resolve: Resolver = identity
 ) -> AwsProvider:
     """The provider `peerpods serve --provider aws` runs."""
+    from providers.clouds.metadata import complete_aws
+
+    if settings.aws_image_id or settings.pod_vm_image:
+        # what the node's metadata knows, where unset (a missing image is refused first)
+        settings = complete_aws(settings)
     config = config_from_settings(settings)
     if not config.image_id:
         # Refused at start: otherwise the daemon would run and fail every pod's StartVM.

@@ -472,6 +472,11 @@ def from_settings(
     settings: AzureSettings, owner_id: str, resolve: Resolver = identity
 ) -> AzureProvider:
     """The provider `peerpods serve --provider azure` runs."""
+    from providers.clouds.metadata import complete_azure
+
+    if settings.azure_image_id or settings.pod_vm_image:
+        # what the node's metadata knows, where unset (a missing image is refused first)
+        settings = complete_azure(settings)
     config = config_from_settings(settings)
     if not config.image_id:
         # Refused at start: otherwise the daemon would run and fail every pod's StartVM.

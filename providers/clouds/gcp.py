@@ -553,6 +553,11 @@ def from_settings(
     settings: GcpSettings, owner_id: str, resolve: Resolver = identity
 ) -> GcpProvider:
     """The provider `peerpods serve --provider gcp` runs."""
+    from providers.clouds.metadata import complete_gcp
+
+    if settings.gcp_image or settings.pod_vm_image:
+        # what the node's metadata knows, where unset (a missing image is refused first)
+        settings = complete_gcp(settings)
     config = config_from_settings(settings)
     if config.project and config.zones and not config.image:  # a missing project or zones first
         # Refused at start: otherwise the daemon would run and fail every pod's StartVM.

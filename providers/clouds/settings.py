@@ -45,6 +45,14 @@ class CloudSettings(Section):
     pod_vm_image: Annotated[str, Flag("--pod-vm-image")] = Field(
         "", description="pod VM image (a pod annotation may override)"
     )
+    instance_metadata: Annotated[bool, Flag("--instance-metadata", valued=True)] = Field(
+        True,
+        description="take the region, network and (AWS) subnet and security groups left unset "
+        "from the node's instance metadata service (true/false)",
+    )
+    instance_metadata_url: Annotated[str, Flag("--instance-metadata-url")] = Field(
+        "", description="the metadata service to ask (default: the cloud's own address)"
+    )
     max_candidate_types: Annotated[int, Flag("--max-candidate-types")] = Field(
         8,
         ge=1,

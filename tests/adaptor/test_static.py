@@ -121,6 +121,10 @@ def test_registry_builds_a_cloud_provider_from_serve_flags(monkeypatch: pytest.M
             "us-east-1",
             "--pod-vm-image",
             "ami-0a1b2c3d4e5f60718",
+            "--aws-subnet-id",
+            "subnet-0a1b2c3d",
+            "--aws-security-group-ids",
+            "sg-0a1b2c3d",
             "--no-agent-tls",
         ]
     )

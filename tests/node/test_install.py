@@ -85,6 +85,11 @@ def test_containerd_loads_the_dropin_and_lists_kata_remote(base: Path) -> None:
             for line in plugins.splitlines()[1:]
         ), plugins
         config = daemon.cri_config()
+    # the guest pull's snapshotter is declared to containerd (it dials it when first used)
+    assert any(
+        line.split()[:2] == ["io.containerd.snapshotter.v1", "nydus"] and line.split()[-1] == "ok"
+        for line in plugins.splitlines()
+    ), plugins
     runtimes = _runtimes(config)
     assert set(runtimes) == {"runc", "kata-remote"}, runtimes
     kata = runtimes["kata-remote"]
@@ -152,6 +157,12 @@ def test_the_version_3_dropin_holds_only_the_runtime(base: Path) -> None:
     dropin = tomllib.loads(Path(settings.dropin).read_text())
     assert dropin == {
         "version": 3,
+        "proxy_plugins": {
+            "nydus": {
+                "type": "snapshot",
+                "address": "/run/containerd-nydus/containerd-nydus-grpc.sock",
+            }
+        },
         "plugins": {
             "io.containerd.cri.v1.runtime": {
                 "containerd": {
