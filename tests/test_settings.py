@@ -55,7 +55,7 @@ def invalid_text(setting: Setting) -> str:
         return "not-one-of-them"
     if setting.flag.duration:
         return "5 minutes"
-    if setting._type is int:
+    if setting.is_int:
         return "many"
     return "bad\x01value"  # free text: control characters are refused everywhere
 

@@ -161,6 +161,10 @@ class Setting:
         return self.is_bool and not self.flag.valued
 
     @property
+    def is_int(self) -> bool:
+        return self._type is int
+
+    @property
     def is_list(self) -> bool:
         return typing.get_origin(self._type) in (tuple, frozenset, list, set)
 
@@ -213,7 +217,7 @@ class Setting:
             return "duration"
         if self.is_list:
             return "comma-separated list"
-        if self._type is int:
+        if self.is_int:
             return "integer"
         return "text"
 
@@ -231,10 +235,11 @@ class Setting:
         return str(default)
 
 
-def describe(model: type[BaseModel], exc: ValidationError) -> str:
-    """One line for a section's validation error, naming the flag of the field at fault."""
+def describe(model: type[BaseModel], exc: ValidationError, *, by_flag: bool = True) -> str:
+    """One line for a section's validation error, naming the field at fault by its flag (or,
+    for a section built in code, by its name)."""
     first = exc.errors()[0]
-    flags = {s.field: s.flag.name for s in settings(model)}
+    flags = {s.field: s.flag.name for s in settings(model)} if by_flag else {}
     where = ".".join(flags.get(str(part), str(part)) for part in first["loc"]) or "settings"
     message = str(first["msg"]).removeprefix("Value error, ")
     return f"{where}: {message}"
