@@ -26,7 +26,15 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -249,6 +257,9 @@ class SandboxManager:
         self._ended: set[str] = set()
         self._teardown_ended = asyncio.Event()
         self._closed = False
+        # At a hand-off (adaptor.node.handoff): serves a recovered sandbox's inherited agent
+        # sockets with the proxy made for it, or answers False to have the proxy start afresh.
+        self.adopt: Callable[[str, AgentProxyHandle], Awaitable[bool]] | None = None
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -899,9 +910,10 @@ class SandboxManager:
         try:
             host, port = self.default_endpoint(instance)
             socket = Path(record.agent_socket)
-            await asyncio.to_thread(_prepare_socket_dir, socket)
             proxy = self._proxy_factory(record, str(socket), host, port)
-            await proxy.start()
+            if self.adopt is None or not await self.adopt(record.id, proxy):
+                await asyncio.to_thread(_prepare_socket_dir, socket)
+                await proxy.start()
         except Exception as exc:
             log.error("sandbox %s: cannot serve its agent socket again: %s", record.id, exc)
             await self.store.put(record.evolve(reason=_why("restart", exc)))
@@ -1028,6 +1040,14 @@ class SandboxManager:
         for proxy in proxies:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(proxy.stop(), timeout=grace_seconds)
+
+    async def hand_off(self, grace_seconds: float = 5.0) -> dict[str, AgentProxyHandle]:
+        """End this process's part for a successor that takes the agent sockets over: the
+        owned tasks end as at `close` (an unfinished teardown stays recorded as stopping, and
+        the successor finishes it), and the agent proxies are returned still serving."""
+        proxies, self._proxies = self._proxies, {}
+        await self.close(grace_seconds)
+        return proxies
 
 
 def answer_within(deadline_seconds: float) -> float:

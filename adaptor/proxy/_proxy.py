@@ -18,11 +18,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
+from typing import cast
 
 from adaptor.ttrpc.codec import (
     MAX_DATA_LENGTH,
+    DecoderState,
     Event,
     FrameDecoder,
     MalformedMessage,
@@ -45,6 +48,7 @@ from adaptor.ttrpc.gen import ttrpc_pb2
 from adaptor.ttrpc.status import Code, TtrpcError
 
 from .dial import Dial
+from .moved import INTERRUPTED, REPEATABLE, MovedCall, MovedProxy, MovedShim
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,8 @@ MAX_IN_FLIGHT = 1024  # per shim connection; reading pauses beyond it
 DIAL_ATTEMPT_SECONDS = 10.0  # one TCP/TLS connect attempt (a blackholed VM never refuses)
 BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 5.0
+# At a hand-off, how long answers already sent by the pod VM are still read after a half-close.
+MOVE_LINGER_SECONDS = 1.0
 _REQUEST = MessageType.REQUEST
 _RESPONSE = MessageType.RESPONSE
 
@@ -96,6 +102,9 @@ class AgentProxy:
         self._dialing: asyncio.Future[_Upstream] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopped = False
+        # shim connections stopped for a hand-off (their sockets move to the successor)
+        self._frozen: list[_ShimConnection] = []
+        self._listener: socket.socket | None = None
         self.last_error = "not connected yet"
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -106,6 +115,7 @@ class AgentProxy:
             raise RuntimeError("proxy already started")
         sock = bind_unix(self.socket_path, 0o600)
         self._inode = os.lstat(self.socket_path).st_ino
+        self._listener = sock
         self._server = await asyncio.start_unix_server(
             self._accept, sock=sock, limit=READ_CHUNK, backlog=LISTEN_BACKLOG
         )
@@ -196,6 +206,94 @@ class AgentProxy:
             await self._server.wait_closed()
             self._server = None
 
+    # --- hand-off to a successor process ----------------------------------------------------
+
+    async def freeze(self, grace_seconds: float) -> MovedProxy:
+        """Stop taking calls and make this proxy movable to another process.
+
+        Reading from the shims stops (what they sent already is forwarded); calls that must not
+        be sent twice get `grace_seconds` to finish here; then the pod VM connection is dropped
+        without answering anything, every answer already written is flushed to the shims, and
+        the sockets are returned as duplicates (the originals stay open until `release`).
+        """
+        if self._server is None or self._listener is None:
+            raise RuntimeError("proxy not started")
+        shims = list(self._shims.items())
+        for shim, _task in shims:
+            shim.freeze()
+        await asyncio.gather(*(task for _shim, task in shims), return_exceptions=True)
+        self._frozen = [shim for shim, _task in shims if shim.frozen]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace_seconds):
+                for shim in self._frozen:
+                    await shim.drained()
+        self._stopped = True  # from here on a lost upstream is not news, and nothing dials
+        for task in [*self._waiting, *self._tasks]:
+            task.cancel()
+        self._waiting.clear()
+        if self._dialing is not None and not self._dialing.done():
+            self._dialing.cancel()
+        upstream, self._upstream = self._upstream, None
+        if upstream is not None:
+            await upstream.finish(MOVE_LINGER_SECONDS)
+            upstream.pending.clear()  # the successor sends these again
+            await upstream.close()
+        await asyncio.gather(*(shim.flush(grace_seconds) for shim in self._frozen))
+        listener = socket.socket(fileno=os.dup(self._listener.fileno()))
+        moved = MovedProxy(listener)
+        try:
+            moved.shims = [shim.export() for shim in self._frozen if not shim.closing]
+        except OSError:
+            moved.close()
+            raise
+        return moved
+
+    async def adopt(self, moved: MovedProxy) -> None:
+        """Serve inherited sockets (a hand-off): the listener, each shim connection from where
+        its stream stood, and its calls in flight: the repeatable ones are sent again and
+        answered on their original stream ids, the others answered UNAVAILABLE."""
+        if self._server is not None:
+            raise RuntimeError("proxy already started")
+        moved.listener.setblocking(False)
+        with contextlib.suppress(FileNotFoundError):
+            self._inode = os.lstat(self.socket_path).st_ino
+        self._listener = moved.listener
+        self._server = await asyncio.start_unix_server(
+            self._accept, sock=moved.listener, limit=READ_CHUNK, backlog=LISTEN_BACKLOG
+        )
+        for item in moved.shims:
+            item.sock.setblocking(False)
+            reader, writer = await asyncio.open_unix_connection(sock=item.sock, limit=READ_CHUNK)
+            shim = _ShimConnection(
+                self,
+                reader,
+                writer,
+                decoder=FrameDecoder.resume(item.decoder),
+                last_id=item.last_stream_id,
+            )
+            for call in item.calls:
+                shim.in_flight += 1
+                if call.request:
+                    self.forward(shim, call.stream_id, call.request)
+                else:
+                    shim.answer(
+                        call.stream_id, call.service, call.method, Code.UNAVAILABLE, INTERRUPTED
+                    )
+            self._run_shim(shim)
+
+    async def release(self) -> None:
+        """After a hand-off: close this process's copies of the sockets. The successor holds
+        them too, so no shim sees its connection close, and the socket file stays."""
+        self._stopped = True
+        if self._server is not None:
+            self._server.close()
+        for shim in self._frozen:
+            shim.close_quietly()
+        self._frozen = []
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
     # --- upstream ----------------------------------------------------------------------------
 
     async def _ensure_upstream(self, attempt_seconds: float = DIAL_ATTEMPT_SECONDS) -> _Upstream:
@@ -273,7 +371,9 @@ class AgentProxy:
         if self._stopped:
             writer.close()
             return
-        shim = _ShimConnection(self, reader, writer)
+        self._run_shim(_ShimConnection(self, reader, writer))
+
+    def _run_shim(self, shim: _ShimConnection) -> None:
         task = asyncio.get_running_loop().create_task(shim.run(), name="agent-proxy-shim")
         self._shims[shim] = task
         self._shim_came.set()
@@ -289,6 +389,7 @@ class AgentProxy:
         if self._failed is not None:
             shim.answer(shim_id, service, method, *self._failed)
             return
+        shim.calls[shim_id] = (service, method, data if (service, method) in REPEATABLE else b"")
         if self._hook is not None and (service, method) == CREATE_CONTAINER:
             try:
                 data, completion = self._rewrite(data)
@@ -376,6 +477,7 @@ class _Upstream:
         self._writer = writer
         self._next_id = 1
         self.closed = False
+        self.moving = False  # a hand-off: calls still pending are left to the successor
         # upstream stream id -> (shim connection, shim stream id, service, method)
         self.pending: dict[int, tuple[_ShimConnection, int, str, str]] = {}
         loop = asyncio.get_running_loop()
@@ -431,7 +533,19 @@ class _Upstream:
         finally:
             self.closed = True
             self._writer.close()
-            self._proxy.upstream_lost(self, why)
+            if not self.moving:
+                self._proxy.upstream_lost(self, why)
+
+    async def finish(self, limit_seconds: float) -> None:
+        """Before a hand-off: half-close, and relay the answers already on their way until the
+        pod VM closes too (a plain connection only: a TLS one cannot half-close)."""
+        self.moving = True
+        if self.closed or not self._writer.can_write_eof():
+            return
+        with contextlib.suppress(TimeoutError, ConnectionError, OSError):
+            self._writer.write_eof()
+            async with asyncio.timeout(limit_seconds):
+                await asyncio.shield(self._task)
 
     async def close(self) -> None:
         self.closed = True
@@ -445,19 +559,71 @@ class _ShimConnection:
     """One connection from the shim: Go-server rules for stream ids, then forward."""
 
     def __init__(
-        self, proxy: AgentProxy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        proxy: AgentProxy,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        decoder: FrameDecoder | None = None,
+        last_id: int = 0,
     ) -> None:
         self._proxy = proxy
         self._reader = reader
         self._writer = writer
-        self._last_id = 0
+        self._decoder = decoder or FrameDecoder()
+        self._last_id = last_id
         self.in_flight = 0
         self._room = asyncio.Event()
         # shim stream id -> completion of a rewritten CreateContainer awaiting its answer
         self.completions: dict[int, Completion] = {}
+        # shim stream id -> (service, method, request data if safe to repeat else b"")
+        self.calls: dict[int, tuple[str, str, bytes]] = {}
+        self.frozen = False
+        self._answered = asyncio.Event()  # set on each answer while frozen
+
+    @property
+    def closing(self) -> bool:
+        return self._writer.is_closing()
+
+    def freeze(self) -> None:
+        """Stop reading: the bytes already received are still dispatched, then `run` returns
+        without closing the connection (its socket moves to another process)."""
+        self.frozen = True
+        transport = cast(asyncio.Transport, self._writer.transport)
+        if not transport.is_closing():
+            transport.pause_reading()
+        self._reader.feed_eof()
+        self._room.set()
+
+    async def drained(self) -> None:
+        """Until every call still in flight is one that is safe to send again."""
+        while any(not data for _s, _m, data in self.calls.values()):
+            self._answered.clear()
+            await self._answered.wait()
+
+    async def flush(self, limit_seconds: float) -> None:
+        """Until every answer written here reached the shim's socket (or the limit)."""
+        transport = self._writer.transport
+        if transport.is_closing():
+            return
+        transport.set_write_buffer_limits(high=0)
+        with contextlib.suppress(TimeoutError, ConnectionError, OSError):
+            async with asyncio.timeout(limit_seconds):
+                await self._writer.drain()
+
+    def export(self) -> MovedShim:
+        """A duplicate of the socket, with where its stream stands and its calls in flight."""
+        sock = self._writer.get_extra_info("socket")
+        calls = tuple(MovedCall(i, s, m, data) for i, (s, m, data) in self.calls.items())
+        state: DecoderState = self._decoder.export()
+        return MovedShim(socket.socket(fileno=os.dup(sock.fileno())), self._last_id, state, calls)
+
+    def close_quietly(self) -> None:
+        """Close this process's socket; a copy lives on elsewhere, so the shim sees nothing."""
+        self._writer.transport.close()
 
     async def run(self) -> None:
-        decoder = FrameDecoder()
+        decoder = self._decoder
         proxy = self._proxy
         try:
             while True:
@@ -474,9 +640,10 @@ class _ShimConnection:
                     self._room.clear()
                     await self._room.wait()
         except (ConnectionError, OSError):
-            pass
+            self.frozen = False  # broken: nothing worth moving
         finally:
-            await close_writer(self._writer)
+            if not self.frozen:
+                await close_writer(self._writer)
 
     def _dispatch(self, event: Event) -> None:
         if isinstance(event, Oversized):
@@ -521,7 +688,7 @@ class _ShimConnection:
                 f"malformed response from the pod VM ({len(data)} bytes): {exc}",
             )
             return
-        self._done()
+        self._done(shim_id)
         if self._proxy._on_call is not None or self.completions:
             self._proxy.report(service, method, code)
             self._complete(shim_id, code, data)
@@ -540,7 +707,7 @@ class _ShimConnection:
     ) -> None:
         """Answer a shim stream with a status produced by the proxy itself."""
         if counted:
-            self._done()
+            self._done(shim_id)
             self._proxy.report(service, method, code)
         completion = self.completions.pop(shim_id, None)
         if completion is not None:
@@ -559,10 +726,13 @@ class _ShimConnection:
                 message = ttrpc_pb2.Response.FromString(response).status.message
         _call_completion(completion, code, message)
 
-    def _done(self) -> None:
+    def _done(self, shim_id: int) -> None:
         self.in_flight -= 1
+        self.calls.pop(shim_id, None)
         if self.in_flight < MAX_IN_FLIGHT:
             self._room.set()
+        if self.frozen:
+            self._answered.set()
 
 
 def _call_completion(completion: Completion, code: int, message: str) -> None:

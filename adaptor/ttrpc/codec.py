@@ -52,6 +52,16 @@ class Oversized:
 Event = Frame | Oversized
 
 
+@dataclass(frozen=True, slots=True)
+class DecoderState:
+    """A decoder's position: a partial frame's bytes, or what is left of an oversized frame to
+    skip (`discard` bytes of the frame `skipping` = (stream id, message type, length))."""
+
+    partial: bytes = b""
+    discard: int = 0
+    skipping: tuple[int, int, int] | None = None
+
+
 def encode_header(length: int, stream_id: int, msg_type: int, flags: int = 0) -> bytes:
     """The 10-byte frame header."""
     return _HEADER.pack(length, stream_id, msg_type, flags)
@@ -76,6 +86,25 @@ class FrameDecoder:
     def buffered(self) -> int:
         """Bytes held for a partial frame (bounded by HEADER_LENGTH + MAX_DATA_LENGTH)."""
         return len(self._buf)
+
+    def export(self) -> DecoderState:
+        """Where this decoder stands mid-stream, so another one (in another process) goes on."""
+        skipping = self._pending_oversized
+        return DecoderState(
+            bytes(self._buf),
+            self._discard,
+            None if skipping is None else (skipping.stream_id, skipping.msg_type, skipping.length),
+        )
+
+    @classmethod
+    def resume(cls, state: DecoderState) -> FrameDecoder:
+        """A decoder that continues the stream `state` was exported from."""
+        decoder = cls()
+        decoder._buf += state.partial
+        if state.skipping is not None and state.discard > 0:
+            decoder._discard = state.discard
+            decoder._pending_oversized = Oversized(*state.skipping)
+        return decoder
 
     def feed(self, data: bytes) -> list[Event]:
         """Consume received bytes; return the frames (and oversize events) they complete."""

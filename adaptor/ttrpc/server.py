@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
@@ -52,6 +53,7 @@ class Server:
         self._path: str | None = None
         self._inode: int | None = None
         self._connections: dict[_ServerConnection, asyncio.Task[None]] = {}
+        self._listener: socket.socket | None = None
 
     def register(self, service: str, methods: Mapping[str, Handler]) -> None:
         """Add (or extend) a service's methods."""
@@ -74,9 +76,41 @@ class Server:
         sock = bind_unix(path, mode)
         self._inode = os.lstat(path).st_ino
         self._path = path
+        self._listener = sock
         self._server = await asyncio.start_unix_server(
             self._accept, sock=sock, limit=READ_CHUNK, backlog=LISTEN_BACKLOG
         )
+
+    async def adopt_unix(self, sock: socket.socket, path: str) -> None:
+        """Serve on an inherited listening socket already bound at `path` (a hand-off between
+        processes): nothing is bound again, so connects queued in its backlog are accepted here."""
+        if self._server is not None:
+            raise RuntimeError("server already started")
+        sock.setblocking(False)
+        try:
+            self._inode = os.lstat(path).st_ino
+        except FileNotFoundError:
+            self._inode = None
+        self._path = path
+        self._listener = sock
+        self._server = await asyncio.start_unix_server(
+            self._accept, sock=sock, limit=READ_CHUNK, backlog=LISTEN_BACKLOG
+        )
+
+    async def detach(self, grace_seconds: float) -> socket.socket:
+        """Stop accepting and return the listening socket, still listening, for another process
+        to serve (connects queue in its backlog meanwhile); the calls in flight finish within
+        the grace, then every connection here is closed. The socket file stays where it is."""
+        if self._server is None or self._listener is None:
+            raise RuntimeError("server not started")
+        listener = socket.socket(fileno=os.dup(self._listener.fileno()))
+        self._path = None  # the successor serves it: never unlinked here
+        try:
+            await self.close(grace_seconds)
+        except BaseException:
+            listener.close()
+            raise
+        return listener
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _ServerConnection(self, reader, writer)

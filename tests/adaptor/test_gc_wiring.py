@@ -61,7 +61,8 @@ async def test_gc_off_and_state_locked(root: Path) -> None:
     await first.start()
     try:
         assert first.gc is None
-        second = Daemon(settings(root, 0), provider=provider, proxy_factory=FakeProxies())
+        refused = daemon_settings(root, gc_interval_seconds=0, take_over="never")
+        second = Daemon(refused, provider=provider, proxy_factory=FakeProxies())
         with pytest.raises(StateLocked):
             await second.start()
         await asyncio.sleep(0)

@@ -205,7 +205,8 @@ async def test_sigterm_keeps_running_sandboxes(serve: ServeProcess) -> None:
 
 
 async def test_second_daemon_on_same_state_is_refused(serve: ServeProcess, root: Path) -> None:
-    other = ServeProcess(root, serve_args("127.0.0.1:1"))
+    # (without --take-over never, it would take the sockets over: tests/adaptor/test_handoff.py)
+    other = ServeProcess(root, [*serve_args("127.0.0.1:1"), "--take-over", "never"])
     with pytest.raises(RuntimeError, match="another peerpods serve"):
         await other.start()
     assert other.process is not None and other.process.returncode == 2
