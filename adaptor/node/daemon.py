@@ -36,7 +36,6 @@ from adaptor.hypervisor.sandboxes import (
 )
 from adaptor.hypervisor.service import HypervisorService
 from adaptor.node.advertise import CapacityAdvertiser, KubeNodeApi, NodeApi
-from adaptor.node.handoff import HandoffListener, Inherited, inherit
 from adaptor.node.settings import ServeSettings
 from adaptor.node.wiring import (
     ForgetDevices,
@@ -50,8 +49,7 @@ from adaptor.node.wiring import (
 from adaptor.planning.placement import Placement
 from adaptor.planning.vmpolicy import VmPolicy
 from adaptor.podnet import PodNet, PodNetSettings, SandboxPodNetwork
-from adaptor.proxy import AgentProxy, CreateContainerHook
-from adaptor.proxy.moved import MovedProxy
+from adaptor.proxy import CreateContainerHook
 from adaptor.proxy.pki import AdaptorPKI
 from adaptor.state import SandboxRecord, StateStore
 from adaptor.status import AbandonedBook, DeviceBook, build_app
@@ -177,12 +175,6 @@ class Daemon:
         self.watcher: PreemptionWatcher | None = None
         self._node_api = node_api
         self.advertiser: CapacityAdvertiser | None = None
-        # The hand-off (adaptor.node.handoff): a successor's listener, a predecessor's sockets.
-        self._handoff: HandoffListener | None = None
-        self._inherited: Inherited | None = None
-        self._handing_off = False
-        self._moving: dict[str, AgentProxy] = {}
-        self.ended = asyncio.Event()  # set once a successor serves everything
 
     async def start(self) -> None:
         """Bring everything up; on failure, whatever started is closed again."""
@@ -195,19 +187,15 @@ class Daemon:
     async def _start(self) -> None:
         settings = self.settings
         # Provider and catalog first: a bad provider setting fails before anything is written.
-        provider = self._provider
-        if provider is None:
-            # in a thread: a cloud provider may ask the node's instance metadata service
-            provider = await asyncio.to_thread(
-                registry.create,
-                settings.provider,
-                registry.ProviderOptions(
-                    static_endpoints=settings.static_endpoints,
-                    leases=_StoreLeases(self),
-                    settings=self._provider_settings,
-                    owner_id=settings.owner_id or f"peerpods-{socket.gethostname()}",
-                ),
-            )
+        provider = self._provider or registry.create(
+            settings.provider,
+            registry.ProviderOptions(
+                static_endpoints=settings.static_endpoints,
+                leases=_StoreLeases(self),
+                settings=self._provider_settings,
+                owner_id=settings.owner_id or f"peerpods-{socket.gethostname()}",
+            ),
+        )
         placement = self._placement
         if placement is None:
             placement = await asyncio.to_thread(
@@ -217,6 +205,7 @@ class Daemon:
         await asyncio.to_thread(_refuse_live_socket, str(settings.socket))
         self.store = await StateStore.open(settings.state_dir, checks=stored_json_checks())
         placement.use_quota(settings.gpu_quota, self.store)
+        placement.use_account_quota(provider, settings.account_quota_refresh_seconds)
         self._unobserve = observe_capacity_fallbacks(count_capacity_fallback)
         tls, pki = await asyncio.to_thread(agent_tls_context, settings)
         proxy_factory = self._proxy_factory or agent_proxy_factory(
@@ -255,11 +244,7 @@ class Daemon:
             ).check,
             on_abandoned=self.abandoned.add,
         )
-        if self._inherited is not None:
-            self.manager.adopt = self._inherited.adopt
         await self.manager.recover()
-        if self._inherited is not None and (unclaimed := self._inherited.close_unclaimed()):
-            log.warning("hand-off: sandboxes not running here any more: %s", ", ".join(unclaimed))
         if isinstance(provider, Inspectable):
             self.watcher = PreemptionWatcher(
                 self.manager, provider, settings.preemption_check_interval_seconds
@@ -292,22 +277,17 @@ class Daemon:
                 abandoned=self.abandoned,
                 # the names a request's Host may carry besides IP addresses and localhost
                 host_names=(settings.node_name, socket.gethostname()),
+                account_quota=lambda: (
+                    placement.account_quota.value if placement.account_quota else None
+                ),
             )
             self.status = StatusServer(app, settings.status_address)
             await self.status.start()
             log.info("status API on %s", self.status.url)
         server = Server()
         HypervisorService(self.manager).register(server)
-        if self._inherited is not None:
-            await server.adopt_unix(self._inherited.hypervisor, str(settings.socket))
-        else:
-            await server.start_unix(str(settings.socket), mode=0o600)
+        await server.start_unix(str(settings.socket), mode=0o600)
         self.server = server
-        self._handoff = HandoffListener(settings.pods_dir, self)
-        await self._handoff.start()
-        if self._inherited is not None:
-            await self._inherited.ack(True)
-            self._inherited = None
         if settings.node_name:
             # Advertised only once the socket serves: the scheduler sends pods from then on.
             self.advertiser = CapacityAdvertiser(
@@ -323,55 +303,6 @@ class Daemon:
         )
 
     async def close(self, grace_seconds: float | None = None) -> None:
-        """See `_close`; during a hand-off, until the successor serves everything instead."""
-        if self._handing_off:
-            await self.ended.wait()
-            return
-        if self._inherited is not None:  # a take-over that failed half way
-            await self._inherited.ack(False, "the successor failed to start")
-            self._inherited.close()
-            self._inherited = None
-        if self._handoff is not None:
-            await self._handoff.stop()
-            self._handoff = None
-        await self._close(grace_seconds)
-
-    async def detach(self) -> tuple[socket.socket, dict[str, MovedProxy]]:
-        """Give everything up to a successor (adaptor.node.handoff): the hypervisor socket
-        stops accepting once its calls are answered, the background loops, the status API and
-        the state store (unlocked) close, then each agent proxy freezes. The sockets are
-        returned still open; shims see no connection close."""
-        self._handing_off = True
-        grace = self.settings.shutdown_grace_seconds
-        self._handoff = None  # it is the one calling
-        assert self.server is not None and self.manager is not None
-        hypervisor = await self.server.detach(grace)
-        self.server = None
-        proxies = await self.manager.hand_off(grace)
-        self.manager = None
-        await self._close(grace)
-        moving = {i: p for i, p in proxies.items() if isinstance(p, AgentProxy)}
-        frozen = await asyncio.gather(
-            *(proxy.freeze(grace) for proxy in moving.values()), return_exceptions=True
-        )
-        moved: dict[str, MovedProxy] = {}
-        for (sandbox_id, proxy), result in zip(moving.items(), frozen, strict=True):
-            if isinstance(result, BaseException):
-                log.error("hand-off: sandbox %s cannot move: %s", sandbox_id, result)
-                await proxy.stop()
-            else:
-                moved[sandbox_id] = result
-                self._moving[sandbox_id] = proxy
-        return hypervisor, moved
-
-    async def handed_over(self, ok: bool) -> None:
-        """The successor has the sockets (or broke off): close this process's copies; the
-        daemon ends."""
-        moving, self._moving = list(self._moving.values()), {}
-        await asyncio.gather(*(proxy.release() for proxy in moving), return_exceptions=True)
-        self.ended.set()
-
-    async def _close(self, grace_seconds: float | None = None) -> None:
         """Shut down in the order that leaks nothing: the background loops stop; the agent
         sockets close while the hypervisor socket still answers, for at most the drain, the
         StopVMs the disconnected shims send (Kata's Go shim sends one, never retried); then
@@ -528,11 +459,7 @@ async def serve(settings: ServeSettings, **hooks: Any) -> None:
         await daemon.start()
         status = f" (status API {daemon.status.url})" if daemon.status else ""
         print(f"peerpods serve: listening on {settings.socket}{status}", flush=True)
-        ended = asyncio.create_task(daemon.ended.wait(), name="daemon-handed-over")
-        stopping = asyncio.create_task(stop.wait(), name="daemon-stop")
-        await asyncio.wait({ended, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        ended.cancel()
-        stopping.cancel()
+        await stop.wait()
         closing = asyncio.create_task(daemon.close(), name="daemon-close")
         forced = asyncio.create_task(force.wait(), name="daemon-force")
         await asyncio.wait({closing, forced}, return_when=asyncio.FIRST_COMPLETED)

@@ -16,7 +16,7 @@ from adaptor.settings import AgentTls, PodNetworkSettings, ReclaimSettings, Sand
 from providers.clouds import registry
 from providers.clouds.static import Endpoint, parse_endpoints
 from providers.core.errors import InvalidRequest
-from providers.core.settings import Flag, Section, csv, describe
+from providers.core.settings import Flag, Section, csv
 
 __all__ = ["AgentTls", "ServeSettings"]
 
@@ -105,6 +105,9 @@ class ServeSettings(SandboxSettings, ReclaimSettings, PodNetworkSettings, Sectio
         "vcpus; StartVM drops candidates over it and fails with 'quota for H100 exhausted "
         "(8/8)' when none is left (default: off)",
     )
+    account_quota_refresh_seconds: float = Field(
+        60.0, gt=0, description="how often the cloud account's quota is read again"
+    )
     agent_tls: AgentTls = Field(default_factory=AgentTls)
     # This node's peer-pod capacity on its Node status (adaptor.node.advertise).
     node_name: Annotated[str, Flag("--node-name")] = Field(
@@ -128,4 +131,7 @@ class ServeSettings(SandboxSettings, ReclaimSettings, PodNetworkSettings, Sectio
         try:
             return cls.model_validate(fields)
         except ValidationError as exc:
-            raise InvalidRequest(describe(cls, exc, by_flag=False)) from None
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "settings"
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise InvalidRequest(f"{where}: {message}") from None

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from adaptor.devices import CdiNaming, DevicePlan, plan_devices
 from adaptor.runtime import metrics
 from adaptor.state import SandboxRecord, StateStore
+from providers.core.account_quota import AccountQuotaCache
 from providers.core.base import Accelerator, Instance, Provider, VMCandidate, VMSpec
 from providers.core.catalog import Catalog, GpuSpec, InstanceType
 from providers.core.contract import VMIntent
@@ -78,6 +79,8 @@ class Plan:
     intent: VMIntent
     candidates: tuple[PlanCandidate, ...] = ()
     naming: CdiNaming = field(default_factory=CdiNaming)
+    # (instance type, why) of candidates moved to the end: over a cloud account quota
+    ranked_away: tuple[tuple[str, str], ...] = ()
     # candidate position -> its device plan, or why the VM could not hold it
     _devices: dict[int, DevicePlan | InvalidRequest] = field(
         default_factory=dict, compare=False, repr=False
@@ -177,6 +180,9 @@ class Placement:
     naming: CdiNaming = field(default_factory=CdiNaming)
     quota: QuotaPool | None = None
     user_data: UserDataBuilder | None = None
+    # the cloud account's own quotas, shared by every node (None: not read); the per-node pool
+    # above stays the floor
+    account_quota: AccountQuotaCache | None = None
 
     @classmethod
     def for_provider(
@@ -249,7 +255,36 @@ class Placement:
         candidates = self.candidates(intent)
         if self.quota is not None and self.catalog is not None and candidates:
             candidates = await self._reserve(sandbox_id, candidates)
-        return Plan(sandbox_id, intent, candidates, self.naming)
+        candidates, away = await self._account_order(intent, candidates)
+        for name, reason in away:
+            log.info("sandbox %s: candidate %s ranked last: %s", sandbox_id, name, reason)
+        return Plan(sandbox_id, intent, candidates, self.naming, away)
+
+    async def _account_order(
+        self, intent: VMIntent, candidates: tuple[PlanCandidate, ...]
+    ) -> tuple[tuple[PlanCandidate, ...], tuple[tuple[str, str], ...]]:
+        """The candidates with those over a cloud account quota moved last (kept: the quota may
+        have been raised since it was read, and the cloud has the last word), and why."""
+        if self.account_quota is None or not candidates:
+            return candidates, ()
+        account = await self.account_quota.get()
+        if account is None:
+            return candidates, ()
+        spot = intent.capacity_type.wants_spot
+        fit: list[PlanCandidate] = []
+        over: list[PlanCandidate] = []
+        away: list[tuple[str, str]] = []
+        for c in candidates:
+            t = c.inventory if isinstance(c.inventory, InstanceType) else None
+            accel = c.accelerator
+            attached = (accel.model, accel.count) if accel is not None else None
+            reason = account.over(t, spot, attached) if t is not None else ""
+            if reason:
+                over.append(c)
+                away.append((c.instance_type, reason))
+            else:
+                fit.append(c)
+        return (*fit, *over), tuple(away)
 
     async def _reserve(
         self, sandbox_id: str, candidates: Sequence[PlanCandidate]
@@ -267,6 +302,14 @@ class Placement:
         """Forget the sandbox's quota reservation (StartVM failed, or the sandbox stopped)."""
         if self.quota is not None:
             self.quota.release(sandbox_id)
+
+    def use_account_quota(self, provider: Provider, refresh_seconds: float) -> None:
+        """Read the cloud account's quotas (where the provider's API offers them) at most every
+        `refresh_seconds` (0: never), ranking candidates over one last."""
+        from providers.clouds.quotas import account_reader
+
+        reader = account_reader(provider, self.catalog) if refresh_seconds > 0 else None
+        self.account_quota = AccountQuotaCache(reader, refresh_seconds) if reader else None
 
     def use_quota(self, spec: str, store: StateStore) -> None:
         """Enable a `--gpu-quota` spec ("" leaves the pool off), counting the store's sandboxes."""

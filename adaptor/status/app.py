@@ -8,6 +8,9 @@
                              restart, with why
     GET /v1/sandboxes/{id}   one sandbox (a quarantined or abandoned one as in the list);
                              404 {code, message} when unknown
+    GET /v1/quota            the cloud account's quotas as last read (limits shared by every
+                             node, with usage and whether exhausted: candidates over one are
+                             tried last), or null when the cloud offers none
     GET /healthz             200 "ok" while the daemon serves
     GET /metrics             Prometheus text format
 
@@ -34,6 +37,7 @@ from adaptor.state import QuarantinedRecord, SandboxRecord
 from adaptor.status.abandoned import AbandonedBook
 from adaptor.status.devices import DeviceBook
 from adaptor.status.hosts import HostCheck
+from providers.core.account_quota import AccountQuota
 
 
 class SandboxSource(Protocol):
@@ -95,6 +99,7 @@ def build_app(
     refresh_metrics: Callable[[], Awaitable[None]] | None = None,
     abandoned: AbandonedBook | None = None,
     host_names: Iterable[str] = (),
+    account_quota: Callable[[], AccountQuota | None] | None = None,
 ) -> Starlette:
     """The status application over a sandbox source, the device book and the sandboxes given
     up after a restart; `host_names`: the node's names a request's Host may carry (besides IP
@@ -121,6 +126,10 @@ def build_app(
             return _error(404, "not_found", f"no sandbox {sandbox_id!r}")
         return JSONResponse(sandbox_json(record, devices))
 
+    async def quota(request: Request) -> Response:
+        found = account_quota() if account_quota is not None else None
+        return JSONResponse({"account": found.to_json() if found is not None else None})
+
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
@@ -141,6 +150,7 @@ def build_app(
         routes=[
             Route("/v1/sandboxes", list_sandboxes, methods=["GET"]),
             Route("/v1/sandboxes/{sandbox_id}", get_sandbox, methods=["GET"]),
+            Route("/v1/quota", quota, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
         ],
