@@ -16,7 +16,7 @@ from adaptor.settings import AgentTls, PodNetworkSettings, ReclaimSettings, Sand
 from providers.clouds import registry
 from providers.clouds.static import Endpoint, parse_endpoints
 from providers.core.errors import InvalidRequest
-from providers.core.settings import Flag, Section, csv
+from providers.core.settings import Flag, Section, csv, describe
 
 __all__ = ["AgentTls", "ServeSettings"]
 
@@ -131,7 +131,4 @@ class ServeSettings(SandboxSettings, ReclaimSettings, PodNetworkSettings, Sectio
         try:
             return cls.model_validate(fields)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "settings"
-            message = str(first["msg"]).removeprefix("Value error, ")
-            raise InvalidRequest(f"{where}: {message}") from None
+            raise InvalidRequest(describe(cls, exc, by_flag=False)) from None
