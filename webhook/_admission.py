@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,6 +26,7 @@ from providers.core.catalog import Catalog
 from providers.core.contract import SEAL, seal, sealed
 from providers.core.errors import Fault, InvalidRequest, PeerpodsError
 from webhook._devices import SelectorRunner, selector_limits
+from webhook._metrics import observe
 from webhook._mutate import Settings, is_sealed, mutate_pod
 from webhook._patch import diff
 from webhook._policy import VmChoices, protected_changes
@@ -89,7 +91,14 @@ class Admission:
 
     def decide(self, review: AdmissionReview, arrived: float | None = None) -> dict[str, Any]:
         """The response review for a parsed request; `arrived` (time.monotonic()) is when the
-        request came in: the CEL time limit counts from then, queueing included."""
+        request came in: the CEL time limit counts from then, queueing included. Counted in
+        webhook._metrics."""
+        started = time.monotonic() if arrived is None else arrived
+        answer = self._decide(review, arrived)
+        observe(review.request.operation, answer, time.monotonic() - started)
+        return answer
+
+    def _decide(self, review: AdmissionReview, arrived: float | None) -> dict[str, Any]:
         request = review.request
         uid = request.uid
         if request.kind.kind not in ("", "Pod") or request.object is None:

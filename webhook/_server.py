@@ -169,7 +169,8 @@ def build_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     limits: Limits | None = None,
 ) -> Starlette:
-    """The ASGI app: POST /mutate, GET /healthz. `app.state.pools` holds its thread pools."""
+    """The ASGI app: POST /mutate, GET /healthz, GET /metrics (webhook._metrics).
+    `app.state.pools` holds its thread pools."""
     limits = limits or Limits(max_request_bytes=max_request_bytes)
     max_request_bytes = limits.max_request_bytes
     pools = _Pools(limits)
@@ -226,10 +227,18 @@ def build_app(
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def metrics(request: Request) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        from webhook._metrics import REGISTRY
+
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
     app = Starlette(
         routes=[
             Route("/mutate", mutate, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
         ]
     )
     app.state.pools = pools

@@ -36,6 +36,7 @@ from adaptor.hypervisor.sandboxes import (
 )
 from adaptor.hypervisor.service import HypervisorService
 from adaptor.node.advertise import CapacityAdvertiser, KubeNodeApi, NodeApi
+from adaptor.node.readiness import Readiness
 from adaptor.node.settings import ServeSettings
 from adaptor.node.wiring import (
     ForgetDevices,
@@ -175,6 +176,7 @@ class Daemon:
         self.watcher: PreemptionWatcher | None = None
         self._node_api = node_api
         self.advertiser: CapacityAdvertiser | None = None
+        self.readiness: Readiness | None = None
 
     async def start(self) -> None:
         """Bring everything up; on failure, whatever started is closed again."""
@@ -268,11 +270,14 @@ class Daemon:
         if settings.reap_grace_seconds > 0:
             self.reaper = Reaper(self.manager, grace_seconds=settings.reap_grace_seconds)
             self.reaper.start()
+        self.readiness = Readiness(provider, lambda: self.server is not None)
+        self.readiness.start()
         if settings.status_address:
             store = self.store
             app = build_app(
                 store,
                 self.devices,
+                readiness=self.readiness.check,
                 refresh_metrics=lambda: refresh_sandbox_gauge(store),
                 abandoned=self.abandoned,
                 # the names a request's Host may carry besides IP addresses and localhost
@@ -333,6 +338,9 @@ class Daemon:
         if self.status is not None:
             await self.status.stop()
             self.status = None
+        if self.readiness is not None:
+            await self.readiness.stop()
+            self.readiness = None
         if self._unobserve is not None:
             self._unobserve()
             self._unobserve = None

@@ -12,6 +12,8 @@
                              node, with usage and whether exhausted: candidates over one are
                              tried last), or null when the cloud offers none
     GET /healthz             200 "ok" while the daemon serves
+    GET /readyz              200 "ok" once the hypervisor socket serves and the cloud answers,
+                             else 503 with why (the DaemonSet's readiness probe)
     GET /metrics             Prometheus text format
 
 Errors are JSON `{"code": ..., "message": ...}` with a matching HTTP status. A request whose
@@ -99,6 +101,7 @@ def build_app(
     refresh_metrics: Callable[[], Awaitable[None]] | None = None,
     abandoned: AbandonedBook | None = None,
     host_names: Iterable[str] = (),
+    readiness: Callable[[], Awaitable[tuple[bool, str]]] | None = None,
     account_quota: Callable[[], AccountQuota | None] | None = None,
 ) -> Starlette:
     """The status application over a sandbox source, the device book and the sandboxes given
@@ -133,6 +136,10 @@ def build_app(
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
+    async def readyz(request: Request) -> Response:
+        ready, why = (True, "ok") if readiness is None else await readiness()
+        return PlainTextResponse(why, status_code=200 if ready else 503)
+
     async def metrics_endpoint(request: Request) -> Response:
         if refresh_metrics is not None:
             await refresh_metrics()
@@ -152,6 +159,7 @@ def build_app(
             Route("/v1/sandboxes/{sandbox_id}", get_sandbox, methods=["GET"]),
             Route("/v1/quota", quota, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: internal_error},
