@@ -26,7 +26,7 @@ from typing import Any
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.nfnetlink.nftsocket import NFT_MSG_GETRULE, nft_rule_msg
 
-from adaptor.podnet import _netns
+from adaptor.podnet import _netns, _nl
 from adaptor.podnet._errors import TunnelError
 
 TABLE = "raw"
@@ -49,7 +49,7 @@ _LOCK = threading.Lock()
 # there a fresh pod's rules are added without reading anything first. All under _LOCK, as is
 # the one nf_tables socket kept open per worker netns.
 _READY: set[int] = set()
-_SOCKETS: dict[int, Any] = {}
+_SOCKETS: dict[int, _nl.Netlink] = {}
 
 
 def comment(vni: int) -> str:
@@ -166,40 +166,74 @@ def _key(host_netns: str | None) -> int:
     return os.stat(host_netns or "/proc/self/ns/net").st_ino
 
 
-def _socket(host_netns: str | None) -> Any:
+def _socket(host_netns: str | None) -> _nl.Netlink:
+    """The raw nf_tables socket kept in the worker's netns (used under _LOCK only)."""
     key = _key(host_netns)
-    nft = _SOCKETS.get(key)
-    if nft is None:
-        nft = _SOCKETS[key] = _netns.nftables(host_netns)
-    return nft
+    sock = _SOCKETS.get(key)
+    if sock is None:
+        with _netns.entered(host_netns):
+            sock = _SOCKETS[key] = _nl.Netlink(_nl.NETLINK_NETFILTER)
+    return sock
+
+
+def _drop_sockets() -> None:
+    for sock in _SOCKETS.values():
+        sock.close()
+    _SOCKETS.clear()
 
 
 def close_sockets() -> None:
     """Close the kept nf_tables sockets."""
     with _LOCK:
-        for nft in _SOCKETS.values():
-            nft.close()
-        _SOCKETS.clear()
+        _drop_sockets()
         _READY.clear()
+
+
+def _raw_match(address: str, port: int, which: str) -> list[bytes]:
+    """`_match` packed directly (the same expressions, attribute for attribute)."""
+
+    def value(data: bytes) -> bytes:
+        return _nl.nest(3, _nl.attr(_nl.NFTA_DATA_VALUE, data))
+
+    offset = 12 if which == "src" else 16
+    eq = (_nl.be32(1, 1), _nl.be32(2, 0))
+    return [
+        _nl.expr(
+            "payload",
+            _nl.be32(1, 1),
+            _nl.be32(2, NFT_PAYLOAD_NETWORK_HEADER),
+            _nl.be32(3, offset),
+            _nl.be32(4, 4),
+        ),
+        _nl.expr("cmp", *eq, value(socket.inet_aton(address))),
+        _nl.expr("meta", _nl.be32(1, 1), _nl.be32(2, NFT_META_L4PROTO)),
+        _nl.expr("cmp", *eq, value(bytes([socket.IPPROTO_UDP]))),
+        _nl.expr(
+            "payload",
+            _nl.be32(1, 1),
+            _nl.be32(2, NFT_PAYLOAD_TRANSPORT_HEADER),
+            _nl.be32(3, 2),
+            _nl.be32(4, 2),
+        ),
+        _nl.expr("cmp", *eq, value(struct.pack(">H", port))),
+        _nl.expr("notrack"),
+    ]
 
 
 def _add_fresh(host_netns: str | None, vni: int, remote: str, port: int) -> bool:
-    """A fresh pod's two rules into chains known to exist; False when they were not there."""
+    """A fresh pod's two rules, one transaction, into chains known to exist; False when they
+    were not there (nothing was added: a transaction is all or nothing)."""
+    rules = [
+        _nl.rule_add(TABLE, ours, _raw_match(remote, port, which), comment(vni))
+        for _base, _hook, ours, which in CHAINS
+    ]
     try:
-        nft = _socket(host_netns)
-        for _base, _hook, ours, which in CHAINS:
-            nft.rule(
-                "add",
-                table=TABLE,
-                chain=ours,
-                expressions=[_match(remote, port, which)],
-                userdata=comment(vni),
-            )
-    except (NetlinkError, OSError):
+        results = _socket(host_netns).transact(_nl.nft_batch(*rules))
+    except OSError:
+        results = [errno.EIO]
+    if any(results):
         _READY.clear()
-        for nft in _SOCKETS.values():
-            nft.close()
-        _SOCKETS.clear()
+        _drop_sockets()
         return False
     return True
 
@@ -257,18 +291,47 @@ def present(host_netns: str | None, vni: int, remote: str) -> bool:
         )
 
 
+def _matching(host_netns: str | None, vni: int, remote: str) -> tuple[list[_nl.Message], bool]:
+    """The deletes of a pod's rules, read with one dump per peerpod chain parsed by hand, and
+    whether a chain is left empty by them (or is missing: the slow path then looks)."""
+    sock = _socket(host_netns)
+    mark = _nl.udata_comment(comment(vni))
+    address = _nl.attr(_nl.NFTA_DATA_VALUE, socket.inet_aton(remote)) if remote else b""
+    deletes: list[_nl.Message] = []
+    emptied = False
+    for _base, _hook, ours, _which in CHAINS:
+        try:
+            rules = [_nl.rule_of(p) for p in sock.get(_nl.rules_get(TABLE, ours))]
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                emptied = True
+                continue
+            raise
+        mine = [r for r in rules if r.userdata == mark and address in r.expressions]
+        deletes += [_nl.rule_delete(TABLE, ours, r.handle) for r in mine]
+        emptied = emptied or len(mine) == len(rules)
+    return deletes, emptied
+
+
 def remove(host_netns: str | None, vni: int, remote: str) -> None:
     """A pod's rules; then each emptied peerpod chain with its jump; then what we created."""
     with _LOCK:
         try:
+            deletes, emptied = _matching(host_netns, vni, remote)
+            results = _socket(host_netns).transact(_nl.nft_batch(*deletes)) if deletes else []
+            if any(code not in (0, errno.ENOENT) for code in results):
+                raise TunnelError(
+                    f"removing NOTRACK rules of VNI {vni}: "
+                    + ", ".join(os.strerror(c) for c in results if c)
+                )
+        except OSError as exc:
+            _drop_sockets()
+            raise TunnelError(f"removing NOTRACK rules of VNI {vni}: {exc}") from None
+        if not emptied:
+            return
+        try:
             with _netns.nftables(host_netns) as nft:
-                chains = _chains(nft)
-                for _base, _hook, ours, _which in CHAINS:
-                    if ours in chains:
-                        for rule in rules_in(nft, ours):
-                            if _ours_rule(rule, vni, remote):
-                                _delete_rule(nft, ours, rule)
-                _prune(nft, chains)
+                _prune(nft, _chains(nft))
         except NetlinkError as exc:
             raise TunnelError(f"removing NOTRACK rules of VNI {vni}: {exc}") from None
 

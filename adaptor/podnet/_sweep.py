@@ -24,15 +24,12 @@ import os
 import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from adaptor.podnet import _netns, _notrack
+from adaptor.podnet import _netns, _nl, _notrack
 from adaptor.podnet._errors import PodNetError
 
-INGRESS = 0xFFFF0000
-TCA_EGRESS_REDIR = 1
 _COMMENT = re.compile(r"^peerpod \[vni:(\d+)\]$")
 
 
@@ -119,51 +116,30 @@ def namespaces(host_netns: str | None, extra: Iterable[str] = ()) -> list[str | 
     return [host_netns, *seen.values()]
 
 
-def _vxlan(link: Any) -> tuple[int, int] | None:
-    """(VNI, port) of a VXLAN link, else None."""
-    info = link.get_attr("IFLA_LINKINFO")
-    if info is None or info.get_attr("IFLA_INFO_KIND") != "vxlan":
-        return None
-    data = info.get_attr("IFLA_INFO_DATA")
-    if data is None or data.get_attr("IFLA_VXLAN_ID") is None:
-        return None
-    return int(data.get_attr("IFLA_VXLAN_ID")), int(data.get_attr("IFLA_VXLAN_PORT") or 0)
-
-
-def redirect_target(flt: Any) -> int | None:
-    """The ifindex a u32 filter's `mirred egress redirect` points at (0: its target is gone);
-    None when the filter is not such a redirect."""
-    if flt.get_attr("TCA_KIND") != "u32":
-        return None
-    options = flt.get_attr("TCA_OPTIONS")
-    actions = options.get_attr("TCA_U32_ACT") if options is not None else None
-    if actions is None:
-        return None
-    for action in actions.get_attrs("TCA_ACT_PRIO_1"):
-        if action.get_attr("TCA_ACT_KIND") != "mirred":
-            continue
-        parms = action.get_attr("TCA_ACT_OPTIONS").get_attr("TCA_MIRRED_PARMS")
-        if parms is not None and parms["eaction"] == TCA_EGRESS_REDIR:
-            return int(parms["ifindex"])
-    return None
-
-
 def _list_netns(ns: str | None, port: int, tag: int, found: Found) -> None:
-    with _netns.iproute(ns) as ipr:
-        for link in ipr.get_links():
-            vxlan = _vxlan(link)
-            if vxlan is None or vxlan[1] != port:
+    """One netns: its links, its ingress qdiscs and their redirects (raw dumps, parsed here:
+    a node may hold a thousand pod namespaces)."""
+    with _netns.entered(ns):
+        sock = _nl.Netlink(_nl.NETLINK_ROUTE)
+    with sock:
+        for payload in sock.get(_nl.links_get()):
+            vxlan = _nl.vxlan_of(payload)
+            if vxlan is None or vxlan.port != port:
                 continue
-            if link.get_attr("IFLA_GROUP") == tag:
-                found.devices.append(Device(ns, int(link["index"]), vxlan[0]))
+            if vxlan.group == tag:
+                found.devices.append(Device(ns, vxlan.index, vxlan.vni))
             else:
-                found.foreign.add(vxlan[0])
-        ingress = {int(q["index"]) for q in ipr.get_qdiscs() if q.get_attr("TCA_KIND") == "ingress"}
-        for index in sorted(ingress):
-            for flt in ipr.get_filters(index=index, parent=INGRESS):
-                target = redirect_target(flt)
-                if target is not None:
-                    found.redirects.append(Redirect(ns, index, flt["info"] >> 16, target))
+                found.foreign.add(vxlan.vni)
+        ingress = sorted(
+            index
+            for index, kind in map(_nl.tc_kind, sock.get(_nl.qdiscs_get()))
+            if kind == "ingress"
+        )
+        for index in ingress:
+            for payload in sock.get(_nl.ingress_filters_get(index)):
+                redirect = _nl.redirect_of(payload)
+                if redirect is not None:
+                    found.redirects.append(Redirect(ns, index, *redirect))
 
 
 def find(host_netns: str | None, port: int, tag: int, extra: Iterable[str] = ()) -> Found:
@@ -184,48 +160,51 @@ def find(host_netns: str | None, port: int, tag: int, extra: Iterable[str] = ())
     return found
 
 
-def _gone(call: Any, *args: Any, **kwargs: Any) -> bool:
-    """Run a delete; False when what it deletes is already gone."""
-    try:
-        call(*args, **kwargs)
-    except NetlinkError as exc:
-        if exc.code in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
-            return False
-        raise
-    return True
+_GONE = (errno.ENOENT, errno.ENODEV, errno.EINVAL)
+
+
+def _remove_in(ns: str | None, redirects: list[Redirect], devices: set[int]) -> Removed:
+    """In one netns: the doomed redirects (an ingress qdisc left without any goes too), then
+    the doomed devices (their own qdiscs go with them)."""
+    removed = Removed()
+    with _netns.entered(ns):
+        sock = _nl.Netlink(_nl.NETLINK_ROUTE)
+    with sock:
+        results = sock.transact([_nl.filter_delete(r.index, r.prio) for r in redirects])
+        removed.redirects = sum(1 for code in results if not code)
+        for index in sorted({r.index for r in redirects}):
+            left = [_nl.redirect_of(p) for p in sock.get(_nl.ingress_filters_get(index))]
+            if not any(left):
+                sock.transact([_nl.ingress_delete(index)])
+        results = sock.transact([_nl.link_delete(index) for index in sorted(devices)])
+        removed.devices = sum(1 for code in results if not code)
+        for code in results:
+            if code and code not in _GONE:
+                raise OSError(code, os.strerror(code))
+    return removed
 
 
 def remove(host_netns: str | None, found: Found, keep: Collection[int]) -> Removed:
     """Remove the parts of `found` that belong to no VNI in `keep`."""
     removed = Removed()
-    doomed = [d for d in found.devices if d.vni not in keep]
-    by_ns: dict[str | None, set[int]] = {}
-    for device in doomed:
-        by_ns.setdefault(device.netns, set()).add(device.index)
-    for ns in {r.netns for r in found.redirects} | set(by_ns):
-        targets = by_ns.get(ns, set())
-        # Only a redirect at a doomed device, or one the kernel reports pointing nowhere: a
-        # target missing from the listing may be a device made since.
-        redirects = [
-            r
-            for r in found.redirects
-            if r.netns == ns and r.index not in targets and (r.target in targets or r.target == 0)
-        ]
+    doomed: dict[str | None, set[int]] = {}
+    for device in found.devices:
+        if device.vni not in keep:
+            doomed.setdefault(device.netns, set()).add(device.index)
+    # Only a redirect at a doomed device, or one the kernel reports pointing nowhere: a target
+    # missing from the listing may be a device made since.
+    redirects: dict[str | None, list[Redirect]] = {}
+    for r in found.redirects:
+        targets = doomed.get(r.netns, set())
+        if r.index not in targets and (r.target in targets or r.target == 0):
+            redirects.setdefault(r.netns, []).append(r)
+    for ns in set(doomed) | set(redirects):
         try:
-            with _netns.iproute(ns) as ipr:
-                for r in redirects:
-                    if _gone(ipr.tc, "del-filter", index=r.index, parent=INGRESS, prio=r.prio):
-                        removed.redirects += 1
-                    if not any(
-                        redirect_target(f) is not None
-                        for f in ipr.get_filters(index=r.index, parent=INGRESS)
-                    ):
-                        _gone(ipr.tc, "del", "ingress", r.index, "ffff:")
-                for index in sorted(targets):
-                    if _gone(ipr.link, "del", index=index):
-                        removed.devices += 1
-        except (PodNetError, NetlinkError, OSError):
+            done = _remove_in(ns, redirects.get(ns, []), doomed.get(ns, set()))
+        except (PodNetError, OSError):
             continue
+        removed.devices += done.devices
+        removed.redirects += done.redirects
     rules = [r for r in found.rules if r.vni not in keep and r.vni not in found.foreign]
     if rules:
         removed.rules = _notrack.remove_handles(host_netns, [(r.chain, r.handle) for r in rules])

@@ -1,17 +1,25 @@
-"""Pod network benchmark (needs root): tunnel setup and teardown per pod, and TCP throughput.
+"""Pod network benchmark (needs root): tunnel setup and teardown per pod against a baseline in
+the same run, TCP throughput against a plain veth, and what races leave behind.
 
 Builds the test topology (tests/podnet/topology.py: a worker netns with a CNI bridge, pod netns,
 pod VM netns), then:
-- setup and teardown time per pod, p50/p99 over N pods, one pod at a time (PodNet.setup and
-  .teardown as StartVM and StopVM call them: NOTRACK rules, VXLAN device, two tc redirects);
-  inspect (CreateVM's share) is printed too;
-  their CPU time is printed too: on a loaded machine wall time is mostly waiting for a core;
+- CreateVM's netns inspection, and setup and teardown per pod (PodNet.inspect, .setup and
+  .teardown as CreateVM, StartVM and StopVM call them), p50/p99 over N pods one at a time, wall
+  and CPU time; alternating with each of them, the same tunnel on another pod built and removed
+  through pyroute2's generic calls (tests/bench/podnet_pyroute2.py, the code before it packed
+  its own messages): the baseline, and the ratio new/baseline of each figure;
 - TCP throughput (one stream) from the peer on the worker's bridge: to a pod's IP inside its pod
   VM netns through the tunnel (pod VM side built from apf.json), and to a pod without a tunnel
-  over its plain veth on the same bridge with the same MTU; alternated, median of three each,
-  in the same run. The ratio is tunnel / veth. Goals: setup p99 <= 50 ms, ratio >= 0.8.
+  over its plain veth on the same bridge with the same MTU; alternated, median of three each.
+  The ratio is tunnel / veth; the offloads of vxlan1 are printed with it;
+- leftovers: VXLAN devices, ingress qdiscs, redirects, NOTRACK rules, records and VNI leases
+  after the pods above are torn down, and after --race sandboxes were started and stopped
+  concurrently through the sandbox manager (StopVM 0-300 ms after StartVM).
 
-    sudo python tests/bench/podnet.py [--pods 50] [--seconds 2]
+Goals: setup p99 <= 10 ms with CPU <= 5 ms, inspection p99 <= 10 ms, teardown p99 <= 20 ms,
+TCP ratio >= 0.9, every leftover count 0.
+
+    sudo python tests/bench/podnet.py [--pods 50] [--seconds 2] [--race 200]
 """
 
 from __future__ import annotations
@@ -25,13 +33,18 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
-from adaptor.podnet import PodNet, PodNetSettings, Tunnel
+from adaptor.podnet import VNI_POOL, PodNet, PodNetSettings, Tunnel
 from adaptor.state import StateStore
+from tests.bench import podnet_pyroute2 as baseline
+from tests.podnet.leftovers import kernel_leftovers
 from tests.podnet.topology import Topology, podvm_setup, sock
 
 CHUNK = 256 * 1024
@@ -80,33 +93,79 @@ def apf(tunnel: Tunnel) -> dict[str, object]:
     return decoded
 
 
-async def main(pods: int, seconds: float) -> None:
+def offloads(netns: str, device: str) -> str:
+    """The offloads that decide throughput, as ethtool -k shows them (or why not)."""
+    wanted = ("tx-checksumming", "generic-segmentation-offload", "generic-receive-offload")
+    name = os.path.basename(netns)
+    try:
+        out = subprocess.run(
+            ["ip", "netns", "exec", name, "ethtool", "-k", device],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"(ethtool -k unavailable: {exc})"
+    found = [line.strip() for line in out.splitlines() if line.split(":")[0] in wanted]
+    return "; ".join(found)
+
+
+class Timed:
+    """Wall and CPU milliseconds of each call."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    async def run(self, call: Callable[[], object]) -> object:
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = call()
+        if asyncio.iscoroutine(result):
+            result = await result
+        self.wall.append((time.perf_counter() - t0) * 1000)
+        self.cpu.append((time.process_time() - c0) * 1000)
+        return result
+
+
+async def lifecycle(pods: int, seconds: float) -> dict[str, object]:
     topo = Topology()
+    figures: dict[str, object] = {}
     try:
         await asyncio.to_thread(topo.build)
-        pod_list = [await asyncio.to_thread(topo.add_pod) for _ in range(pods)]
-        vm_list = [await asyncio.to_thread(topo.add_vm) for _ in range(pods)]
+        pod_list = [await asyncio.to_thread(topo.add_pod) for _ in range(2 * pods)]
+        vm_list = [await asyncio.to_thread(topo.add_vm) for _ in range(2 * pods)]
         with tempfile.TemporaryDirectory() as state:
             store = await StateStore.open(state)
             podnet = PodNet(PodNetSettings(), store, host_netns=topo.worker)
             try:
-                inspect_ms, setup_ms, teardown_ms = [], [], []
-                setup_cpu_ms, teardown_cpu_ms = [], []
-                tunnels = []
-                for i, (pod, _ip) in enumerate(pod_list):
-                    t0 = time.perf_counter()
-                    inspected = await podnet.inspect(f"sb{i}", pod)
-                    t1, c1 = time.perf_counter(), time.process_time()
-                    assert inspected is not None
-                    tunnels.append(await podnet.setup(inspected, (vm_list[i][2],)))
-                    t2 = time.perf_counter()
-                    setup_cpu_ms.append((time.process_time() - c1) * 1000)
-                    inspect_ms.append((t1 - t0) * 1000)
-                    setup_ms.append((t2 - t1) * 1000)
+                inspect, setup, teardown = Timed(), Timed(), Timed()
+                base_setup, base_teardown = Timed(), Timed()
+                ours, theirs = [], []
+                for i in range(pods):
+                    new, old = 2 * i, 2 * i + 1
+                    inspected = await inspect.run(
+                        lambda n=new: podnet.inspect(f"sb{n}", pod_list[n][0])
+                    )
+                    assert isinstance(inspected, Tunnel)
+                    ready = await setup.run(
+                        lambda t=inspected, n=new: podnet.setup(t, (vm_list[n][2],))
+                    )
+                    assert isinstance(ready, Tunnel)
+                    ours.append(ready)
+                    other = await podnet.inspect(f"sb{old}", pod_list[old][0])
+                    assert other is not None
+                    remote = vm_list[old][2]
+                    await base_setup.run(
+                        lambda t=other, r=remote: asyncio.to_thread(
+                            baseline.setup, topo.worker, t.netns, t.network, r
+                        )
+                    )
+                    theirs.append(other.evolve(remote=remote))
                 # Throughput: the peer to pod 0's IP through its tunnel, and to a pod that has no
                 # tunnel over its plain veth (same bridge, same MTU), alternating, medians of 3.
                 vm0, podns0, _ = vm_list[0]
-                await asyncio.to_thread(podvm_setup, vm0, podns0, apf(tunnels[0]))
+                await asyncio.to_thread(podvm_setup, vm0, podns0, apf(ours[0]))
                 plain, plain_ip = await asyncio.to_thread(topo.add_pod)
                 veth_runs, tunnel_runs = [], []
                 for _ in range(3):
@@ -120,40 +179,116 @@ async def main(pods: int, seconds: float) -> None:
                             throughput_gbps, podns0, pod_list[0][1], topo.peer, seconds
                         )
                     )
-                veth, tunnel = statistics.median(veth_runs), statistics.median(tunnel_runs)
-                for tunnel_ in tunnels:
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    await podnet.teardown(tunnel_)
-                    teardown_ms.append((time.perf_counter() - t0) * 1000)
-                    teardown_cpu_ms.append((time.process_time() - c0) * 1000)
+                figures["veth"] = statistics.median(veth_runs)
+                figures["tunnel"] = statistics.median(tunnel_runs)
+                figures["offloads"] = await asyncio.to_thread(offloads, pod_list[0][0], "vxlan1")
+                for mine, other in zip(ours, theirs, strict=True):
+                    await teardown.run(lambda t=mine: podnet.teardown(t))
+                    await base_teardown.run(
+                        lambda t=other: asyncio.to_thread(
+                            baseline.teardown, topo.worker, t.netns, t.network, t.remote
+                        )
+                    )
+                    await podnet.release_vni(mine.vni)
+                    await podnet.release_vni(other.vni)
+                counts = await asyncio.to_thread(
+                    kernel_leftovers, topo.worker, [p for p, _ip in pod_list]
+                )
+                counts["VNI leases"] = len(await store.leases(VNI_POOL))
+                figures["leftovers"] = counts
             finally:
                 await podnet.close()
                 await store.close()
+        figures["timed"] = {
+            "inspect (CreateVM)": (inspect, None),
+            "setup (StartVM)": (setup, base_setup),
+            "teardown (StopVM)": (teardown, base_teardown),
+        }
     finally:
         await asyncio.to_thread(topo.close)
+    return figures
+
+
+async def race(count: int) -> dict[str, int]:
+    """`count` sandboxes created, started and stopped at once through the sandbox manager."""
+    from tests.podnet.test_manager import close, manager
+    from tests.podnet.test_races import SlowPool, left, start_then_stop
+
+    topo = Topology()
+    try:
+        await asyncio.to_thread(topo.build)
+        pods = [(await asyncio.to_thread(topo.add_pod))[0] for _ in range(count)]
+        vms = [await asyncio.to_thread(topo.add_vm) for _ in range(count)]
+        with tempfile.TemporaryDirectory() as root:
+            store = await StateStore.open(Path(root) / "state")
+            pool = SlowPool()
+            m = manager(Path(root), store, pool, topo.worker)
+            rng = random.Random(count)
+            try:
+                for i in range(count):
+                    pool.addresses[f"sb{i}"] = vms[i][2]
+                await asyncio.gather(
+                    *(
+                        start_then_stop(m, f"sb{i}", pods[i], rng.uniform(0, 0.3))
+                        for i in range(count)
+                    )
+                )
+                return await left(store, topo, pods)
+            finally:
+                await close(m)
+                await store.close()
+    finally:
+        await asyncio.to_thread(topo.close)
+
+
+def report(pods: int, figures: dict[str, object], raced: dict[str, int] | None, n: int) -> None:
     load = os.getloadavg()
-    print(f"pods: {pods}  cpus: {os.cpu_count()}  load avg: {load[0]:.2f} {load[1]:.2f}")
-    for name, values in (
-        ("inspect (CreateVM)", inspect_ms),
-        ("setup (StartVM)", setup_ms),
-        ("teardown (StopVM)", teardown_ms),
-        ("setup, CPU time", setup_cpu_ms),
-        ("teardown, CPU time", teardown_cpu_ms),
-    ):
-        print(
-            f"{name:20s} p50 {statistics.median(values):6.2f} ms   "
-            f"p99 {percentile(values, 0.99):6.2f} ms   max {max(values):6.2f} ms"
-        )
-    print(f"TCP peer -> pod IP, plain veth:  {veth:6.2f} Gbit/s")
+    print(f"pods: {pods} (and {pods} baseline)  cpus: {os.cpu_count()}  load avg: {load[0]:.2f}")
+    timed = figures["timed"]
+    assert isinstance(timed, dict)
+    for name, (new, old) in timed.items():
+        for kind, values, base in (
+            ("wall", new.wall, old.wall if old else None),
+            ("CPU ", new.cpu, old.cpu if old else None),
+        ):
+            line = (
+                f"{name:20s} {kind} p50 {statistics.median(values):6.2f} ms  "
+                f"p99 {percentile(values, 0.99):6.2f} ms"
+            )
+            if base:
+                line += (
+                    f"   baseline p50 {statistics.median(base):6.2f} p99 "
+                    f"{percentile(base, 0.99):6.2f} ms   ratio p50 "
+                    f"{statistics.median(values) / statistics.median(base):.2f} p99 "
+                    f"{percentile(values, 0.99) / percentile(base, 0.99):.2f}"
+                )
+            print(line)
+    veth, tunnel = figures["veth"], figures["tunnel"]
+    assert isinstance(veth, float) and isinstance(tunnel, float)
+    print(f"TCP peer -> pod IP, plain veth:   {veth:6.2f} Gbit/s")
     print(f"TCP peer -> pod IP, VXLAN tunnel: {tunnel:6.2f} Gbit/s")
-    print(f"ratio tunnel/veth: {tunnel / veth:.2f} (goal >= 0.8); setup p99 goal <= 50 ms")
+    print(f"ratio tunnel/veth: {tunnel / veth:.2f}   vxlan1 offloads: {figures['offloads']}")
+    print(f"leftovers after {pods} + {pods} pods: {figures['leftovers']}")
+    if raced is not None:
+        print(f"leftovers after {n} concurrent start/stop races: {raced}")
+    print(
+        "goals: setup p99 <= 10 ms, CPU <= 5 ms; inspect p99 <= 10 ms; teardown p99 <= 20 ms; "
+        "TCP ratio >= 0.9; every leftover 0"
+    )
+
+
+async def main(pods: int, seconds: float, racing: int) -> None:
+    figures = await lifecycle(pods, seconds)
+    raced = await race(racing) if racing else None
+    report(pods, figures, raced, racing)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--race", type=int, default=200)
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("podnet benchmark: needs root for network namespaces")
-    asyncio.run(main(args.pods, args.seconds))
+    asyncio.run(main(args.pods, args.seconds, args.race))

@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from adaptor.podnet import _netns, _notrack
-from adaptor.podnet._sweep import INGRESS, redirect_target
+from adaptor.podnet import _netns, _nl, _notrack
 
 
 def kernel_leftovers(worker: str, pods: Iterable[str]) -> dict[str, int]:
@@ -17,17 +16,18 @@ def kernel_leftovers(worker: str, pods: Iterable[str]) -> dict[str, int]:
     for ns in (worker, *pods):
         if not os.path.exists(ns):
             continue
-        with _netns.iproute(ns) as ipr:
-            for link in ipr.get_links():
-                info = link.get_attr("IFLA_LINKINFO")
-                if info is not None and info.get_attr("IFLA_INFO_KIND") == "vxlan":
-                    counts["vxlan devices"] += 1
-            for qdisc in ipr.get_qdiscs():
-                if qdisc.get_attr("TCA_KIND") != "ingress":
+        with _netns.entered(ns):
+            sock = _nl.Netlink(_nl.NETLINK_ROUTE)
+        with sock:
+            counts["vxlan devices"] += sum(
+                1 for p in sock.get(_nl.links_get()) if _nl.vxlan_of(p) is not None
+            )
+            for index, kind in map(_nl.tc_kind, sock.get(_nl.qdiscs_get())):
+                if kind != "ingress":
                     continue
                 counts["ingress qdiscs"] += 1
-                for flt in ipr.get_filters(index=qdisc["index"], parent=INGRESS):
-                    if redirect_target(flt) is not None:
+                for payload in sock.get(_nl.ingress_filters_get(index)):
+                    if _nl.redirect_of(payload) is not None:
                         counts["u32 redirects"] += 1
     with _netns.nftables(worker) as nft:
         for _base, _hook, ours, _which in _notrack.CHAINS:
