@@ -1,0 +1,287 @@
+"""1,000 sandboxes on one adaptor with pod networking, on AWS (moto), as one worker node (root).
+
+The static tunnel topology of the podnet tests (tests/podnet/topology.py): a worker netns with a
+CNI bridge and one pod netns per sandbox. The adaptor runs as the worker's daemon (this script in
+`--worker` mode: `adaptor.node.daemon.serve` on the aws provider against moto, both inside the
+worker netns; every pod VM's forwarder is dialled at one loopback kata-agent). Each sandbox is
+driven as Kata's Go shim drives it (tests/shim_emulator.py): CreateVM with the pod's netns,
+StartVM, the agent connection with the pause container running; all of them concurrently, then
+one StopVM each, concurrently.
+
+Printed, for the adaptor process: RSS and open file descriptors with every sandbox running (and
+before the first), CPU per sandbox lifecycle (create, start, stop: the adaptor's user+system
+time over the run, divided by the sandboxes), StartVM as the shim saw it and StartVM's own share
+(its time less the provider's VM create, measured inside the adaptor) at p50/p99 with the
+tunnel setup's part of it; and after: sandbox records, VNI leases, VMs and tunnel parts left
+(each must be 0). Goals: RSS <= 400 MiB, CPU <= 20 ms per lifecycle.
+
+    sudo python tests/bench/scale.py [--sandboxes 1000]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this folder is sys.path[0], where select.py would shadow the standard
+# library's `select`: the repository root takes its place.
+sys.path[0] = str(Path(__file__).resolve().parents[2])
+
+import argparse
+import asyncio
+import contextlib
+import contextvars
+import json
+import os
+import resource
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+AGENT_PORT_FILE = "agent-port"
+STATS_FILE = "worker-stats.json"
+MOTO_PORT = 5050  # inside the worker netns: its own loopback
+DRAIN_SECONDS = 600.0  # for the VM deletes an OK StopVM left running to finish
+
+
+# --- the worker (the adaptor process) ---------------------------------------------------------
+
+
+@dataclass
+class _StartTimes:
+    """Inside the adaptor: each StartVM's time and the parts spent elsewhere."""
+
+    start: list[float] = field(default_factory=list)
+    own: list[float] = field(default_factory=list)
+    tunnel: list[float] = field(default_factory=list)
+    current: contextvars.ContextVar[list[float] | None] = field(
+        default_factory=lambda: contextvars.ContextVar("provider_time", default=None)
+    )
+
+
+def _timed(
+    method: Callable[..., Awaitable[Any]], record: Callable[[float], None]
+) -> Callable[..., Awaitable[Any]]:
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return await method(*args, **kwargs)
+        finally:
+            record(time.perf_counter() - began)
+
+    return wrapper
+
+
+def _instrument(times: _StartTimes) -> None:
+    """Wrap StartVM, the provider's create and the tunnel setup with timers (bench only)."""
+    from adaptor.hypervisor.sandboxes import SandboxManager
+    from adaptor.podnet import PodNet
+    from providers.clouds.aws import AwsProvider
+
+    start_vm = SandboxManager.start_vm
+    create = AwsProvider.create
+
+    async def timed_start(self: Any, sandbox_id: str) -> None:
+        spent: list[float] = []
+        token = times.current.set(spent)
+        began = time.perf_counter()
+        try:
+            await start_vm(self, sandbox_id)
+        finally:
+            took = time.perf_counter() - began
+            times.current.reset(token)
+            times.start.append(took)
+            times.own.append(took - sum(spent))
+
+    def provider_time(took: float) -> None:
+        spent = times.current.get()
+        if spent is not None:
+            spent.append(took)
+
+    SandboxManager.start_vm = timed_start  # type: ignore[method-assign]
+    AwsProvider.create = _timed(create, provider_time)  # type: ignore[method-assign]
+    PodNet.setup = _timed(PodNet.setup, times.tunnel.append)  # type: ignore[method-assign]
+
+
+def worker(root: Path, agent_port: int) -> None:
+    """The adaptor: `serve` on moto with pod networking, timing what StartVM spends."""
+    from adaptor.node.daemon import serve
+    from adaptor.runtime.logs import configure
+    from providers.core.base import Instance
+    from tests.adaptor.moto_daemon import moto_aws, moto_settings
+
+    configure("warning", "text")
+    times = _StartTimes()
+    _instrument(times)
+    provider = moto_aws(MOTO_PORT, "scale-owner", zones=("us-east-1a", "us-east-1b"))
+
+    def resolve(instance: Instance) -> tuple[str, int]:
+        return "127.0.0.1", agent_port
+
+    settings = moto_settings(
+        root,
+        "scale-owner",
+        proxy_timeout_seconds=120,
+        gc_interval_seconds=0,
+        shutdown_grace_seconds=5,
+        shutdown_drain_seconds=5,
+    )
+    asyncio.run(serve(settings, provider=provider, resolve_endpoint=resolve))
+    (root / STATS_FILE).write_text(
+        json.dumps({"start": times.start, "own": times.own, "tunnel": times.tunnel})
+    )
+
+
+# --- the node ---------------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> tuple[float, float, int]:
+    """(CPU seconds user+system, RSS MiB, open fds) of a process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    rss = int(fields[21]) * resource.getpagesize() / 2**20
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    return cpu, rss, fds
+
+
+def _add_pod(topo: Any, i: int) -> str:
+    """A pod netns on the worker's CNI bridge (past the podnet tests' 240 addresses: /16)."""
+    from tests.podnet.topology import POD_MTU, path
+
+    pod = topo._create(f"P{i}")
+    topo._veth(pod, "eth0", topo.ns("W"), f"w-p{i}", POD_MTU)
+    topo._enslave(topo.ns("W"), f"w-p{i}", "cni0")
+    topo._address(pod, "eth0", f"10.128.{i // 200 + 1}.{i % 200 + 10}/16", "10.128.0.1")
+    return str(path(pod))
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def ms(values: list[float]) -> str:
+    if not values:
+        return "none"
+    return f"p50 {statistics.median(values) * 1e3:.1f} ms, p99 {pct(values, 0.99) * 1e3:.1f} ms"
+
+
+async def node(sandboxes: int) -> int:
+    from tests.adaptor.daemon_proc import ANNOTATIONS, ServeProcess
+    from tests.podnet.leftovers import kernel_leftovers, nothing_left
+    from tests.podnet.test_restart_no_leak import agents, bound, live_vms, moto_in
+    from tests.podnet.topology import Topology
+    from tests.shim_emulator import ShimEmulator
+
+    class Worker(ServeProcess):
+        agent_port: int = 0
+
+        def argv(self) -> list[str]:
+            return [sys.executable, __file__, "--worker", str(self.root), str(self.agent_port)]
+
+    topo = await asyncio.to_thread(lambda: Topology().build())
+    root = Path(tempfile.mkdtemp(prefix="pp-scale-"))
+    try:
+        began = time.perf_counter()
+        pods = [await asyncio.to_thread(_add_pod, topo, i) for i in range(sandboxes)]
+        print(f"topology             {sandboxes} pod netns on the worker's bridge in "
+              f"{time.perf_counter() - began:.0f} s")  # fmt: skip
+        listener = bound(topo.worker, ("127.0.0.1", 0))
+        aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+        proc = Worker(root, [], netns=topo.worker, env=aws)
+        proc.agent_port = listener.getsockname()[1]
+        with moto_in(topo.worker):
+            async with agents([listener]):
+                await proc.start()
+                assert proc.process is not None
+                pid = proc.process.pid
+                cpu0, rss0, fds0 = _proc_stat(pid)
+                shims = [
+                    ShimEmulator(
+                        proc.socket,
+                        f"{i:064x}",
+                        {**ANNOTATIONS, "io.kubernetes.cri.sandbox-name": f"pod-{i}"},
+                        netns=netns,
+                    )
+                    for i, netns in enumerate(pods)
+                ]
+                started_at: list[float] = []
+
+                async def run(shim: ShimEmulator) -> None:
+                    await shim.create_vm()
+                    t0 = time.perf_counter()
+                    await shim.start_vm()
+                    started_at.append(time.perf_counter() - t0)
+                    await shim.start_pause()
+
+                began = time.perf_counter()
+                outcomes = await asyncio.gather(*(run(s) for s in shims), return_exceptions=True)
+                up = time.perf_counter() - began
+                failures = [o for o in outcomes if isinstance(o, BaseException)]
+                _, rss_up, fds_up = _proc_stat(pid)
+                running = len(proc.rows("SELECT id FROM sandboxes WHERE state='running'"))
+                began = time.perf_counter()
+                stops = await asyncio.gather(*(s.stop_vm() for s in shims))
+                down = time.perf_counter() - began
+                for shim in shims:
+                    await shim.close()
+                # an OK StopVM may leave the VM's delete to finish in the background (durably):
+                # the sandbox is forgotten when it has
+                deadline = time.monotonic() + DRAIN_SECONDS
+                while proc.rows("SELECT id FROM sandboxes") and time.monotonic() < deadline:  # noqa: ASYNC110 - another process's database
+                    await asyncio.sleep(1)
+                drained = time.perf_counter() - began
+                cpu1, rss_after, fds_after = _proc_stat(pid)
+                records = len(proc.rows("SELECT id FROM sandboxes"))
+                leases = len(proc.rows("SELECT * FROM leases"))
+                vms = await asyncio.to_thread(live_vms, topo.worker)
+                await proc.terminate(60)
+        stats = json.loads((root / STATS_FILE).read_text())
+        left = await asyncio.to_thread(kernel_leftovers, topo.worker, pods)
+    finally:
+        await asyncio.to_thread(topo.close)
+    cpu_per = (cpu1 - cpu0) / sandboxes * 1e3
+    print(f"sandboxes            {sandboxes} concurrent, pod networking on, aws provider on moto")
+    print(f"started              {running} running, {len(failures)} failed in {up:.1f} s; "
+          f"stopped in {down:.1f} s ({sum(1 for s in stops if s.ok)} StopVM ok), every record "
+          f"gone {drained:.1f} s after the first StopVM")  # fmt: skip
+    for failure in failures[:3]:
+        print(f"  failure            {type(failure).__name__}: {failure}")
+    print(f"adaptor RSS          {rss0:.0f} MiB idle, {rss_up:.0f} MiB with all running, "
+          f"{rss_after:.0f} MiB after")  # fmt: skip
+    print(f"adaptor open fds     {fds0} idle, {fds_up} with all running, {fds_after} after")
+    print(f"adaptor CPU          {cpu_per:.1f} ms per sandbox lifecycle (create, start, stop)")
+    print(f"StartVM (shim)       {ms(started_at)}")
+    print(f"StartVM own share    {ms(stats['own'])} (less the provider's VM create)")
+    print(f"  tunnel setup       {ms(stats['tunnel'])}")
+    print(f"left after           {records} records, {leases} leases, {vms} VMs, "
+          f"tunnel parts {left}")  # fmt: skip
+    clean = not failures and records == leases == vms == 0 and nothing_left(left)
+    return 0 if clean else 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sandboxes", type=int, default=1000)
+    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(Path(args.worker[0]), int(args.worker[1]))
+        return
+    if os.geteuid() != 0:
+        raise SystemExit("scale.py needs root (network namespaces)")
+    if not 1 <= args.sandboxes <= 8000:
+        parser.error("--sandboxes must be 1..8000")
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(key, "testing")
+    with contextlib.suppress(ValueError):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    sys.exit(asyncio.run(node(args.sandboxes)))
+
+
+if __name__ == "__main__":
+    main()
