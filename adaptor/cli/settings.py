@@ -116,7 +116,9 @@ class SelectSettings(CatalogChoice, CatalogSource, OutputSettings):
 class AdmissionPolicy(Section):
     """What pods may ask for: the webhook enforces it, `peerpods plan` previews it."""
 
-    allowed_machine_types: Annotated[Names, Flag("--allowed-machine-types")] = Field(
+    allowed_machine_types: Annotated[
+        Names, Flag("--allowed-machine-types", metavar="TYPE[,...]")
+    ] = Field(
         (),
         description="comma-separated instance types users may pin with the machine_type "
         "annotation (empty: none)",
@@ -125,7 +127,9 @@ class AdmissionPolicy(Section):
         CapacityType.ON_DEMAND,
         description="capacity type of a pod without the peerpods.io/capacity-type annotation",
     )
-    namespace_capacity_types: Annotated[str, Flag("--namespace-capacity-types")] = Field(
+    namespace_capacity_types: Annotated[
+        str, Flag("--namespace-capacity-types", metavar="NS=TYPE|TYPE[,...]")
+    ] = Field(
         "",
         description="capacity types each namespace's pods may ask for, NAMESPACE=TYPE|TYPE[,...] "
         "with * for every other namespace, e.g. 'ml=spot|spot-or-on-demand,*=on-demand'; a "
