@@ -12,6 +12,7 @@ admission itself into its stages (JSON parse, decide: resources, seal, selection
     python tests/bench/webhook.py [--rate 500] [--seconds 5] [--runs 3] [--no-freeze-gc]
     python tests/bench/webhook.py --profile
     python tests/bench/webhook.py --flood [--seconds 10]
+    python tests/bench/webhook.py --connection-flood [--seconds 10]
 
 Prints p50/p99 latency, throughput and server CPU per request for each scenario and run, the
 ratio of each p99 to the baseline's, and the median of each figure over the runs.
@@ -20,7 +21,9 @@ Goal: p99 <= 10 ms at 500 req/s for GPU and DRA pods.
 `--flood`: a benign DRA pod of one namespace (a selector never seen before each time, so each
 needs a CEL worker), one every 100 ms, while 50 clients of another namespace keep sending pods
 whose selector runs until the CEL time limit; prints the benign pods' p50/p99/max and every
-answer's outcome.
+answer's outcome. `--connection-flood`: one address holds and re-opens 200 half-sent requests
+(past its 64-connection share) while another sends a /healthz and a GPU pod every 50 ms; prints
+how many of those were answered and their latency.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -304,6 +308,83 @@ async def _flood(port: int, ca: trustme.CA, seconds: float) -> None:
     print(f"hostile answers by status code: {dict(sorted(hostile.items()))}")
 
 
+async def _hold_half_sent(port: int, context: ssl.SSLContext, seconds: float) -> None:
+    """The flooding address (its own process, so the probe's client never waits on it)."""
+    stop = time.monotonic() + seconds
+    opened = refused = 0
+
+    async def flooder() -> None:
+        nonlocal opened, refused
+        while time.monotonic() < stop:
+            try:
+                reader, writer = await asyncio.open_connection(
+                    "127.0.0.1", port, ssl=context, local_addr=("127.0.0.2", 0)
+                )
+            except (OSError, ssl.SSLError):
+                refused += 1
+                await asyncio.sleep(0.01)
+                continue
+            opened += 1
+            writer.write(b"POST /mutate HTTP/1.1\r\nHost: x\r\n")
+            with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
+                async with asyncio.timeout(max(0.0, stop - time.monotonic())):
+                    await reader.read()  # until the server drops it at its header deadline
+            writer.close()
+
+    await asyncio.gather(*(flooder() for _ in range(200)))
+    print(f"{opened} {refused}", flush=True)
+
+
+async def _connection_flood(port: int, ca: trustme.CA, directory: Path, seconds: float) -> None:
+    """One address (127.0.0.2) keeps 200 half-sent requests open, re-opening each as the
+    server drops it; from 127.0.0.1, a /healthz and a GPU pod every 50 ms."""
+    context = client_context(ca)
+    ca.cert_pem.write_to_path(str(directory / "ca.crt"))
+    flood = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "--hold-half-sent",
+        str(port),
+        str(directory),
+        str(seconds),
+        stdout=subprocess.PIPE,
+    )
+    gpu_body, _ = _bodies()
+    answered: Counter[str] = Counter()
+    latencies: list[float] = []
+    await asyncio.sleep(1.0)
+    client = Client("127.0.0.1", port, context)
+    start = time.perf_counter()
+    i = 0
+    while time.perf_counter() - start < seconds - 2:
+        for name, head, body in (
+            ("healthz", _get("/healthz"), b""),
+            ("gpu-pod", _post("/mutate", gpu_body), gpu_body),
+        ):
+            t0 = time.perf_counter()
+            try:
+                async with asyncio.timeout(5):
+                    status, _ = await client.request(head, body)
+            except (OSError, ssl.SSLError, TimeoutError, EOFError):
+                answered[f"{name} failed"] += 1
+                client.close()
+                continue
+            latencies.append(time.perf_counter() - t0)
+            answered[f"{name} {status}"] += 1
+        i += 1
+        await asyncio.sleep(max(0.0, start + i * 0.05 - time.perf_counter()))
+    client.close()
+    out, _ = await flood.communicate()
+    opened, refused = out.decode().split()
+    q = statistics.quantiles(latencies, n=100)
+    print(f"connection flood from 127.0.0.2: 200 half-sent requests held and re-opened, "
+          f"{opened} connections accepted, {refused} refused, {seconds:g} s")  # fmt: skip
+    print(
+        f"from 127.0.0.1 every 50 ms: {dict(sorted(answered.items()))}; "
+        f"p50={statistics.median(latencies) * 1e3:.1f} ms p99={q[98] * 1e3:.1f} ms"
+    )
+
+
 def _claim_pod(namespace: str, template_name: str) -> dict[str, Any]:
     main = container("main")
     main["resources"] = {"claims": [{"name": "c"}]}
@@ -429,12 +510,21 @@ def main() -> None:
     parser.add_argument("--no-freeze-gc", action="store_true", help="leave the GC as it is")
     parser.add_argument("--profile", action="store_true", help="the admission's stages only")
     parser.add_argument("--flood", action="store_true", help="benign DRA pods under a flood")
+    parser.add_argument(
+        "--connection-flood", action="store_true", help="health checks beside one address's flood"
+    )
     cpus = sorted(os.sched_getaffinity(0))
     parser.add_argument("--server-cpu", type=int, default=cpus[-1])
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--hold-half-sent", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.profile:
         _profile()
+        return
+    if args.hold_half_sent:
+        port, directory, seconds = args.hold_half_sent
+        context = ssl.create_default_context(cafile=str(Path(directory) / "ca.crt"))
+        asyncio.run(_hold_half_sent(int(port), context, float(seconds)))
         return
     if args.serve:
         _serve(args.serve, not args.no_freeze_gc, args.flood, args.server_cpu)
@@ -459,6 +549,8 @@ def main() -> None:
             try:
                 if args.flood:
                     asyncio.run(_flood(port, ca, args.seconds))
+                elif args.connection_flood:
+                    asyncio.run(_connection_flood(port, ca, directory, args.seconds))
                 else:
                     asyncio.run(_bench(port, ca, args, child.pid))
             finally:
