@@ -168,3 +168,29 @@ async def test_a_lease_without_a_sandbox_is_freed_at_start(topo: Topology, tmp_p
     finally:
         await podnet.close()
         await store.close()
+
+
+async def test_a_repeated_setup_adds_no_second_part(topo: Topology, tmp_path: Path) -> None:
+    """Setup twice on the same tunnel (a retried StartVM, a repair): one device, one qdisc and
+    one redirect per device, two NOTRACK rules; one teardown leaves nothing."""
+    pod, _ip = await asyncio.to_thread(topo.add_pod)
+    _vm, _podns, vm_ip = await asyncio.to_thread(topo.add_vm)
+    store = await StateStore.open(tmp_path / "state")
+    podnet = PodNet(PodNetSettings(), store, host_netns=topo.worker)
+    try:
+        inspected = await podnet.inspect("sb", pod)
+        assert inspected is not None
+        ready = await podnet.setup(inspected, (vm_ip,))
+        tag = device_tag(topo.worker)
+        await asyncio.to_thread(_tunnel.setup, topo.worker, pod, ready.network, vm_ip, tag, False)
+        assert await asyncio.to_thread(kernel_leftovers, topo.worker, [pod]) == {
+            "vxlan devices": 1,
+            "ingress qdiscs": 2,
+            "u32 redirects": 2,
+            "NOTRACK rules": 2,
+        }
+        await podnet.teardown(ready)
+        assert not any((await asyncio.to_thread(kernel_leftovers, topo.worker, [pod])).values())
+    finally:
+        await podnet.close()
+        await store.close()
