@@ -6,6 +6,7 @@ state, so a bad netns fails with nothing to undo.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import re
 from collections.abc import Sequence
@@ -43,6 +44,30 @@ def _view(netns: str | None) -> _nl.NetView:
         sock = _nl.Netlink(_nl.NETLINK_ROUTE)
     with sock:
         return _nl.read_view(sock)
+
+
+def _worker_view(host_netns: str | None, configured: str) -> _nl.NetView:
+    """The worker's addresses and routes, and only the links they need (it has one per pod):
+    those of the default routes and the configured one."""
+    with _netns.entered(host_netns):
+        sock = _nl.Netlink(_nl.NETLINK_ROUTE)
+    with sock:
+        view = _nl.read_view(sock, whole=False)
+        for index in _default_route_links(view):
+            link = _nl.link_by_index(sock, index)
+            if link is not None:
+                view.links[index] = link
+        if configured:
+            try:
+                replies = sock.get(_nl.link_get(configured))
+            except OSError as exc:
+                if exc.errno not in (errno.ENODEV, errno.ENOENT):
+                    raise
+                replies = []
+            for payload in replies:
+                link = _nl.link_of(payload)
+                view.links[link.index] = link
+        return view
 
 
 def _main_routes(view: _nl.NetView) -> list[_nl.RouteFacts]:
@@ -92,7 +117,7 @@ def host_interface(configured: str = "", host_netns: str | None = None) -> HostI
     """The worker netns' interface the tunnel runs over (`host_netns` None: this thread's own):
     the primary one, or `configured` (CAA's -host-interface; `dedicated` when not the primary)."""
     try:
-        view = _view(host_netns)
+        view = _worker_view(host_netns, configured)
     except OSError as exc:
         raise PodNetError(f"cannot read the worker's network namespace: {exc}") from None
     try:

@@ -482,18 +482,37 @@ def _u32(raw: bytes | None, default: int = 0) -> int:
     return struct.unpack("=I", raw[:4])[0] if raw else default
 
 
-def read_view(sock: Netlink) -> NetView:
+def link_of(payload: bytes) -> Link:
+    index = struct.unpack_from("=i", payload, 4)[0]
+    top = attr_map(payload, 16)
+    return Link(
+        index,
+        top.get(IFLA_IFNAME, b"").rstrip(b"\0").decode(errors="replace"),
+        _mac(top.get(IFLA_ADDRESS, b"")),
+        _u32(top.get(IFLA_MTU), 1500),
+    )
+
+
+def link_by_index(sock: Netlink, index: int) -> Link | None:
+    """One link by ifindex (None: no such link)."""
+    try:
+        replies = sock.get(Message(RTM_GETLINK, 0, _ifinfo(index)))
+    except OSError as exc:
+        if exc.errno in (errno.ENODEV, errno.ENOENT):
+            return None
+        raise
+    return link_of(replies[0]) if replies else None
+
+
+def read_view(sock: Netlink, *, whole: bool = True) -> NetView:
+    """Four dumps; `whole` False (the worker's netns, with a link per pod): no link dump and no
+    neighbours, the caller reads the few links it needs with `link_by_index`."""
     family = struct.pack("=B", socket.AF_INET)
     links = {}
-    for payload in sock.get(Message(RTM_GETLINK, F_DUMP, _ifinfo())):
-        index = struct.unpack_from("=i", payload, 4)[0]
-        top = attr_map(payload, 16)
-        links[index] = Link(
-            index,
-            top.get(IFLA_IFNAME, b"").rstrip(b"\0").decode(errors="replace"),
-            _mac(top.get(IFLA_ADDRESS, b"")),
-            _u32(top.get(IFLA_MTU), 1500),
-        )
+    if whole:
+        for payload in sock.get(Message(RTM_GETLINK, F_DUMP, _ifinfo())):
+            link = link_of(payload)
+            links[link.index] = link
     addresses = []
     for payload in sock.get(Message(RTM_GETADDR, F_DUMP, family + b"\0" * 7)):
         _family, prefix, _flags, _scope, index = struct.unpack_from("=BBBBi", payload)
@@ -523,7 +542,7 @@ def read_view(sock: Netlink) -> NetView:
             )
         )
     neighbours = []
-    for payload in sock.get(Message(RTM_GETNEIGH, F_DUMP, family + b"\0" * 11)):
+    for payload in sock.get(Message(RTM_GETNEIGH, F_DUMP, family + b"\0" * 11)) if whole else ():
         fam, index, state = struct.unpack_from("=BxxxiH", payload)
         top = attr_map(payload, 12)
         if fam == socket.AF_INET and NDA_DST in top:
