@@ -192,6 +192,9 @@ def print_report(report: PlanReport, limit: int, out: TextIO) -> None:
                 f"{report.chosen} at {mark}${price['per_hour']:.4g}/h{then}",
                 file=out,
             )
+    if report.plan is not None:
+        for name, reason in report.plan.ranked_away:
+            print(f"tried last: {name}: {reason}", file=out)
     devices = report.devices
     if devices is None:
         return

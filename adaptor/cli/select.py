@@ -84,6 +84,8 @@ def build_request(args: argparse.Namespace) -> InstanceRequest:
             instance_type=args.instance_type.strip(),
             zone=args.zone.strip(),
             provisioning="spot" if args.spot else "on-demand",
+            reservation=args.reservation.strip(),
+            confidential=args.confidential,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -171,7 +173,11 @@ def selection_json(catalog: Catalog, selection: Selection) -> dict[str, Any]:
         "request": selection.request.model_dump(mode="json", exclude_defaults=True),
         "candidates": [candidate_json(c) for c in selection.candidates],
         "rejections": [{"name": r.name, "reason": r.reason} for r in selection.rejections],
+        "not_chosen": [{"name": r.name, "reason": r.reason} for r in selection.not_sold()],
     }
+
+
+_NOT_CHOSEN = 5  # types that fit but are not sold the way the pod buys, named in the table
 
 
 def print_table(catalog: Catalog, selection: Selection, limit: int, out: TextIO) -> None:
@@ -207,6 +213,12 @@ def print_table(catalog: Catalog, selection: Selection, limit: int, out: TextIO)
         kinds = Counter(STAGE_NAMES[r.stage] for r in rejected)
         parts = ", ".join(f"{n} on {kind}" for kind, n in kinds.most_common(5))
         print(f"{len(rejected)} rejected: {parts}", file=out)
+        not_sold = selection.not_sold()
+        for r in not_sold[:_NOT_CHOSEN]:
+            print(f"not chosen: {r.name}: {r.reason}", file=out)
+        if len(not_sold) > _NOT_CHOSEN:
+            print(f"... {len(not_sold) - _NOT_CHOSEN} more not sold this way (--output json)",
+                  file=out)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -95,6 +95,14 @@ class SelectSettings(CatalogChoice, CatalogSource, OutputSettings):
         description="a Spot VM: only types sold as Spot, ranked by Spot price (a type with no "
         "published Spot price by its on-demand price, what Spot costs at most)",
     )
+    reservation: Annotated[str, Flag("--reservation", metavar="ID")] = Field(
+        "",
+        description="a capacity reservation or block you hold (AWS cr-..., a GCP reservation): "
+        "types sold only that way become candidates",
+    )
+    confidential: Annotated[bool, Flag("--confidential")] = Field(
+        False, description="confidential computing: only confidential VM sizes (Azure NCC H100 v5)"
+    )
     rdma: Annotated[bool, Flag("--rdma")] = Field(
         False, description="RDMA (EFA / InfiniBand) required"
     )

@@ -199,3 +199,30 @@ def test_no_reader_where_the_cloud_offers_none() -> None:
         region = ""
 
     assert account_reader(Static(), None) is None
+
+
+def test_plan_prints_the_candidates_tried_last() -> None:
+    import io
+
+    from adaptor.cli.plan import print_report
+    from adaptor.cli.pod_plan import plan_manifest
+    from providers.core.account_quota import AccountLimit
+
+    catalog = load_catalog("aws", "us-east-1")
+    g_full = AccountLimit("L-DB2E81BA G and VT", "vcpus", "class", ("g", "gr", "vt"), 16, 16, False)
+    placement = Placement(
+        catalog=catalog,
+        account_quota=AccountQuotaCache(lambda: AccountQuota("aws", "us-east-1", (g_full,))),
+    )
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"runtimeClassName": "kata-remote", "containers": [
+            {"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }  # fmt: skip
+    report = plan_manifest([pod], "aws", placement=placement)
+    assert report.ok, report.failure
+    out = io.StringIO()
+    print_report(report, 5, out)
+    assert (
+        "tried last: g4dn.xlarge: account quota L-DB2E81BA G and VT (16/16 vCPUs)" in out.getvalue()
+    )

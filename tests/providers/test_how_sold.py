@@ -11,6 +11,7 @@ gpu-accelerated/nccadsh100v5-series: confidential VMs with the H100 NVL in confi
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -128,3 +129,25 @@ def test_the_selection_says_why_a_type_was_not_chosen() -> None:
     not_sold = {r.name: r.reason for r in selection.not_sold()}
     assert set(not_sold) >= {"a4-highgpu-8g", "a3-ultragpu-8g"}
     assert "reservation" in not_sold["a4-highgpu-8g"]
+
+
+def test_select_says_which_types_were_not_chosen_and_why(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from adaptor.cli.main import main
+
+    ask = ["select", "--provider", "azure", "--gpus", "1", "--gpu-model", "h100-nvl"]
+    assert main(ask) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("selected: Standard_NC40ads_H100_v5")
+    assert "not chosen: Standard_NCC40ads_H100_v5: a confidential VM size" in out
+    assert main([*ask, "--confidential"]) == 0
+    assert capsys.readouterr().out.startswith("selected: Standard_NCC40ads_H100_v5")
+
+    b200 = ["select", "--provider", "gcp", "--gpus", "8", "--gpu-model", "b200"]
+    assert main(b200) != 0
+    err = capsys.readouterr().err
+    assert "not sold on-demand" in err and "a4-highgpu-8g" in err
+    assert main([*b200, "--reservation", "my-reservation", "--output", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["selected"] == "a4-highgpu-8g" and data["request"]["reservation"]
