@@ -3,13 +3,15 @@
 CAA adds (with iptables, `raw` table) a chain `peerpod-OUTPUT` jumped to from `OUTPUT` and a chain
 `peerpod-PREROUTING` jumped to from `PREROUTING`, each holding one rule per pod:
 `-d|-s <pod VM IP> -p udp --dport <vxlan port> -m comment --comment "peerpod [vni:N]" -j NOTRACK`.
-This writes the same rules with pyroute2's nf_tables support into table `ip raw` (the table
-iptables-nft uses for `-t raw`, base chains at priority raw = -300): the same netlink library as
-the rest of the tunnel, no binary to exec and no C library to load, and `nft list table ip raw`
-(or iptables-nft) shows them with their comments.
+This writes the same rules over netlink into table `ip raw` (the table iptables-nft uses for
+`-t raw`, base chains at priority raw = -300): no binary to exec and no C library to load, and
+`nft list table ip raw` (or iptables-nft) shows them with their comments. A pod's two rules go in
+one nf_tables transaction packed directly (`_nl`) once the chains are known to exist; creating
+chains and jumps, and pruning them, go through pyroute2 (once per node, not per pod).
 
-Removing: a rule is found by its comment and address, deleted by handle; a `peerpod-*` chain
-left empty goes with its jump. A base chain or the table is deleted only when this module created
+Removing: a rule is found by its comment and address (one filtered dump per chain, parsed by
+hand), the pod's rules deleted by handle in one transaction; a `peerpod-*` chain left empty goes
+with its jump. A base chain or the table is deleted only when this module created
 it (it carries the comment `peerpod`) and it is empty, so a node whose raw table belongs to
 someone else keeps it exactly as it was.
 """

@@ -38,9 +38,7 @@ from adaptor.podnet._errors import NetnsGone, PodNetError, TunnelError
 from adaptor.podnet._model import VXLAN_DEVICE, PodNetwork
 
 INGRESS = 0xFFFF0000
-ETH_P_ALL = 0x0003
 FILTER_PRIO = 1
-IFF_UP = 0x1
 # (thread, worker netns inode) -> the rtnetlink socket that thread keeps there.
 _SOCKETS: dict[tuple[int, int], Any] = {}
 _SOCKETS_LOCK = threading.Lock()
@@ -80,10 +78,6 @@ def _vxlan_info(link: Any) -> dict[str, Any]:
         "remote": data.get_attr("IFLA_VXLAN_GROUP"),
         "port": data.get_attr("IFLA_VXLAN_PORT"),
     }
-
-
-def _has_ingress(ipr: Any, index: int) -> bool:
-    return any(q.get_attr("TCA_KIND") == "ingress" for q in ipr.get_qdiscs(index=index))
 
 
 def _has_redirect(ipr: Any, index: int) -> bool:
