@@ -252,3 +252,26 @@ def test_a_flag_declared_in_place_gets_the_same_env_rules(
         with pytest.raises(InvalidRequest, match=f"^{env}: invalid "):
             flags.resolve(parser.parse_args([]), {env: text})
     assert "[env PEERPODS_COUNT]" in parser.format_help()
+
+
+def test_one_flag_declared_twice_differently_is_refused() -> None:
+    from typing import Annotated
+
+    from pydantic import Field
+
+    from providers.core.settings import Flag, Section
+
+    class One(Section):
+        port: Annotated[int, Flag("--port")] = Field(1, description="a port")
+
+    class Other(Section):
+        port: Annotated[int, Flag("--port")] = Field(2, description="a port")
+
+    class Again(One):
+        pass
+
+    parser = argparse.ArgumentParser()
+    flags.add_settings(parser, One, Again)  # the same declaration twice: one flag
+    assert [s.section for s in flags.declared(parser)] == [One]
+    with pytest.raises(ValueError, match="--port is declared twice"):
+        flags.add_settings(parser, Other)

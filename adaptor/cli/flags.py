@@ -47,8 +47,9 @@ _KEY = "_setting:"
 def add_settings(
     parser: argparse.ArgumentParser, *sections: type[BaseModel], help: str | None = None
 ) -> None:
-    """Add the flags of the sections' settings; a flag the parser already has is skipped (the
-    same declaration reached through two sections). `help` replaces every flag's own text."""
+    """Add the flags of the sections' settings. One declaration reached through two sections
+    (the clouds' common settings) is added once; two different ones of the same flag are an
+    error. `help` replaces every flag's own text."""
     for setting in settings(*sections):
         kwargs: dict[str, Any] = {
             "dest": setting.flag.dest,
@@ -65,10 +66,16 @@ def add_settings(
                 metavar = "{" + ",".join(setting.choices) + "}"
             if metavar is not None:
                 kwargs["metavar"] = metavar
-        try:
-            parser.add_argument(setting.flag.name, **kwargs)
-        except argparse.ArgumentError:
-            continue  # already added by another section sharing this declaration
+        known = parser.get_default(_KEY + setting.flag.dest)
+        if isinstance(known, Setting):
+            if (known.flag, known.default, known.description) != (
+                setting.flag,
+                setting.default,
+                setting.description,
+            ):
+                raise ValueError(f"{setting.flag.name} is declared twice, differently")
+            continue  # one declaration reached through two sections (the clouds' common ones)
+        parser.add_argument(setting.flag.name, **kwargs)
         parser.set_defaults(**{_KEY + setting.flag.dest: setting})
 
 
