@@ -177,6 +177,9 @@ class Placement:
     zones: tuple[str, ...] = ()
     default_type: str = ""  # without a catalog: the type when the pod names none
     max_candidates: int = MAX_CANDIDATES
+    # the capacity reservation or block the operator named (--capacity-reservation): types the
+    # cloud sells only that way become candidates and are launched into it; "": none
+    reservation: str = ""
     naming: CdiNaming = field(default_factory=CdiNaming)
     quota: QuotaPool | None = None
     user_data: UserDataBuilder | None = None
@@ -195,6 +198,7 @@ class Placement:
             zones=tuple(provider.zones),
             default_type=provider.default_type,
             max_candidates=getattr(provider, "max_candidate_types", MAX_CANDIDATES),
+            reservation=getattr(provider, "capacity_reservation", ""),
             naming=naming or CdiNaming(),
         )
 
@@ -205,7 +209,10 @@ class Placement:
         type ranked or rejected with its reason (what `plan` prints). Needs a catalog."""
         if self.catalog is None:
             raise NoMatch("this provider has no catalog to select from")
-        return select(self.catalog, intent.to_request(allow=self.allowed, deny=self.denied))
+        request = intent.to_request(
+            allow=self.allowed, deny=self.denied, reservation=self.reservation
+        )
+        return select(self.catalog, request)
 
     def ranked(self, intent: VMIntent) -> list[Candidate]:
         """Ranked candidates for the intent; NoMatch (counted by reason) when none serves it."""
@@ -246,7 +253,8 @@ class Placement:
                 metrics.SELECTION_FAILURES.labels(reason=error.stage).inc()
                 raise error
             return (PlanCandidate(VMCandidate(name), intent_inventory(intent)),)
-        return tuple(_typed(c) for c in self.ranked(intent))
+        market = "spot" if intent.capacity_type.wants_spot else "on-demand"
+        return tuple(_typed(c, market, self.reservation) for c in self.ranked(intent))
 
     async def plan(self, intent: VMIntent, sandbox_id: str) -> Plan:
         """StartVM's plan: the candidates, less those over the quota pool, reserved for the
@@ -331,8 +339,9 @@ def allowed(name: str, patterns: Sequence[str]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(name, p.strip()) for p in patterns)
 
 
-def _typed(candidate: Candidate) -> PlanCandidate:
-    """A selection candidate as the plan carries it: attached GPUs typed, inventory folded."""
+def _typed(candidate: Candidate, market: str = "on-demand", reservation: str = "") -> PlanCandidate:
+    """A selection candidate as the plan carries it: attached GPUs typed, inventory folded, and
+    the reservation to launch into when the cloud does not sell it in the pod's market."""
     t = candidate.instance_type
     accelerator = None
     inventory: Inventory = t
@@ -348,6 +357,7 @@ def _typed(candidate: Candidate) -> PlanCandidate:
         zones=tuple(candidate.zones),
         accelerator=accelerator,
         price_per_hour=candidate.price_per_hour,
+        reservation=reservation if market not in t.provisioning else "",
     )
     return PlanCandidate(vm, inventory, candidate.gpu_model)
 

@@ -45,6 +45,7 @@ from providers.core.errors import (
     TransientError,
 )
 from providers.core.markets import VMCondition, create_in_markets
+from providers.core.offers import offer_for
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class AwsConfig:
     poll_interval_seconds: float = 2.0
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     max_candidate_types: int = 8
+    capacity_reservation: str = ""
 
 
 def map_error(exc: BaseException, what: str) -> ProviderError:
@@ -217,6 +219,11 @@ class AwsProvider:
         return self.config.allowed_instance_types
 
     @property
+    def capacity_reservation(self) -> str:
+        """The reservation or block reserved-only types launch into (--capacity-reservation)."""
+        return self.config.capacity_reservation
+
+    @property
     def max_candidate_types(self) -> int:
         """How many of selection's ranked types a create may try (--max-candidate-types)."""
         return self.config.max_candidate_types
@@ -270,7 +277,15 @@ class AwsProvider:
                 ],
                 "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             }
-            if spot:
+            reservation = placement.candidate.reservation
+            if reservation:
+                # launched into the operator's reservation: a Capacity Block's instances need
+                # the capacity-block market, a plain capacity reservation none
+                target = {"CapacityReservationId": reservation}
+                request["CapacityReservationSpecification"] = {"CapacityReservationTarget": target}
+                if "capacity-block" in offer_for("aws", placement.instance_type).provisioning:
+                    request["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
+            elif spot:
                 request["InstanceMarketOptions"] = SPOT_MARKET_OPTIONS
             if spec.user_data:
                 request["UserData"] = spec.user_data
@@ -481,6 +496,7 @@ def config_from_settings(settings: AwsSettings) -> AwsConfig:
         use_public_ip=settings.aws_use_public_ip,
         policy=RetryPolicy(max_attempts=settings.max_launches_per_pass),
         max_candidate_types=settings.max_candidate_types,
+        capacity_reservation=settings.capacity_reservation,
     )
 
 

@@ -100,6 +100,7 @@ class GcpConfig:
     operation_timeout_seconds: float = 600.0
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     max_candidate_types: int = 8
+    capacity_reservation: str = ""
 
 
 def _on_demand(machine_type: str) -> bool:
@@ -228,6 +229,11 @@ class GcpProvider:
         return self.config.allowed_instance_types
 
     @property
+    def capacity_reservation(self) -> str:
+        """The reservation or block reserved-only types launch into (--capacity-reservation)."""
+        return self.config.capacity_reservation
+
+    @property
     def max_candidate_types(self) -> int:
         """How many of selection's ranked types a create may try (--max-candidate-types)."""
         return self.config.max_candidate_types
@@ -308,7 +314,17 @@ class GcpProvider:
             network_interfaces=[interface],
         )
         confidential = self.config.confidential_type
-        if spot:
+        if candidate.reservation:
+            # the operator's reservation: the only way GCP sells A4, A4X and A3 Ultra on demand
+            instance.reservation_affinity = compute_v1.ReservationAffinity(
+                consume_reservation_type="SPECIFIC_RESERVATION",
+                key="compute.googleapis.com/reservation-name",
+                values=[candidate.reservation],
+            )
+            instance.scheduling = compute_v1.Scheduling(
+                on_host_maintenance="TERMINATE", automatic_restart=True
+            )
+        elif spot:
             # Spot: deleted (with its auto-delete boot disk) when preempted, never restarted.
             instance.scheduling = compute_v1.Scheduling(
                 provisioning_model="SPOT",
@@ -409,7 +425,11 @@ class GcpProvider:
             # (its Spot ranking may hold them: A3 High 1-4g, A4, A4X, A3 Ultra): creating one
             # on-demand is refused, not short of capacity. An on-demand pod never has them.
             fallback = not spot and spec.capacity_type is CapacityType.SPOT_OR_ON_DEMAND
-            sold = [p for p in order if not fallback or _on_demand(p.instance_type)]
+            sold = [
+                p
+                for p in order
+                if not fallback or p.candidate.reservation or _on_demand(p.instance_type)
+            ]
             if not sold:
                 names = ", ".join(dict.fromkeys(p.instance_type for p in order))
                 raise CapacityError(f"{what}: {names} cannot be created on-demand (Spot only)")
@@ -541,6 +561,7 @@ def config_from_settings(settings: GcpSettings) -> GcpConfig:
         use_public_ip=settings.gcp_use_public_ip,
         policy=RetryPolicy(max_attempts=settings.max_launches_per_pass),
         max_candidate_types=settings.max_candidate_types,
+        capacity_reservation=settings.capacity_reservation,
     )
 
 

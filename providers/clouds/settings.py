@@ -53,6 +53,13 @@ class CloudSettings(Section):
     instance_metadata_url: Annotated[str, Flag("--instance-metadata-url")] = Field(
         "", description="the metadata service to ask (default: the cloud's own address)"
     )
+    capacity_reservation: Annotated[str, Flag("--capacity-reservation")] = Field(
+        "",
+        max_length=256,
+        description="a capacity reservation or block to launch into (AWS Capacity Block or "
+        "capacity reservation id cr-..., GCP reservation name): types the cloud sells only that "
+        "way (AWS P6e-GB200, GCP A4/A4X/A3 Ultra on demand) become candidates (empty: never)",
+    )
     max_candidate_types: Annotated[int, Flag("--max-candidate-types")] = Field(
         8,
         ge=1,

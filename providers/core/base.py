@@ -77,6 +77,9 @@ class VMCandidate:
     zones: tuple[str, ...] = ()
     accelerator: Accelerator | None = None
     price_per_hour: float | None = None
+    # the operator's capacity reservation or block to launch into: set only for a type the
+    # cloud does not sell the way the pod buys (AWS P6e-GB200, GCP A4 on demand)
+    reservation: str = ""
 
     def __str__(self) -> str:
         if self.accelerator is None:
