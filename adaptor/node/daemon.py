@@ -36,6 +36,7 @@ from adaptor.hypervisor.sandboxes import (
 )
 from adaptor.hypervisor.service import HypervisorService
 from adaptor.node.advertise import CapacityAdvertiser, KubeNodeApi, NodeApi
+from adaptor.node.handoff import HandoffListener, Inherited, inherit
 from adaptor.node.readiness import Readiness
 from adaptor.node.settings import ServeSettings
 from adaptor.node.wiring import (
@@ -50,7 +51,8 @@ from adaptor.node.wiring import (
 from adaptor.planning.placement import Placement
 from adaptor.planning.vmpolicy import VmPolicy
 from adaptor.podnet import PodNet, PodNetSettings, SandboxPodNetwork
-from adaptor.proxy import CreateContainerHook
+from adaptor.proxy import AgentProxy, CreateContainerHook
+from adaptor.proxy.moved import MovedProxy
 from adaptor.proxy.pki import AdaptorPKI
 from adaptor.state import SandboxRecord, StateStore
 from adaptor.status import AbandonedBook, DeviceBook, build_app
@@ -177,6 +179,12 @@ class Daemon:
         self._node_api = node_api
         self.advertiser: CapacityAdvertiser | None = None
         self.readiness: Readiness | None = None
+        # The hand-off (adaptor.node.handoff): a successor's listener, a predecessor's sockets.
+        self._handoff: HandoffListener | None = None
+        self._inherited: Inherited | None = None
+        self._handing_off = False
+        self._moving: dict[str, AgentProxy] = {}
+        self.ended = asyncio.Event()  # set once a successor serves everything
 
     async def start(self) -> None:
         """Bring everything up; on failure, whatever started is closed again."""
@@ -203,8 +211,12 @@ class Daemon:
             placement = await asyncio.to_thread(
                 placement_for, provider, self._cdi, settings.catalog_dir
             )
+        lock_file = settings.state_dir / LOCK_NAME
+        take_over = {"always": True, "never": False}.get(settings.take_over)
+        self._inherited = await inherit(take_over, settings.pods_dir, lock_file)
         self._lock_fd = await asyncio.to_thread(_lock_state_dir, str(settings.state_dir))
-        await asyncio.to_thread(_refuse_live_socket, str(settings.socket))
+        if self._inherited is None:
+            await asyncio.to_thread(_refuse_live_socket, str(settings.socket))
         self.store = await StateStore.open(settings.state_dir, checks=stored_json_checks())
         placement.use_quota(settings.gpu_quota, self.store)
         placement.use_account_quota(provider, settings.account_quota_refresh_seconds)
@@ -246,7 +258,11 @@ class Daemon:
             ).check,
             on_abandoned=self.abandoned.add,
         )
+        if self._inherited is not None:
+            self.manager.adopt = self._inherited.adopt
         await self.manager.recover()
+        if self._inherited is not None and (unclaimed := self._inherited.close_unclaimed()):
+            log.warning("hand-off: sandboxes not running here any more: %s", ", ".join(unclaimed))
         if isinstance(provider, Inspectable):
             self.watcher = PreemptionWatcher(
                 self.manager, provider, settings.preemption_check_interval_seconds
@@ -291,8 +307,16 @@ class Daemon:
             log.info("status API on %s", self.status.url)
         server = Server()
         HypervisorService(self.manager).register(server)
-        await server.start_unix(str(settings.socket), mode=0o600)
+        if self._inherited is not None:
+            await server.adopt_unix(self._inherited.hypervisor, str(settings.socket))
+        else:
+            await server.start_unix(str(settings.socket), mode=0o600)
         self.server = server
+        self._handoff = HandoffListener(settings.pods_dir, self)
+        await self._handoff.start()
+        if self._inherited is not None:
+            await self._inherited.ack(True)
+            self._inherited = None
         if settings.node_name:
             # Advertised only once the socket serves: the scheduler sends pods from then on.
             self.advertiser = CapacityAdvertiser(
@@ -308,6 +332,55 @@ class Daemon:
         )
 
     async def close(self, grace_seconds: float | None = None) -> None:
+        """See `_close`; during a hand-off, until the successor serves everything instead."""
+        if self._handing_off:
+            await self.ended.wait()
+            return
+        if self._inherited is not None:  # a take-over that failed half way
+            await self._inherited.ack(False, "the successor failed to start")
+            self._inherited.close()
+            self._inherited = None
+        if self._handoff is not None:
+            await self._handoff.stop()
+            self._handoff = None
+        await self._close(grace_seconds)
+
+    async def detach(self) -> tuple[socket.socket, dict[str, MovedProxy]]:
+        """Give everything up to a successor (adaptor.node.handoff): the hypervisor socket
+        stops accepting once its calls are answered, the background loops, the status API and
+        the state store (unlocked) close, then each agent proxy freezes. The sockets are
+        returned still open; shims see no connection close."""
+        self._handing_off = True
+        grace = self.settings.shutdown_grace_seconds
+        self._handoff = None  # it is the one calling
+        assert self.server is not None and self.manager is not None
+        hypervisor = await self.server.detach(grace)
+        self.server = None
+        proxies = await self.manager.hand_off(grace)
+        self.manager = None
+        await self._close(grace)
+        moving = {i: p for i, p in proxies.items() if isinstance(p, AgentProxy)}
+        frozen = await asyncio.gather(
+            *(proxy.freeze(grace) for proxy in moving.values()), return_exceptions=True
+        )
+        moved: dict[str, MovedProxy] = {}
+        for (sandbox_id, proxy), result in zip(moving.items(), frozen, strict=True):
+            if isinstance(result, BaseException):
+                log.error("hand-off: sandbox %s cannot move: %s", sandbox_id, result)
+                await proxy.stop()
+            else:
+                moved[sandbox_id] = result
+                self._moving[sandbox_id] = proxy
+        return hypervisor, moved
+
+    async def handed_over(self, ok: bool) -> None:
+        """The successor has the sockets (or broke off): close this process's copies; the
+        daemon ends."""
+        moving, self._moving = list(self._moving.values()), {}
+        await asyncio.gather(*(proxy.release() for proxy in moving), return_exceptions=True)
+        self.ended.set()
+
+    async def _close(self, grace_seconds: float | None = None) -> None:
         """Shut down in the order that leaks nothing: the background loops stop; the agent
         sockets close while the hypervisor socket still answers, for at most the drain, the
         StopVMs the disconnected shims send (Kata's Go shim sends one, never retried); then
@@ -467,7 +540,11 @@ async def serve(settings: ServeSettings, **hooks: Any) -> None:
         await daemon.start()
         status = f" (status API {daemon.status.url})" if daemon.status else ""
         print(f"peerpods serve: listening on {settings.socket}{status}", flush=True)
-        await stop.wait()
+        ended = asyncio.create_task(daemon.ended.wait(), name="daemon-handed-over")
+        stopping = asyncio.create_task(stop.wait(), name="daemon-stop")
+        await asyncio.wait({ended, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        ended.cancel()
+        stopping.cancel()
         closing = asyncio.create_task(daemon.close(), name="daemon-close")
         forced = asyncio.create_task(force.wait(), name="daemon-force")
         await asyncio.wait({closing, forced}, return_when=asyncio.FIRST_COMPLETED)

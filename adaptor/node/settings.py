@@ -8,7 +8,7 @@ to add one). The CLI derives the flags and env twins from these fields.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
@@ -70,6 +70,12 @@ class ServeSettings(SandboxSettings, ReclaimSettings, PodNetworkSettings, Sectio
         description="after SIGTERM the agent sockets close first (Kata's Go shim then stops its "
         "pod with one StopVM); how long the hypervisor socket stays to take those StopVMs and "
         "finish their teardowns",
+    )
+    take_over: Annotated[Literal["auto", "always", "never"], Flag("--take-over")] = Field(
+        "auto",
+        description="take the sockets over from a running serve (an upgrade its pods do not "
+        "notice, docs/upgrade.md): auto: when one holds the same --state-dir; always: one must; "
+        "never: refuse to start beside one",
     )
     allowed_machine_types: Annotated[
         tuple[str, ...], Flag("--allowed-machine-types"), BeforeValidator(_names)
