@@ -125,7 +125,9 @@ def load_snapshot(
         known = ", ".join(available_snapshots(cloud, catalog_dir)) or "none"
         raise CatalogError(
             f"no catalog snapshot for {cloud} {region} in {path.parent} (regions: {known}); "
-            "use --live to read the cloud's API"
+            f"write one with `peerpods catalog refresh --provider {cloud} --region {region} "
+            "--out DIR` and give DIR as --catalog-dir (`peerpods select --live` reads the "
+            "cloud's API instead)"
         ) from None
     stamp = (info.st_mtime_ns, info.st_size)
     key = ("snapshot", str(path), "")
