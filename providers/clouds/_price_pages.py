@@ -45,17 +45,11 @@ class AwsTerm(_Page):
     priceDimensions: dict[str, AwsDimension] = {}
 
 
-class AwsProduct(_Page):
-    attributes: dict[str, str] = {}
+class AwsSkuTerms(_Page):
+    """The on-demand terms of one SKU (validated only for the SKUs that are read: the offer
+    file lists a few hundred thousand, and validating each would double the refresh's time)."""
 
-
-class AwsOnDemand(_Page):
-    OnDemand: dict[str, dict[str, AwsTerm]]
-
-
-class AwsOffer(_Page):
-    products: dict[str, AwsProduct]
-    terms: AwsOnDemand
+    terms: dict[str, AwsTerm]
 
 
 class AwsSpotEntry(_Page):

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from providers.clouds._price_pages import (
-    AwsOffer,
+    AwsSkuTerms,
     AwsSpotPage,
     AzureItem,
     AzurePage,
@@ -109,25 +109,31 @@ def aws_prices(
 ) -> dict[str, Price]:
     """On-demand Linux list prices by instance type from the EC2 Price List offer file."""
     source = f"AWS Price List ({region})"
-    raw = _get(_session(session), AWS_OFFER_URL.format(region=region), source)
-    if not isinstance(raw, Mapping) or not isinstance(raw.get("products"), Mapping):
+    offer = _get(_session(session), AWS_OFFER_URL.format(region=region), source)
+    products = offer.get("products") if isinstance(offer, Mapping) else None
+    terms = offer.get("terms") if isinstance(offer, Mapping) else None
+    on_demand = terms.get("OnDemand") if isinstance(terms, Mapping) else None
+    if not isinstance(products, Mapping) or not isinstance(on_demand, Mapping):
         raise CatalogError(f"{source}: no products/terms.OnDemand in the offer file")
-    offer = page(AwsOffer, raw, source)
-    terms = offer.terms.OnDemand
     found: dict[str, Price] = {}
-    for sku, product in offer.products.items():
-        attributes = product.attributes
+    for sku, product in products.items():
+        attributes = product.get("attributes") if isinstance(product, Mapping) else None
+        if not isinstance(attributes, Mapping):
+            raise CatalogError(f"{source}: products.{sku}: not an object with attributes")
         name = attributes.get("instanceType")
-        if not name or any(attributes.get(k) != v for k, v in _AWS_PLAIN.items()):
+        if not isinstance(name, str) or not name:
             continue
-        for term in terms.get(sku, {}).values():
+        if any(attributes.get(k) != v for k, v in _AWS_PLAIN.items()):
+            continue
+        listed = page(AwsSkuTerms, {"terms": on_demand.get(sku) or {}}, source, f" SKU {sku}")
+        for term in listed.terms.values():
             for dimension in term.priceDimensions.values():
                 if dimension.unit != "Hrs":
                     continue
                 price = dimension.pricePerUnit.get("USD")
                 if price is not None and price > 0:
                     found[name] = Price(price, None)
-    report(progress, "AWS Price List products", len(offer.products))
+    report(progress, "AWS Price List products", len(products))
     return found
 
 
