@@ -17,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from adaptor.node.settings import ServeSettings
 from adaptor.runtime import metrics as adaptor_metrics
 from webhook import _metrics as webhook_metrics
 
@@ -89,9 +90,11 @@ def test_the_monitors_select_what_is_deployed_and_scrape_named_ports() -> None:
                    and d["metadata"]["name"] == "peerpods-adaptor")  # fmt: skip
     labels = adaptor["spec"]["template"]["metadata"]["labels"]
     assert podmonitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    ports = {p["name"] for c in adaptor["spec"]["template"]["spec"]["containers"]
-             for p in c.get("ports", [])}  # fmt: skip
-    assert podmonitor["spec"]["podMetricsEndpoints"][0]["port"] in ports
+    # no declared port (on the host network it would be a host port, which the surge pod of an
+    # upgrade cannot share with the old pod): the PodMonitor scrapes the status port by number
+    assert not [c for c in adaptor["spec"]["template"]["spec"]["containers"] if c.get("ports")]
+    status_port = int(ServeSettings.model_fields["status_address"].default.rsplit(":", 1)[1])
+    assert podmonitor["spec"]["podMetricsEndpoints"][0]["targetPort"] == status_port
 
 
 def test_every_metric_used_is_exported() -> None:

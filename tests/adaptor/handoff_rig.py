@@ -13,6 +13,9 @@ from adaptor.ttrpc.gen import hypervisor_pb2 as pb
 from tests.adaptor.daemon_proc import ANNOTATIONS, ServeProcess, hypervisor_call
 from tests.adaptor.fake_agent import WORKLOAD, FakeAgent, FakeShim
 
+# A successor's start, taking over included (generous: a loaded CI machine starts Python slowly).
+START_SECONDS = 120.0
+
 
 def serve_args(endpoints: Sequence[str], *extra: str) -> list[str]:
     return [
@@ -84,8 +87,8 @@ class Node:
         new = ServeProcess(self.root, old.args, logs=list(old.logs))
         if extra:
             new.args = [*old.args, *extra]
-        await new.start()
-        code = await asyncio.wait_for(old.process.wait(), 30)
+        await new.start(timeout_seconds=START_SECONDS)
+        code = await asyncio.wait_for(old.process.wait(), START_SECONDS)
         if code != 0:
             raise RuntimeError(f"the predecessor exited with {code}: {old.log()}")
         self.serve = new
