@@ -97,7 +97,7 @@ class ServeProcess:
     def state_db(self) -> Path:
         return self.root / "state" / "sandboxes.db"
 
-    async def start(self) -> None:
+    async def start(self, timeout_seconds: float = 30) -> None:
         log = self.root / f"serve-{len(self.logs)}.log"
         self.logs.append(log)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PEERPODS_")}
@@ -113,7 +113,7 @@ class ServeProcess:
             )
         assert self.process.stdout is not None
         try:
-            line = await asyncio.wait_for(self.process.stdout.readline(), 30)
+            line = await asyncio.wait_for(self.process.stdout.readline(), timeout_seconds)
         except BaseException:
             await self.kill()
             raise
