@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -67,3 +68,39 @@ def test_refuses_an_unknown_engine_or_argument(tmp_path: Path) -> None:
     assert done.returncode == 2 and "unknown engine" in done.stderr
     done, _ = build(tmp_path, "--frobnicate")
     assert done.returncode == 2 and "unknown argument --frobnicate" in done.stderr
+
+
+@pytest.mark.parametrize("cloud", ["aws", "azure", "gcp"])
+def test_one_clouds_image_has_its_sdk_only(tmp_path: Path, cloud: str) -> None:
+    stand_in(tmp_path, "podman")
+    done, _ = build(tmp_path, "--engine", "podman", "--cloud", cloud)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"ghcr.io/peerpods/peerpods:{VERSION}-{cloud}\n"
+    called = (tmp_path / "podman.args").read_text().splitlines()
+    assert f"EXTRAS={cloud}" in called and "EXTRAS=all" not in called
+    done, _ = build(tmp_path, "--engine", "podman", "--cloud", "tpu")
+    assert done.returncode == 2 and "unknown cloud tpu" in done.stderr
+
+
+def test_prune_venv_removes_only_what_peerpods_never_imports(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    keep = ["kubernetes/client/api.py", "botocore/data/ec2/2016-11-15/service-2.json.gz",
+            "botocore/data/sts/x.json", "botocore/data/endpoints.json.gz", "boto3/__init__.py",
+            "azure/mgmt/compute/models/x.py"]  # fmt: skip
+    gone = ["kubernetes/aio/client.py", "aiohttp/__init__.py", "botocore/data/s3/x.json",
+            "azure/mgmt/compute/aio/x.py", "somepkg/tests/test_x.py"]  # fmt: skip
+    for name in keep + gone:
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_bytes(b"x" * 1024)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "prune-venv.py"), str(site)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [n for n in keep if not (site / n).exists()] == []
+    assert [n for n in gone if (site / n).exists()] == []
+    assert not (site / "kubernetes" / "aio").exists() and (site / "somepkg").is_dir()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "prune-venv.py")], capture_output=True, timeout=60
+    )
+    assert done.returncode == 2 and b"usage" in done.stderr
