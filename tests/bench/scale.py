@@ -110,13 +110,22 @@ def worker(root: Path, agent_port: int) -> None:
     """The adaptor: `serve` on moto with pod networking, timing what StartVM spends."""
     from adaptor.node.daemon import serve
     from adaptor.runtime.logs import configure
+    from providers.clouds.aws import AwsConfig, AwsProvider
     from providers.core.base import Instance
-    from tests.adaptor.moto_daemon import moto_aws, moto_settings
+    from tests.adaptor.moto_daemon import IMAGE, moto_settings
 
     configure("warning", "text")
     times = _StartTimes()
     _instrument(times)
-    provider = moto_aws(MOTO_PORT, "scale-owner", zones=("us-east-1a", "us-east-1b"))
+    # polling for a VM's state at the provider's own interval (the tests' helper polls every
+    # 50 ms: with a thousand VMs pending, that polling would be most of the CPU measured)
+    config = AwsConfig(
+        region="us-east-1",
+        image_id=IMAGE,
+        zones=("us-east-1a", "us-east-1b"),
+        endpoint_url=f"http://127.0.0.1:{MOTO_PORT}",
+    )
+    provider = AwsProvider(config, "scale-owner")
 
     def resolve(instance: Instance) -> tuple[str, int]:
         return "127.0.0.1", agent_port
