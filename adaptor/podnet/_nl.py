@@ -158,6 +158,8 @@ class Netlink:
     def transact(self, messages: Sequence[Message]) -> list[int]:
         """Send `messages` in one datagram; for each with F_ACK, its errno (0: done), in
         order; a message the kernel never answered (a batch it abandoned) reads ECANCELED."""
+        if not messages:
+            return []
         data, seqs = self._pack(messages)
         self.sock.send(data)
         wanted = {s for s, m in zip(seqs, messages, strict=True) if m.flags & F_ACK}
@@ -300,6 +302,12 @@ def tc_kind(payload: bytes) -> tuple[int, str]:
     index = struct.unpack_from("=i", payload, 4)[0]
     kind = attr_map(payload, 20).get(TCA_KIND, b"").rstrip(b"\0").decode(errors="replace")
     return index, kind
+
+
+def is_ours(payload: bytes) -> bool:
+    """Whether a filter reply has the shape of our redirect: prio 1, handle 800::800."""
+    handle, _parent, info = struct.unpack_from("=III", payload, 8)
+    return handle == U32_HANDLE and info >> 16 == 1
 
 
 def redirect_of(payload: bytes) -> tuple[int, int] | None:

@@ -7,8 +7,9 @@ The sweep lists, in the worker's netns and every named netns:
 - VXLAN devices of ours: on our UDP port and tagged with our device group (the worker netns's
   inode, set in the RTM_NEWLINK that creates them); a device of ours whose VNI no lease holds is
   removed together with the redirects that point at it;
-- redirects left dangling: an ingress u32 filter whose `mirred egress redirect` target is gone
-  (the kernel reports ifindex 0 once the target device is deleted), with its ingress qdisc;
+- redirects left dangling: an ingress u32 filter of our shape (prio 1, handle 800::800) whose
+  `mirred egress redirect` target is gone (the kernel reports ifindex 0 once the target device
+  is deleted), with its ingress qdisc when nothing else is left on it;
 - NOTRACK rules in the worker's netns carrying the comment `peerpod [vni:N]` for an N that no
   lease holds and no foreign device (one without our tag, e.g. CAA's) uses.
 
@@ -138,7 +139,7 @@ def _list_netns(ns: str | None, port: int, tag: int, found: Found) -> None:
         for index in ingress:
             for payload in sock.get(_nl.ingress_filters_get(index)):
                 redirect = _nl.redirect_of(payload)
-                if redirect is not None:
+                if redirect is not None and _nl.is_ours(payload):
                     found.redirects.append(Redirect(ns, index, *redirect))
 
 

@@ -10,13 +10,13 @@ import random
 from pathlib import Path
 
 from adaptor.hypervisor import SandboxManager, StartAborted
-from adaptor.podnet import VNI_POOL, PodNet, PodNetSettings, _tunnel
+from adaptor.podnet import VNI_POOL, PodNet, PodNetSettings, _netns, _tunnel
 from adaptor.podnet._sweep import device_tag
 from adaptor.state import StateStore
 from providers.core.base import Instance, VMSpec
 from tests.podnet.leftovers import kernel_leftovers
 from tests.podnet.test_manager import ANNOTATIONS, VmPool, close, manager
-from tests.podnet.topology import Topology
+from tests.podnet.topology import Topology, link_index
 
 TRIALS = 40
 CONCURRENT = 50
@@ -120,7 +120,9 @@ async def test_sweep_removes_untracked_parts_of_ours_and_keeps_foreign_ones(
         async def known() -> list[str]:
             return ["live"]
 
-        assert await podnet.scan(known) == {caa.vni}
+        # Another tunnel's VNI is skipped, ours is not (other tests' namespaces may add more).
+        foreign = await podnet.scan(known)
+        assert caa.vni in foreign and orphan.vni not in foreign and live.vni not in foreign
         orphan_left = await asyncio.to_thread(kernel_leftovers, topo.worker, [orphan_pod])
         assert orphan_left == {
             "vxlan devices": 0,
@@ -191,6 +193,58 @@ async def test_a_repeated_setup_adds_no_second_part(topo: Topology, tmp_path: Pa
         }
         await podnet.teardown(ready)
         assert not any((await asyncio.to_thread(kernel_leftovers, topo.worker, [pod])).values())
+    finally:
+        await podnet.close()
+        await store.close()
+
+
+async def test_sweep_removes_a_redirect_of_ours_left_pointing_nowhere(
+    topo: Topology, tmp_path: Path
+) -> None:
+    """vxlan1 deleted under a tunnel (by hand, or a half teardown of an older daemon): the pod
+    interface's redirect points nowhere and the sweep removes it; a redirect of another shape
+    (someone else's, at another prio) pointing nowhere is left alone."""
+    (ours, _), (theirs, _) = [await asyncio.to_thread(topo.add_pod) for _ in range(2)]
+    vms = [await asyncio.to_thread(topo.add_vm) for _ in range(2)]
+    store = await StateStore.open(tmp_path / "state")
+    podnet = PodNet(PodNetSettings(), store, host_netns=topo.worker)
+    try:
+        tunnel = await podnet.inspect("sb", ours)
+        assert tunnel is not None
+        ready = await podnet.setup(tunnel, (vms[0][2],))
+
+        def cut() -> None:
+            with _netns.iproute(ours) as ipr:
+                ipr.link("del", index=link_index(ipr, "vxlan1"))
+            with _netns.iproute(theirs) as ipr:
+                ipr.link("add", ifname="gone", kind="veth", peer="gone-peer")
+                eth, gone = link_index(ipr, "eth0"), link_index(ipr, "gone")
+                ipr.tc("add", "ingress", eth, "ffff:")
+                ipr.tc(
+                    "add-filter",
+                    "u32",
+                    eth,
+                    parent=0xFFFF0000,
+                    prio=5,
+                    protocol=3,
+                    target=0x10001,
+                    keys=["0x0/0x0+0"],
+                    action={
+                        "kind": "mirred",
+                        "direction": "egress",
+                        "action": "redirect",
+                        "ifindex": gone,
+                    },
+                )
+                ipr.link("del", index=gone)
+
+        await asyncio.to_thread(cut)
+        await podnet.release_vni(ready.vni)  # nothing holds it now
+        removed = await podnet.sweep()
+        assert removed.redirects == 1 and removed.devices == 0 and removed.rules == 2
+        assert not any((await asyncio.to_thread(kernel_leftovers, topo.worker, [ours])).values())
+        kept = await asyncio.to_thread(kernel_leftovers, topo.worker, [theirs])
+        assert kept["ingress qdiscs"] == 1 and kept["u32 redirects"] == 1
     finally:
         await podnet.close()
         await store.close()
