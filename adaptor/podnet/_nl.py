@@ -307,7 +307,7 @@ def tc_kind(payload: bytes) -> tuple[int, str]:
 def is_ours(payload: bytes) -> bool:
     """Whether a filter reply has the shape of our redirect: prio 1, handle 800::800."""
     handle, _parent, info = struct.unpack_from("=III", payload, 8)
-    return handle == U32_HANDLE and info >> 16 == 1
+    return bool(handle == U32_HANDLE and info >> 16 == 1)
 
 
 def redirect_of(payload: bytes) -> tuple[int, int] | None:
