@@ -448,6 +448,18 @@ def _check_possible(
         warnings.append(message)
 
 
+CONFIDENTIAL_ANNOTATION = "peerpods.io/confidential"
+
+
+def _asks_confidential(annotations: Mapping[str, str]) -> bool:
+    """`peerpods.io/confidential: "true"`: only confidential VM sizes may serve the pod (and
+    such a size never serves a pod without it); anything but true/false is refused."""
+    value = annotations.get(CONFIDENTIAL_ANNOTATION, "").strip().lower()
+    if value not in ("", "true", "false"):
+        raise InvalidRequest(f"annotation {CONFIDENTIAL_ANNOTATION}: want true or false")
+    return value == "true"
+
+
 def mutate_pod(
     pod: Pod,
     *,
@@ -491,6 +503,8 @@ def mutate_pod(
             pod, namespace, resolver or MemoryResolver(), catalog, machine_type, warnings, capacity
         )
         intent = replace(intent, capacity_type=capacity)
+        if _asks_confidential(annotations):
+            intent = replace(intent, gpu=intent.gpu.model_copy(update={"confidential": True}))
         kept = {k: v for k, v in kept.items() if k not in OWNED_KEYS}
         kept.update(_contract(intent, plan))
         strip_node_resources(mutated["spec"])

@@ -21,6 +21,8 @@ Kata's own keys:
     rdma                    RDMA (EFA / InfiniBand) required
     rdma=4                  ... with at least that many RDMA devices (EFA interfaces)
     cap=spot                the capacity type: spot | spot-or-on-demand (absent: on-demand)
+    cc                      confidential computing: only confidential VM sizes (Azure NCC H100
+                            v5), which are never chosen otherwise
 
 e.g. `v1:m=h100|h200;mig=1g.10gb:2`. The capacity type rides in this value because Kata passes
 CreateVM only its fixed set of keys (docs/annotations.md, What the adaptor accepts at CreateVM): a
@@ -130,6 +132,7 @@ class GpuIntent(BaseModel):
     fractional: bool = False
     rdma: bool = False
     rdma_devices: int = Field(0, ge=0, description="RDMA devices needed; 0 or 1: one")
+    confidential: bool = Field(False, description="the pod asks for confidential computing")
 
     @property
     def empty(self) -> bool:
@@ -141,6 +144,7 @@ class GpuIntent(BaseModel):
             or self.mig
             or self.fractional
             or self.rdma
+            or self.confidential
         )
 
 
@@ -162,6 +166,8 @@ def encode_gpu_model(intent: GpuIntent, capacity: CapacityType = CapacityType.ON
         fields.append(f"rdma={intent.rdma_devices}" if intent.rdma_devices > 1 else "rdma")
     if capacity is not CapacityType.ON_DEMAND:
         fields.append(f"cap={capacity}")
+    if intent.confidential:
+        fields.append("cc")
     return f"{GPU_MODEL_VERSION}:" + ";".join(fields) if fields else ""
 
 
@@ -231,7 +237,7 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
                     raise AnnotationError(key, f"invalid MIG entry {item!r} (want PROFILE:COUNT)")
                 total = mig.get(profile, 0) + int(count)
                 mig[profile] = _bounded(key, total, MAX_DEVICES, f"{profile} device count")
-        elif name in ("frac", "rdma") and not arg:
+        elif name in ("frac", "rdma", "cc") and not arg:
             flags.add(name)
         elif name == "rdma" and _UINT.fullmatch(arg) and int(arg) >= 1:
             flags.add(name)
@@ -249,6 +255,7 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
         fractional="frac" in flags,
         rdma="rdma" in flags,
         rdma_devices=rdma_devices if rdma_devices > 1 else 0,
+        confidential="cc" in flags,
     )
 
 
@@ -429,6 +436,7 @@ def request_for(
         "rdma_devices": gpu.rdma_devices,
         "instance_type": machine_type,
         "provisioning": "spot" if capacity_type.wants_spot else "on-demand",
+        "confidential": gpu.confidential,
     }
     fields.update(overrides)
     return InstanceRequest.model_validate(fields)

@@ -751,9 +751,11 @@ def _summarise(
             f"{_mib(request.memory_mib)} memory exceeds the largest matching type, {_mib(largest)}"
         )
     if furthest == OFFERED:
-        sold = [r for r in near if r.reason.startswith("sold only as")]
+        sold = [r for r in near if r.reason.startswith(_SOLD)]
         if sold:
             listed = ", ".join(r.name for r in sold[:3]) + (", ..." if len(sold) > 3 else "")
+            if not sold[0].reason.startswith("sold only as"):  # confidential or not
+                return f"the matching types cannot serve this pod ({listed}: {sold[0].reason})"
             return f"the matching types are not sold {request.provisioning} ({listed}: " + (
                 sold[0].reason + ")"
             )
