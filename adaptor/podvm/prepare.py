@@ -25,8 +25,6 @@ from typing import Any
 from adaptor.podvm import mig as migops
 from adaptor.podvm.host import Host
 from adaptor.podvm.layout import (
-    APF_PATH,
-    LEGACY_PATH,
     Layout,
     LayoutDocument,
     LayoutError,
@@ -47,17 +45,18 @@ EXIT_REBOOT = 3
 
 @dataclass(frozen=True)
 class Options:
-    """Where `prepare` reads and writes (the defaults are a CAA pod VM's paths)."""
+    """Where `prepare` reads and writes; built from the `peerpods podvm prepare` settings, whose
+    declarations (`adaptor.cli.settings.PodvmPrepareSettings`) hold a CAA pod VM's paths."""
 
-    apf_path: Path = Path(APF_PATH)
-    legacy_path: Path = Path(LEGACY_PATH)
-    cdi_dir: Path = Path("/var/run/cdi")
-    other_cdi_dirs: tuple[Path, ...] = (Path("/etc/cdi"),)
-    status_path: Path = Path("/run/peerpod/podvm-status.json")
-    state_dir: Path = Path("/var/lib/peerpods/podvm")
-    root: Path = Path("/")
-    reboot_command: tuple[str, ...] = ("systemctl", "reboot")
+    apf_path: Path
+    legacy_path: Path
+    cdi_dir: Path
+    status_path: Path
+    state_dir: Path
+    root: Path
+    reboot_command: tuple[str, ...]
     reboot: bool = True
+    other_cdi_dirs: tuple[Path, ...] = (Path("/etc/cdi"),)
 
 
 @dataclass
