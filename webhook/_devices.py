@@ -226,6 +226,19 @@ def _activation(
     return {"device": device}
 
 
+class _Pending:
+    """One expression being evaluated: who evaluates it, and what it came to."""
+
+    def __init__(self) -> None:
+        self.leader: threading.Thread | None = None
+        self.finished = threading.Event()
+        self.outcome: Outcome | None = None
+
+    def done(self, outcome: Outcome | None) -> None:
+        self.outcome = outcome
+        self.finished.set()
+
+
 def profile_memory_mib(profile: str) -> int:
     """The memory a MIG profile name promises ("1g.10gb" -> 10 GiB)."""
     match = _PROFILE_MEMORY.search(profile)
@@ -326,6 +339,8 @@ class DeviceSpace:
         self.token = uuid.uuid4().hex  # names this space to worker processes
         self._cache: OrderedDict[str, Outcome] = OrderedDict()
         self._lock = threading.Lock()
+        # expressions being evaluated now, each with what its evaluation came to (once done)
+        self._pending: dict[str, _Pending] = {}
 
     def evaluate(self, expression: str, deadline: float | None = None) -> Outcome:
         """Every device against one selector, here and now, within COST_LIMIT per device and
@@ -360,22 +375,31 @@ class DeviceSpace:
     def _one(
         self, label: str, expression: str, candidates: frozenset[str]
     ) -> tuple[frozenset[str], str]:
-        with self._lock:
-            outcome = self._cache.get(expression)
-            if outcome is not None:
-                self._cache.move_to_end(expression)
         limits = _LIMITS.get() or _NO_LIMITS
+        outcome = self._shared(expression, limits.deadline)
         if outcome is None:
-            runner = limits.runner
-            if runner is not None:
-                outcome = runner(self, expression, limits.deadline, limits.tenant)
-            else:
-                outcome = self.evaluate(expression, limits.deadline)
-            if not (outcome.timed_out or outcome.busy or outcome.refused):  # load-dependent
-                with self._lock:
-                    self._cache[expression] = outcome
-                    while len(self._cache) > SELECTOR_CACHE_SIZE:
-                        self._cache.popitem(last=False)
+            with self._lock:
+                pending = self._pending.setdefault(expression, _Pending())
+                leading = pending.leader is None
+                if leading:
+                    pending.leader = threading.current_thread()
+            try:
+                runner = limits.runner
+                if runner is not None:
+                    outcome = runner(self, expression, limits.deadline, limits.tenant)
+                else:
+                    outcome = self.evaluate(expression, limits.deadline)
+            finally:
+                if leading:
+                    with self._lock:
+                        del self._pending[expression]
+                        if outcome is not None and not (
+                            outcome.timed_out or outcome.busy or outcome.refused
+                        ):  # the rest is load-dependent, never cached
+                            self._cache[expression] = outcome
+                            while len(self._cache) > SELECTOR_CACHE_SIZE:
+                                self._cache.popitem(last=False)
+                    pending.done(outcome)
         if outcome.refused:
             raise SelectorShareExceeded(
                 f"namespace {limits.tenant or '(none)'} already uses its share of the CEL "
@@ -402,6 +426,26 @@ class DeviceSpace:
         if failed:
             raise CelError(f"{label}: CEL runtime error: {failed}")
         return outcome.accepted, ""
+
+    def _shared(self, expression: str, deadline: float | None) -> Outcome | None:
+        """A cached outcome; or, while another admission evaluates the same expression, its
+        outcome once it has one (a burst of pods made from one template takes one worker,
+        not one each); None when this admission must evaluate it itself."""
+        with self._lock:
+            outcome = self._cache.get(expression)
+            if outcome is not None:
+                self._cache.move_to_end(expression)
+                return outcome
+            pending = self._pending.get(expression)
+        if pending is None:
+            return None
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not pending.finished.wait(left):
+            return Outcome(timed_out=True)  # this admission's own time ran out meanwhile
+        found = pending.outcome
+        if found is None or found.busy or found.refused:
+            return None  # the other admission's load or share, not this one's: evaluate here
+        return found  # a time-out too: the same expression, as slow for this admission
 
     def match(self, selectors: list[tuple[str, str]]) -> tuple[Match, str]:
         """Devices accepted by every selector, given as (where it stands, expression), and the
