@@ -36,7 +36,7 @@ from adaptor.hypervisor.sandboxes import (
 )
 from adaptor.hypervisor.service import HypervisorService
 from adaptor.node.advertise import CapacityAdvertiser, KubeNodeApi, NodeApi
-from adaptor.node.handoff import HandoffListener, Inherited, inherit
+from adaptor.node.handoff import HandoffListener, Inherited, Session, inherit
 from adaptor.node.readiness import Readiness
 from adaptor.node.settings import ServeSettings
 from adaptor.node.wiring import (
@@ -181,6 +181,7 @@ class Daemon:
         self.readiness: Readiness | None = None
         # The hand-off (adaptor.node.handoff): a successor's listener, a predecessor's sockets.
         self._handoff: HandoffListener | None = None
+        self._taking: Session | None = None
         self._inherited: Inherited | None = None
         self._handing_off = False
         self._moving: dict[str, AgentProxy] = {}
@@ -213,9 +214,9 @@ class Daemon:
             )
         lock_file = settings.state_dir / LOCK_NAME
         take_over = {"always": True, "never": False}.get(settings.take_over)
-        self._inherited = await inherit(take_over, settings.pods_dir, lock_file)
+        self._taking = await inherit(take_over, settings.pods_dir, lock_file)
         self._lock_fd = await asyncio.to_thread(_lock_state_dir, str(settings.state_dir))
-        if self._inherited is None:
+        if self._taking is None:
             await asyncio.to_thread(_refuse_live_socket, str(settings.socket))
         self.store = await StateStore.open(settings.state_dir, checks=stored_json_checks())
         placement.use_quota(settings.gpu_quota, self.store)
@@ -258,7 +259,9 @@ class Daemon:
             ).check,
             on_abandoned=self.abandoned.add,
         )
-        if self._inherited is not None:
+        if self._taking is not None:  # our parts are up: now the shims wait, for the sockets
+            self._inherited = await self._taking.receive()
+            self._taking = None
             self.manager.adopt = self._inherited.adopt
         await self.manager.recover()
         if self._inherited is not None and (unclaimed := self._inherited.close_unclaimed()):
@@ -336,6 +339,9 @@ class Daemon:
         if self._handing_off:
             await self.ended.wait()
             return
+        if self._taking is not None:  # a take-over that failed before the sockets came
+            self._taking.close()
+            self._taking = None
         if self._inherited is not None:  # a take-over that failed half way
             await self._inherited.ack(False, "the successor failed to start")
             self._inherited.close()
@@ -345,11 +351,11 @@ class Daemon:
             self._handoff = None
         await self._close(grace_seconds)
 
-    async def detach(self) -> tuple[socket.socket, dict[str, MovedProxy]]:
-        """Give everything up to a successor (adaptor.node.handoff): the hypervisor socket
-        stops accepting once its calls are answered, the background loops, the status API and
-        the state store (unlocked) close, then each agent proxy freezes. The sockets are
-        returned still open; shims see no connection close."""
+    async def detach(self) -> socket.socket:
+        """Give everything but the agent proxies up to a successor (adaptor.node.handoff): the
+        hypervisor socket stops accepting once its calls are answered, the background loops,
+        the status API and the state store (unlocked) close. Returns the hypervisor listener,
+        still listening."""
         self._handing_off = True
         grace = self.settings.shutdown_grace_seconds
         self._handoff = None  # it is the one calling
@@ -358,8 +364,18 @@ class Daemon:
         self.server = None
         proxies = await self.manager.hand_off(grace)
         self.manager = None
+        self._moving = {i: p for i, p in proxies.items() if isinstance(p, AgentProxy)}
+        for proxy in proxies.values():
+            if not isinstance(proxy, AgentProxy):
+                await proxy.stop()
         await self._close(grace)
-        moving = {i: p for i, p in proxies.items() if isinstance(p, AgentProxy)}
+        return hypervisor
+
+    async def freeze(self) -> dict[str, MovedProxy]:
+        """Then each agent proxy stops and its sockets are returned still open (shims see no
+        connection close); a proxy that cannot move is stopped."""
+        grace = self.settings.shutdown_grace_seconds
+        moving, self._moving = self._moving, {}
         frozen = await asyncio.gather(
             *(proxy.freeze(grace) for proxy in moving.values()), return_exceptions=True
         )
@@ -371,7 +387,7 @@ class Daemon:
             else:
                 moved[sandbox_id] = result
                 self._moving[sandbox_id] = proxy
-        return hypervisor, moved
+        return moved
 
     async def handed_over(self, ok: bool) -> None:
         """The successor has the sockets (or broke off): close this process's copies; the

@@ -37,6 +37,8 @@ from .handoff_wire import (
     Hello,
     Message,
     Offer,
+    Ready,
+    Released,
     WireCall,
     WireSandbox,
     WireShim,
@@ -129,8 +131,9 @@ class Inherited:
             self._channel = None
 
 
-async def inherit(take_over: bool | None, pods_dir: Path, lock_file: Path) -> Inherited | None:
-    """What this daemon starts from: a predecessor's sockets, or None to start afresh.
+async def inherit(take_over: bool | None, pods_dir: Path, lock_file: Path) -> Session | None:
+    """A hand-off begun with a running predecessor (its state store is unlocked when this
+    returns; `Session.receive` then takes the sockets), or None to start afresh.
 
     `take_over` True: a running daemon must hand over (NoPredecessor otherwise); False: never
     (a live predecessor then keeps its state locked); None: only when a live daemon holds the
@@ -142,14 +145,33 @@ async def inherit(take_over: bool | None, pods_dir: Path, lock_file: Path) -> In
         live = await asyncio.to_thread(_locked, lock_file)
         if not live or not await asyncio.to_thread(predecessor_listening, pods_dir):
             return None
-    inherited = await asyncio.to_thread(_take_over, handoff_path(pods_dir))
-    log.info(
-        "hand-off: took over from pid %d: %d sandbox(es), %d shim connection(s)",
-        inherited.predecessor_pid,
-        len(inherited.proxies),
-        sum(len(m.shims) for m in inherited.proxies.values()),
-    )
-    return inherited
+    return Session(await asyncio.to_thread(_begin, handoff_path(pods_dir)))
+
+
+class Session:
+    """A successor's side of a hand-off between Released and the Offer."""
+
+    def __init__(self, channel: socket.socket) -> None:
+        self._channel: socket.socket | None = channel
+
+    async def receive(self) -> Inherited:
+        """Say Ready and take the sockets (the shims wait from Ready until they are served)."""
+        channel, self._channel = self._channel, None
+        assert channel is not None, "received already"
+        inherited = await asyncio.to_thread(_receive_offer, channel)
+        log.info(
+            "hand-off: took over from pid %d: %d sandbox(es), %d shim connection(s)",
+            inherited.predecessor_pid,
+            len(inherited.proxies),
+            sum(len(m.shims) for m in inherited.proxies.values()),
+        )
+        return inherited
+
+    def close(self) -> None:
+        """Give up before Ready (this start failed): the predecessor then ends."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
 
 
 def _locked(lock_file: Path) -> bool:
@@ -180,7 +202,8 @@ def predecessor_listening(pods_dir: Path) -> bool:
     return True
 
 
-def _take_over(path: Path) -> Inherited:
+def _begin(path: Path) -> socket.socket:
+    """Hello, then wait until the predecessor released its state store (blocking)."""
     channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         channel.settimeout(HELLO_SECONDS)
@@ -194,6 +217,22 @@ def _take_over(path: Path) -> Inherited:
         message = _receive(channel)
         if isinstance(message, Ack):
             raise TakeOverFailed(f"the running serve refused the hand-off: {message.error}")
+        if not isinstance(message, Released):
+            raise TakeOverFailed(f"unexpected hand-off message {message.kind}")
+    except (OSError, HandoffError) as exc:
+        channel.close()
+        raise TakeOverFailed(f"hand-off broke off: {exc}") from None
+    except BaseException:
+        channel.close()
+        raise
+    return channel
+
+
+def _receive_offer(channel: socket.socket) -> Inherited:
+    """Ready, then the Offer and its descriptors (blocking)."""
+    try:
+        channel.sendall(encode(Ready()))
+        message = _receive(channel)
         if not isinstance(message, Offer):
             raise TakeOverFailed(f"unexpected hand-off message {message.kind}")
         fds = _receive_fds(channel, message.fd_count)
@@ -256,8 +295,13 @@ def _inherit(offer: Offer, fds: list[int]) -> Inherited:
 class Predecessor(Protocol):
     """What the running daemon gives up to its successor."""
 
-    async def detach(self) -> tuple[socket.socket, dict[str, MovedProxy]]:
-        """Stop serving and return the sockets to move (duplicates: the originals stay open)."""
+    async def detach(self) -> socket.socket:
+        """Stop everything but the agent proxies and return the hypervisor listener (a
+        duplicate, still listening); the state store is unlocked when this returns."""
+        ...
+
+    async def freeze(self) -> dict[str, MovedProxy]:
+        """Stop the agent proxies; their sockets to move (duplicates: the originals stay)."""
         ...
 
     async def handed_over(self, ok: bool) -> None:
@@ -321,10 +365,14 @@ class HandoffListener:
             return False
         log.info("hand-off: successor pid %d asks to take over", hello.pid)
         self.busy = True
-        hypervisor, proxies = await self._daemon.detach()
-        offer, fds = _offer(hypervisor, proxies)
+        hypervisor = await self._daemon.detach()
+        proxies: dict[str, MovedProxy] = {}
         ok = False
         try:
+            channel.settimeout(OFFER_SECONDS)
+            await asyncio.to_thread(_send_released, channel)
+            proxies = await self._daemon.freeze()
+            offer, fds = _offer(hypervisor, proxies)
             channel.settimeout(ACK_SECONDS)
             await asyncio.to_thread(_send_offer, channel, offer, fds)
             ack = await asyncio.to_thread(_receive, channel)
@@ -402,6 +450,14 @@ def _read_exactly(channel: socket.socket, count: int) -> bytes:
 def _receive(channel: socket.socket) -> Message:
     length = frame_length(_read_exactly(channel, HEADER_BYTES))
     return decode(_read_exactly(channel, length))
+
+
+def _send_released(channel: socket.socket) -> None:
+    """Released, then wait for the successor's Ready."""
+    channel.sendall(encode(Released()))
+    ready = _receive(channel)
+    if not isinstance(ready, Ready):
+        raise HandoffError(f"the successor sent {ready.kind}, not ready")
 
 
 def _send_offer(channel: socket.socket, offer: Offer, fds: list[int]) -> None:

@@ -1,11 +1,15 @@
 """The hand-off's messages, sans-IO: typed, versioned, length-prefixed JSON (no sockets here).
 
-A successor `serve` and its predecessor speak three messages over a unix socket in the pods dir:
+A successor `serve` and its predecessor speak five messages over a unix socket in the pods dir:
 
-    successor  -> Hello  {version, pid}
-    predecessor-> Offer  {version, pid, hypervisor_fd, sandboxes: [...], fd_count}
-                 then the fd_count file descriptors, in batches, with SCM_RIGHTS
-    successor  -> Ack    {ok, error}
+    successor  -> Hello    {version, pid}
+    predecessor-> Released {}  (its hypervisor socket takes no call, its state store is unlocked)
+    successor  -> Ready    {}  (its own parts are up: from here on the shims wait)
+    predecessor-> Offer    {version, pid, hypervisor_fd, sandboxes: [...], fd_count}
+                   then the fd_count file descriptors, in batches, with SCM_RIGHTS
+    successor  -> Ack      {ok, error}
+
+The predecessor answers Hello with an Ack {ok: false} instead when it refuses.
 
 File descriptors travel beside the bytes; the Offer names each one by its index in the order they
 are sent. A frame is a 4-byte big-endian length and that many bytes of JSON; bytes fields (a
@@ -72,6 +76,18 @@ class Hello(_Message):
     pid: int
 
 
+class Released(_Message):
+    """The predecessor takes no hypervisor call any more and has unlocked its state store."""
+
+    kind: Literal["released"] = "released"
+
+
+class Ready(_Message):
+    """The successor's parts are up; it waits for the sockets."""
+
+    kind: Literal["ready"] = "ready"
+
+
 class Offer(_Message):
     """The predecessor's sockets and calls; `fd_count` descriptors follow."""
 
@@ -91,7 +107,7 @@ class Ack(_Message):
     error: str = ""
 
 
-Message = Hello | Offer | Ack
+Message = Hello | Released | Ready | Offer | Ack
 
 
 def encode(message: Message) -> bytes:
@@ -115,8 +131,10 @@ def frame_length(header: bytes) -> int:
 HEADER_BYTES = _LENGTH.size
 
 
-_MESSAGES: dict[str, type[Hello] | type[Offer] | type[Ack]] = {
+_MESSAGES: dict[str, type[Message]] = {
     "hello": Hello,
+    "released": Released,
+    "ready": Ready,
     "offer": Offer,
     "ack": Ack,
 }

@@ -13,7 +13,10 @@ from adaptor.node.handoff_wire import (
     Ack,
     HandoffError,
     Hello,
+    Message,
     Offer,
+    Ready,
+    Released,
     WireCall,
     WireSandbox,
     WireShim,
@@ -23,7 +26,7 @@ from adaptor.node.handoff_wire import (
 )
 
 
-def roundtrip(message: Hello | Offer | Ack) -> Hello | Offer | Ack:
+def roundtrip(message: Message) -> Message:
     frame = encode(message)
     length = frame_length(frame[:HEADER_BYTES])
     assert length == len(frame) - HEADER_BYTES
@@ -58,6 +61,8 @@ def test_offer_round_trip_keeps_binary_requests() -> None:
     )
     assert roundtrip(offer) == offer
     assert roundtrip(Hello(pid=7)) == Hello(pid=7)
+    assert roundtrip(Released()) == Released()
+    assert roundtrip(Ready()) == Ready()
     assert roundtrip(Ack(ok=False, error="no")) == Ack(ok=False, error="no")
 
 
