@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from providers.core.capacity import CAPACITY_TYPES, CapacityType, parse_capacity_types
 from providers.core.errors import AnnotationError, InvalidRequest
+from providers.core.settings import csv
 
 CAPACITY_ANNOTATION = "peerpods.io/capacity-type"
 ANY_NAMESPACE = "*"
@@ -63,9 +64,7 @@ class CapacityPolicy:
 def parse_namespace_policy(text: str) -> dict[str, tuple[CapacityType, ...]]:
     """`NAMESPACE=TYPE|TYPE,...` (`*` for every other namespace) as a policy mapping."""
     policy: dict[str, tuple[CapacityType, ...]] = {}
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
+    for item in csv(text):
         namespace, sep, types = item.partition("=")
         namespace = namespace.strip()
         if not sep or not namespace or not types.strip():

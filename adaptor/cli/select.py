@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from adaptor.cli import flags
+from providers.core.settings import csv
 
 if TYPE_CHECKING:
     from providers.core.catalog import Catalog
@@ -27,17 +28,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_settings(parser, SelectSettings)
 
 
-def _split(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
 def _mig(text: str) -> dict[str, int]:
     import re
 
     from providers.core.errors import InvalidRequest
 
     profiles: dict[str, int] = {}
-    for item in _split(text):
+    for item in csv(text):
         profile, sep, count = item.partition("=")
         profile = profile.strip()
         count = count.strip()
@@ -61,7 +58,7 @@ def build_request(args: argparse.Namespace) -> InstanceRequest:
     from providers.core.quantity import to_cpus, to_mib
     from providers.core.request import InstanceRequest
 
-    models = _split(args.gpu_model)
+    models = csv(args.gpu_model)
     for model in models:
         models_matching(model)  # unknown names fail here, before any catalog is read
     if args.gpus < 0:
@@ -79,8 +76,8 @@ def build_request(args: argparse.Namespace) -> InstanceRequest:
             fractional=args.fractional,
             arch=args.arch,
             rdma=args.rdma,
-            allow=_split(args.allow),
-            deny=_split(args.deny),
+            allow=csv(args.allow),
+            deny=csv(args.deny),
             instance_type=args.instance_type.strip(),
             zone=args.zone.strip(),
             provisioning="spot" if args.spot else "on-demand",

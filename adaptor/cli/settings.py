@@ -13,15 +13,9 @@ from pydantic import BeforeValidator, Field, IPvAnyNetwork
 
 from providers.core.capacity import CapacityType
 from providers.core.catalog import ARCHES, CLOUDS
-from providers.core.settings import Flag, Section, csv
+from providers.core.settings import Flag, Names, Section, listed
 
-
-def _list(value: object) -> object:
-    return csv(value) if isinstance(value, str) else value
-
-
-Names = Annotated[tuple[str, ...], BeforeValidator(_list)]
-NameSet = Annotated[frozenset[str], BeforeValidator(_list)]
+NameSet = Annotated[frozenset[str], BeforeValidator(listed)]
 
 
 class LogSettings(Section):
@@ -247,7 +241,7 @@ class WebhookSettings(AdmissionPolicy, CatalogSource):
         description="connections of --max-connections only the API server's networks may use",
     )
     api_server_cidrs: Annotated[
-        tuple[IPvAnyNetwork, ...], Flag("--api-server-cidrs"), BeforeValidator(_list)
+        tuple[IPvAnyNetwork, ...], Flag("--api-server-cidrs"), BeforeValidator(listed)
     ] = Field(
         (),
         description="comma-separated networks the API server connects from (e.g. the control "

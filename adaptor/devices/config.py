@@ -9,6 +9,7 @@ from adaptor.devices.naming import CdiNaming, naming_from_flags
 from adaptor.devices.rewrite import CdiMode
 from adaptor.settings import CdiSettings
 from providers.core.errors import InvalidRequest
+from providers.core.settings import csv
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ def cdi_config(settings: CdiSettings) -> CdiConfig:
     naming = naming_from_flags(settings.cdi_gpu_name, settings.cdi_mig_name, settings.cdi_rdma_name)
     registry = None
     if settings.cdi_mode == "edits":
-        dirs = [d.strip() for d in settings.cdi_spec_dir.split(",") if d.strip()]
+        dirs = list(csv(settings.cdi_spec_dir))
         if not dirs:
             raise InvalidRequest("--cdi-spec-dir: edits mode needs at least one directory")
         registry = Registry(dirs)

@@ -16,7 +16,7 @@ from adaptor.settings import AgentTls, PodNetworkSettings, ReclaimSettings, Sand
 from providers.clouds import registry
 from providers.clouds.static import Endpoint, parse_endpoints
 from providers.core.errors import InvalidRequest
-from providers.core.settings import Flag, Section, csv, describe
+from providers.core.settings import Flag, Section, describe, listed
 
 __all__ = ["AgentTls", "ServeSettings"]
 
@@ -37,10 +37,6 @@ def _quota(value: str) -> str:
     except InvalidRequest as exc:
         raise ValueError(str(exc)) from None
     return value
-
-
-def _names(value: object) -> object:
-    return csv(value) if isinstance(value, str) else value
 
 
 class ServeSettings(SandboxSettings, ReclaimSettings, PodNetworkSettings, Section):
@@ -78,14 +74,14 @@ class ServeSettings(SandboxSettings, ReclaimSettings, PodNetworkSettings, Sectio
         "never: refuse to start beside one",
     )
     allowed_machine_types: Annotated[
-        tuple[str, ...], Flag("--allowed-machine-types"), BeforeValidator(_names)
+        tuple[str, ...], Flag("--allowed-machine-types"), BeforeValidator(listed)
     ] = Field(
         (),
         description="comma-separated instance types a pod may pin with the machine_type "
         "annotation (empty: none; a pod pinning another is refused at CreateVM)",
     )
     allowed_images: Annotated[
-        tuple[str, ...], Flag("--allowed-images"), BeforeValidator(_names)
+        tuple[str, ...], Flag("--allowed-images"), BeforeValidator(listed)
     ] = Field(
         (),
         description="comma-separated pod VM images a pod may choose with the image annotation "

@@ -7,11 +7,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
-from providers.core.settings import Flag, Section, csv
-
-
-def _split(value: object) -> object:
-    return csv(value) if isinstance(value, str) else value
+from providers.core.settings import Flag, Section, listed
 
 
 def _ipv4_cidrs(items: tuple[str, ...]) -> tuple[str, ...]:
@@ -43,7 +39,7 @@ class PodNetworkSettings(Section):
     pod_subnet_cidrs: Annotated[
         tuple[str, ...],
         Flag("--pod-subnet-cidrs"),
-        BeforeValidator(_split),
+        BeforeValidator(listed),
         AfterValidator(_ipv4_cidrs),
     ] = Field(
         (),

@@ -8,18 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, Field
 
-from providers.core.settings import Flag, Section, csv
+from providers.core.settings import Flag, Names, Section
 
 CONFIDENTIAL_TYPES = ("SEV", "SEV_SNP", "TDX")
-
-
-def _list(value: object) -> object:
-    return csv(value) if isinstance(value, str) else value
-
-
-Names = Annotated[tuple[str, ...], BeforeValidator(_list)]
 
 
 def _confidential(value: str) -> str:

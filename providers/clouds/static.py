@@ -22,6 +22,7 @@ from providers.core.base import (
     VMSpec,
 )
 from providers.core.errors import CapacityError, InvalidRequest
+from providers.core.settings import csv
 
 POOL = "static"
 
@@ -60,8 +61,8 @@ def parse_endpoint(text: str) -> Endpoint:
 
 def parse_endpoints(text: str | Sequence[str]) -> tuple[Endpoint, ...]:
     """A comma-separated list (or a sequence) of endpoints, duplicates refused."""
-    items = text.split(",") if isinstance(text, str) else list(text)
-    endpoints = tuple(parse_endpoint(i) for i in items if i.strip())
+    items = csv(text) if isinstance(text, str) else [i for i in text if i.strip()]
+    endpoints = tuple(parse_endpoint(i) for i in items)
     seen = {str(e) for e in endpoints}
     if len(seen) != len(endpoints):
         raise InvalidRequest("duplicate endpoint in the static pool")

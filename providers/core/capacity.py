@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 
 from providers.core.errors import InvalidRequest
+from providers.core.settings import csv
 
 
 class CapacityType(enum.StrEnum):
@@ -62,5 +63,4 @@ def parse_capacity_type(value: str, where: str = "capacity type") -> CapacityTyp
 
 def parse_capacity_types(value: str, where: str = "capacity types") -> tuple[CapacityType, ...]:
     """A comma-separated list of capacity types (a namespace policy), duplicates dropped."""
-    parts = [p for p in (s.strip() for s in value.split(",")) if p]
-    return tuple(dict.fromkeys(parse_capacity_type(p, where) for p in parts))
+    return tuple(dict.fromkeys(parse_capacity_type(p, where) for p in csv(value)))

@@ -72,6 +72,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from providers.core.capacity import CapacityType
 from providers.core.errors import AnnotationError
 from providers.core.request import InstanceRequest
+from providers.core.settings import csv
 
 KATA_HYPERVISOR_PREFIX = "io.katacontainers.config.hypervisor."
 DEFAULT_VCPUS = KATA_HYPERVISOR_PREFIX + "default_vcpus"
@@ -206,7 +207,7 @@ def decode_gpu_model(value: str, gpus: int = 0) -> GpuIntent:
     if not value.startswith(GPU_MODEL_VERSION + ":"):
         if re.match(r"^v[0-9]+:", value):
             raise AnnotationError(key, f"unsupported encoding version in {value!r}")
-        legacy = tuple(m.strip() for m in value.split(",") if m.strip())
+        legacy = csv(value)
         for model in legacy:
             if not _MODEL.fullmatch(model):
                 raise AnnotationError(key, f"invalid GPU model name {model!r}")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 ENV_PREFIX = "PEERPODS_"
@@ -79,8 +79,18 @@ def parse_bool(text: str) -> bool:
 
 
 def csv(text: str) -> tuple[str, ...]:
-    """A comma-separated value as a tuple, blanks dropped."""
+    """A comma-separated value as a tuple, each item stripped, blanks dropped: the one
+    comma-list parser of flags, env values and settings."""
     return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def listed(value: object) -> object:
+    """A section field's before-validator: a comma-separated text becomes its items."""
+    return csv(value) if isinstance(value, str) else value
+
+
+# A list of names, given as a sequence or as one comma-separated text.
+Names = Annotated[tuple[str, ...], BeforeValidator(listed)]
 
 
 @dataclass(frozen=True)

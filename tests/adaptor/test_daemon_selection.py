@@ -97,8 +97,8 @@ async def test_mig_plan_reaches_create_container(
     record = await node.store.get("mig")
     assert record is not None
     plan = DevicePlan.from_json(record.device_plan)
-    assert sorted(m.profile for m in plan.mig_layout) == ["1g.10gb", "1g.10gb", "3g.40gb"]
-    assert {m.gpu for m in plan.mig_layout} == {0}
+    assert sorted(m.profile for m in plan.mig) == ["1g.10gb", "1g.10gb", "3g.40gb"]
+    assert {m.gpu for m in plan.mig} == {0}
 
     request = agent_pb2.CreateContainerRequest(container_id="c1")
     request.OCI.Annotations[contract.CONTAINER_NAME] = "infer"
@@ -117,7 +117,7 @@ async def test_mig_plan_reaches_create_container(
         )
     seen = agent_pb2.CreateContainerRequest.FromString(ttrpc_pb2.Request.FromString(echoed).payload)
     cdi = {k: v for k, v in seen.OCI.Annotations.items() if k.startswith("cdi.k8s.io/")}
-    three_g = next(m for m in plan.mig_layout if m.profile == "3g.40gb")
+    three_g = next(m for m in plan.mig if m.profile == "3g.40gb")
     assert cdi == {"cdi.k8s.io/peerpods_infer": three_g.name}
 
     # The pod VM's health is still reachable; an unknown sandbox stays NOT_FOUND.

@@ -165,7 +165,7 @@ async def test_user_data_carries_the_forwarder_tls_and_the_planned_mig_layout(
         for gpu, slots in enumerate(devices["mig"])
         for slot in slots
     ]
-    planned = [(m.gpu, m.profile, m.start) for m in planned_devices.mig_layout]
+    planned = [(m.gpu, m.profile, m.start) for m in planned_devices.mig]
     assert sorted(told) == sorted(planned)
     assert devices["mig"][0] == []  # GPU 0 is the whole GPU the pod asked for
 

@@ -55,7 +55,7 @@ def test_mig_layout_follows_the_packer_after_whole_gpus() -> None:
     )
     intent = GpuIntent(gpus=1, mig={"3g.20gb": 2, "1g.5gb": 1})
     dp = plan_devices(plan, intent, P4D)
-    layout = [(m.profile, m.gpu, m.start, m.index) for m in dp.mig_layout]
+    layout = [(m.profile, m.gpu, m.start, m.index) for m in dp.mig]
     # 3g+3g fill one GPU's 8 slots, so the 1g.5gb needs another; GPU 0 stays whole (no MIG)
     assert sorted(layout) == [("1g.5gb", 1, 0, 0), ("3g.20gb", 2, 0, 0), ("3g.20gb", 2, 4, 1)]
     assert dp.for_container("train") == ["peerpods.io/gpu=gpu0"]
