@@ -31,15 +31,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# EC2 quota code -> (instance classes it counts, its name): Service Quotas, EC2 "Running
-# On-Demand ... instances", in vCPUs.
-AWS_VCPU_QUOTAS: Mapping[str, tuple[tuple[str, ...], str]] = {
-    "L-417A185B": (("p",), "Running On-Demand P instances"),
-    "L-DB2E81BA": (("g", "gr", "vt"), "Running On-Demand G and VT instances"),
-    "L-1216C47A": (
-        ("a", "c", "d", "h", "i", "m", "r", "t", "z"),
-        "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances",
-    ),
+_STANDARD = ("a", "c", "d", "h", "i", "m", "r", "t", "z")
+# EC2 quota code -> (instance classes it counts, its name, whether it counts Spot): Service
+# Quotas, EC2 "Running On-Demand ... instances" and "All ... Spot Instance Requests", in vCPUs.
+AWS_VCPU_QUOTAS: Mapping[str, tuple[tuple[str, ...], str, bool]] = {
+    "L-417A185B": (("p",), "Running On-Demand P instances", False),
+    "L-DB2E81BA": (("g", "gr", "vt"), "Running On-Demand G and VT instances", False),
+    "L-1216C47A": (_STANDARD, "Running On-Demand Standard instances", False),
+    "L-7212CCBC": (("p",), "All P Spot Instance Requests", True),
+    "L-3819A6DF": (("g", "gr", "vt"), "All G and VT Spot Instance Requests", True),
+    "L-34B43A08": (_STANDARD, "All Standard Spot Instance Requests", True),
 }
 
 # GCP region quota metric (without PREEMPTIBLE_) -> canonical GPU model id.
@@ -65,30 +66,30 @@ _LIVE = ("pending", "running")
 def aws_quota(
     region: str, ec2: Any, service_quotas: Any, vcpus_of: Mapping[str, int]
 ) -> AccountQuota:
-    """EC2's On-Demand vCPU quotas per class with the account's usage; `vcpus_of` gives each
-    instance type's vCPUs (the catalog)."""
-    used: dict[str, float] = {}
+    """EC2's On-Demand and Spot vCPU quotas per class with the account's usage; `vcpus_of`
+    gives each instance type's vCPUs (the catalog)."""
+    used: dict[tuple[str, bool], float] = {}
     paginator = ec2.get_paginator("describe_instances")
     states = {"Name": "instance-state-name", "Values": list(_LIVE)}
     for page in paginator.paginate(Filters=[states]):
         for reservation in page.get("Reservations", []):
             for instance in reservation.get("Instances", []):
-                if instance.get("InstanceLifecycle") == "spot":
-                    continue  # Spot instances count against the Spot quotas, not these
+                spot = instance.get("InstanceLifecycle") == "spot"
                 name = str(instance.get("InstanceType", ""))
-                cls = instance_class(name.split(".", 1)[0])
-                used[cls] = used.get(cls, 0.0) + float(vcpus_of.get(name, 0))
+                key = (instance_class(name.split(".", 1)[0]), spot)
+                used[key] = used.get(key, 0.0) + float(vcpus_of.get(name, 0))
     limits: list[AccountLimit] = []
     notes: list[str] = []
-    for code, (classes, title) in AWS_VCPU_QUOTAS.items():
+    for code, (classes, title, spot) in AWS_VCPU_QUOTAS.items():
         try:
             found = service_quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)
         except Exception as exc:  # NoSuchResource, AccessDenied: the quota is not readable
             notes.append(f"{code} ({title}): {_short(exc)}")
             continue
         value = float(found["Quota"]["Value"])
-        total = sum(used.get(c, 0.0) for c in classes)
-        limits.append(AccountLimit(f"{code} {title}", "vcpus", "class", classes, value, total))
+        total = sum(used.get((c, spot), 0.0) for c in classes)
+        name = f"{code} {title}"
+        limits.append(AccountLimit(name, "vcpus", "class", classes, value, total, spot))
     return AccountQuota("aws", region, tuple(limits), time.time(), tuple(notes))
 
 

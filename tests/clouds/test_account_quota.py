@@ -2,7 +2,8 @@
 
 Sources: AWS Service Quotas for EC2 (https://docs.aws.amazon.com/ec2/latest/instancetypes/
 ec2-instance-quotas.html: On-Demand quotas count vCPUs of running instances per class, "Running
-On-Demand P instances" L-417A185B, "G and VT" L-DB2E81BA, "Standard" L-1216C47A); Azure
+On-Demand P instances" L-417A185B, "G and VT" L-DB2E81BA, "Standard" L-1216C47A; the Spot
+requests' "All P" L-7212CCBC, "All G and VT" L-3819A6DF, "All Standard" L-34B43A08); Azure
 Compute usages (https://learn.microsoft.com/rest/api/compute/usage/list: per VM family
 `currentValue`/`limit`, with `cores` the regional total and `lowPriorityCores` Spot's); GCP
 region quotas (https://cloud.google.com/compute/resource-usage#gpu_quota: `NVIDIA_H100_GPUS`,
@@ -51,6 +52,12 @@ def test_aws_reads_service_quotas_and_counts_the_whole_accounts_instances() -> N
                     {"ServiceCode": "ec2", "QuotaCode": code},
                 )  # fmt: skip
             stub.add_client_error("get_service_quota", "NoSuchResourceException")
+            stub.add_response(
+                "get_service_quota", _quota_answer("L-7212CCBC", 0.0),
+                {"ServiceCode": "ec2", "QuotaCode": "L-7212CCBC"},
+            )  # fmt: skip
+            for _code in ("L-3819A6DF", "L-34B43A08"):
+                stub.add_client_error("get_service_quota", "NoSuchResourceException")
             account = aws_quota("us-east-1", ec2, quotas, vcpus)
     by_code = {limit.name.split()[0]: limit for limit in account.limits}
     assert (by_code["L-417A185B"].used, by_code["L-417A185B"].limit) == (192.0, 384.0)
@@ -60,6 +67,10 @@ def test_aws_reads_service_quotas_and_counts_the_whole_accounts_instances() -> N
     assert account.over(by_name["p5.48xlarge"], spot=False) == ""  # 192 + 192 <= 384
     reason = account.over(by_name["g6.12xlarge"], spot=False)  # 8 + 48 > 16
     assert "L-DB2E81BA Running On-Demand G and VT instances (8/16 vCPUs) exhausted" in reason
+    # the on-demand P instance does not count against the P Spot quota, which is 0 here
+    assert account.over(by_name["g6.12xlarge"], spot=True) == ""
+    spot_p = account.over(by_name["p5.48xlarge"], spot=True)
+    assert "L-7212CCBC All P Spot Instance Requests (0/0 vCPUs) exhausted" in spot_p
 
 
 def test_aws_without_the_service_is_no_limit() -> None:
@@ -67,7 +78,7 @@ def test_aws_without_the_service_is_no_limit() -> None:
         ec2 = boto3.client("ec2", region_name="us-east-1")
         quotas = boto3.client("service-quotas", region_name="us-east-1")
         account = aws_quota("us-east-1", ec2, quotas, {})
-    assert account.limits == () and len(account.notes) == 3
+    assert account.limits == () and len(account.notes) == 6
 
 
 def test_azure_reads_family_usages() -> None:
