@@ -13,7 +13,8 @@ calls do.
 Found per cloud, in every module of adaptor/, providers/ and webhook/ (GCP: the modules that make
 compute_v1 clients):
 - AWS: any name in a module (an attribute or a string, since calls go through
-  `getattr(client, "run_instances")`) that is an EC2 operation in botocore's service model.
+  `getattr(client, "run_instances")`) that is an EC2 or Service Quotas operation in botocore's
+  service models.
 - Azure: attribute chains `<x>.<operation group>.<method>` whose group is one of the compute or
   network management clients' operation groups and whose method that group has.
 - GCP: `<x>.<receiver>.<method>` for the receivers each module gives its compute_v1 clients
@@ -65,6 +66,8 @@ AWS: dict[str, tuple[str, ...]] = {
     # TagSpecifications at launch need CreateTags, allowed below only as part of RunInstances.
     "RunInstances": ("ec2:RunInstances", "ec2:CreateTags"),
     "TerminateInstances": ("ec2:TerminateInstances",),
+    # the account's vCPU quotas, read for ranking (providers.clouds.quotas)
+    "GetServiceQuota": ("servicequotas:GetServiceQuota",),
 }
 # Conditions narrowing an action: tags only while launching; terminate and delete only what
 # carries the owner tag (instances and volumes are tagged at launch).
@@ -105,6 +108,7 @@ AZURE: dict[str, tuple[str, ...]] = {
     "compute.virtual_machines.get": ("Microsoft.Compute/virtualMachines/read",),
     "compute.virtual_machines.list": ("Microsoft.Compute/virtualMachines/read",),
     "compute.resource_skus.list": ("Microsoft.Compute/skus/read",),
+    "compute.usage.list": ("Microsoft.Compute/locations/usages/read",),  # account quotas
     "network.network_interfaces.get": ("Microsoft.Network/networkInterfaces/read",),
 }
 
@@ -135,6 +139,7 @@ TABLES: dict[str, dict[str, tuple[str, ...]]] = {"aws": AWS, "azure": AZURE, "gc
 # The name each GCP module gives its clients: `self.client.insert`, `clients.regions.get`.
 RECEIVERS: dict[str, dict[str, str]] = {
     "providers/clouds/gcp.py": {"client": "InstancesClient"},
+    "providers/clouds/quotas.py": {"regions": "RegionsClient"},
     "providers/clouds/loaders/gcp.py": {
         "regions": "RegionsClient",
         "machine_types": "MachineTypesClient",
@@ -177,12 +182,17 @@ def _chains(tree: ast.AST) -> Iterator[tuple[str, str]]:
 
 @cache
 def _ec2_operations() -> dict[str, str]:
-    """EC2's operations by their boto3 method name (run_instances -> RunInstances)."""
+    """EC2's and Service Quotas' operations by their boto3 method name (run_instances ->
+    RunInstances)."""
     import botocore.session
     from botocore import xform_name
 
-    model = botocore.session.get_session().get_service_model("ec2")
-    return {xform_name(op): op for op in model.operation_names}
+    session = botocore.session.get_session()
+    return {
+        xform_name(op): op
+        for service in ("ec2", "service-quotas")
+        for op in session.get_service_model(service).operation_names
+    }
 
 
 def aws_calls() -> set[str]:
