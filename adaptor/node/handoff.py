@@ -371,7 +371,9 @@ class HandoffListener:
         try:
             channel.settimeout(OFFER_SECONDS)
             await asyncio.to_thread(_send_released, channel)
+            log.info("hand-off: the successor is ready; moving the agent sockets")
             proxies = await self._daemon.freeze()
+            log.info("hand-off: %d agent proxies stopped; sending their sockets", len(proxies))
             offer, fds = _offer(hypervisor, proxies)
             channel.settimeout(ACK_SECONDS)
             await asyncio.to_thread(_send_offer, channel, offer, fds)
