@@ -34,7 +34,9 @@ from providers.core.catalog import Catalog
 from providers.core.contract import (
     CDI_PREFIX,
     DEFAULT_GPU_MODEL,
+    GPU_QUOTA_RESOURCE,
     MACHINE_TYPE,
+    MIG_QUOTA_RESOURCE,
     OWNED_KEYS,
     SEAL,
     VM_RESOURCE,
@@ -67,6 +69,7 @@ __all__ = [
     "Settings",
     "is_sealed",
     "mutate_pod",
+    "quota_units",
     "refuse_hugepages",
     "strip_node_resources",
 ]
@@ -199,17 +202,30 @@ def _looks_mutated(
     return not any(_has_translatable(c.get("resources")) for c in [*init, *app])
 
 
-def _strip_resources(container: dict[str, Any], vm: bool) -> None:
+# Written by the webhook only: a user's own value is removed like a device resource.
+_OWN = (VM_RESOURCE, GPU_QUOTA_RESOURCE, MIG_QUOTA_RESOURCE)
+
+
+def quota_units(gpu: GpuIntent) -> dict[str, str]:
+    """The countable resources a peer pod keeps for namespace quotas (none when zero)."""
+    units = {GPU_QUOTA_RESOURCE: gpu.gpus, MIG_QUOTA_RESOURCE: sum(gpu.mig.values())}
+    return {name: str(count) for name, count in units.items() if count}
+
+
+def _strip_resources(
+    container: dict[str, Any], vm: bool, quota: Mapping[str, str] | None = None
+) -> None:
     resources = container.get("resources")
     resources = dict(resources) if isinstance(resources, dict) else {}
     resources.pop("claims", None)
     for section in ("limits", "requests"):
         values = dict(resources.get(section) or {})
         for key in list(values):
-            if key in _STRIPPED or key == VM_RESOURCE or is_device_resource(str(key)):
+            if key in _STRIPPED or key in _OWN or is_device_resource(str(key)):
                 del values[key]
         if vm:
             values[VM_RESOURCE] = "1"
+            values.update(quota or {})
         if values:
             resources[section] = values
         else:
@@ -220,11 +236,12 @@ def _strip_resources(container: dict[str, Any], vm: bool) -> None:
         container.pop("resources", None)
 
 
-def strip_node_resources(spec: dict[str, Any]) -> None:
+def strip_node_resources(spec: dict[str, Any], quota: Mapping[str, str] | None = None) -> None:
     """Remove from a pod spec what the pod VM provides instead of the node (cpu, memory,
     devices, DRA claims) and mark its first container with the VM resource. The same input
     always gives the same spec: an UPDATE restoring what was removed is stripped to the live pod
-    (`webhook._reapply`), which is all the API server lets an update keep."""
+    (`webhook._reapply`), which is all the API server lets an update keep. `quota`: the
+    countable resources the first container keeps for namespace quotas (`quota_units`)."""
     spec.pop("resourceClaims", None)
     if isinstance(spec.get("resources"), dict):
         level = {k: v for k, v in spec["resources"].items() if k not in ("limits", "requests")}
@@ -245,7 +262,7 @@ def strip_node_resources(spec: dict[str, Any]) -> None:
             _strip_resources(container, vm=False)
     for index, container in enumerate(spec.get("containers") or []):
         if isinstance(container, dict):
-            _strip_resources(container, vm=index == 0)
+            _strip_resources(container, vm=index == 0, quota=quota if index == 0 else None)
 
 
 def refuse_hugepages(pod: Pod) -> None:
@@ -507,7 +524,7 @@ def mutate_pod(
             intent = replace(intent, gpu=intent.gpu.model_copy(update={"confidential": True}))
         kept = {k: v for k, v in kept.items() if k not in OWNED_KEYS}
         kept.update(_contract(intent, plan))
-        strip_node_resources(mutated["spec"])
+        strip_node_resources(mutated["spec"], quota_units(intent.gpu))
     _check_possible(intent, catalog, settings, warnings)
     kept.pop(SEAL, None)
     if any(k in OWNED_KEYS for k in kept):

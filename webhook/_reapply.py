@@ -18,7 +18,13 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from providers.core.contract import CDI_PREFIX, OWNED_KEYS, SEAL
+from providers.core.contract import (
+    CDI_PREFIX,
+    GPU_QUOTA_RESOURCE,
+    MIG_QUOTA_RESOURCE,
+    OWNED_KEYS,
+    SEAL,
+)
 from webhook._mutate import strip_node_resources
 
 Pod = dict[str, Any]
@@ -32,6 +38,19 @@ def _annotations(pod: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): v for k, v in found.items() if isinstance(v, str)}
 
 
+def _quota_of(pod: Pod) -> dict[str, str]:
+    """The quota resources the live pod's first container holds (what the creation wrote)."""
+    spec = pod.get("spec")
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    first = containers[0] if isinstance(containers, list) and containers else None
+    resources = first.get("resources") if isinstance(first, dict) else None
+    limits = resources.get("limits") if isinstance(resources, dict) else None
+    if not isinstance(limits, dict):
+        return {}
+    own = (GPU_QUOTA_RESOURCE, MIG_QUOTA_RESOURCE)
+    return {k: str(v) for k, v in limits.items() if k in own}
+
+
 def reapply(old: Pod, new: Pod, was_mutated: Callable[[Mapping[str, str]], bool]) -> Pod:
     """The pod an UPDATE of `old` to `new` should store. `was_mutated(annotations)` says
     whether the live pod carries the webhook's seal; when it does not, `new` is kept as sent."""
@@ -41,7 +60,7 @@ def reapply(old: Pod, new: Pod, was_mutated: Callable[[Mapping[str, str]], bool]
     restored = copy.deepcopy(new)
     spec = restored.get("spec")
     if isinstance(spec, dict):
-        strip_node_resources(spec)
+        strip_node_resources(spec, _quota_of(old))
     meta = restored.setdefault("metadata", {})
     if not isinstance(meta, dict):
         return new

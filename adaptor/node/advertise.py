@@ -1,5 +1,6 @@
 """This node's peer-pod capacity (`kata.peerpods.io/vm`) on its Node status, kept there by the
-adaptor itself.
+adaptor itself, with the resources peer pods keep for namespace quotas (`kata.peerpods.io/gpu`,
+`/mig`), advertised in plenty so they only ever bind through a ResourceQuota.
 
 The webhook puts `kata.peerpods.io/vm: 1` on every peer pod, so the scheduler places one only on
 a node that advertises the resource. The adaptor patches its own node's status at start and
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from adaptor.runtime.periodic import OwnedTask
@@ -34,8 +36,8 @@ class NodeApi(Protocol):
         """The node's status.capacity."""
         ...
 
-    def set_capacity(self, node: str, resource: str, value: str) -> None:
-        """Add or replace one resource in the node's status.capacity."""
+    def set_capacity(self, node: str, values: Mapping[str, str]) -> None:
+        """Add or replace resources in the node's status.capacity (one patch)."""
         ...
 
 
@@ -84,22 +86,29 @@ class KubeNodeApi:
         capacity = getattr(status, "capacity", None) or {}
         return {str(k): str(v) for k, v in capacity.items()}
 
-    def set_capacity(self, node: str, resource: str, value: str) -> None:
+    def set_capacity(self, node: str, values: Mapping[str, str]) -> None:
         # JSON patch: "add" creates or replaces the map member; "/" in the name is "~1".
-        path = "/status/capacity/" + resource.replace("~", "~0").replace("/", "~1")
+        ops = [
+            {"op": "add", "path": "/status/capacity/" + _pointer(name), "value": value}
+            for name, value in values.items()
+        ]
         self._call(
             f"patching node {node} status",
             lambda api: api.patch_node_status(
                 node,
-                [{"op": "add", "path": path, "value": value}],
+                ops,
                 _content_type="application/json-patch+json",
                 _request_timeout=self.timeout_seconds,
             ),
         )
 
 
+def _pointer(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
 class CapacityAdvertiser:
-    """Keeps `kata.peerpods.io/vm: <capacity>` on one node's status."""
+    """Keeps `kata.peerpods.io/vm: <capacity>` (and `extra` resources) on one node's status."""
 
     def __init__(
         self,
@@ -107,6 +116,7 @@ class CapacityAdvertiser:
         node: str,
         capacity: int,
         *,
+        extra: Mapping[str, int] | None = None,
         interval_seconds: float = 30.0,
         retry_seconds: float = 5.0,
     ) -> None:
@@ -117,20 +127,32 @@ class CapacityAdvertiser:
         self.api = api
         self.node = node
         self.capacity = capacity
+        self.resources = {RESOURCE: capacity, **(extra or {})}
+        if any(count < 0 for count in self.resources.values()):
+            raise PeerpodsError(f"advertised resources must be 0 or more: {self.resources}")
         self.interval_seconds = interval_seconds
         self.retry_seconds = retry_seconds
         self.patches = 0
         self._task = OwnedTask("capacity-advertiser")
 
     async def advertise(self) -> bool:
-        """Patch the node when its advertised count differs; True when it patched."""
-        want = str(self.capacity)
-        have = (await asyncio.to_thread(self.api.capacity, self.node)).get(RESOURCE)
-        if have == want:
+        """Patch the node when an advertised count differs; True when it patched."""
+        have = await asyncio.to_thread(self.api.capacity, self.node)
+        wrong = {
+            name: str(count)
+            for name, count in self.resources.items()
+            if have.get(name) != str(count)
+        }
+        if not wrong:
             return False
-        await asyncio.to_thread(self.api.set_capacity, self.node, RESOURCE, want)
+        await asyncio.to_thread(self.api.set_capacity, self.node, wrong)
         self.patches += 1
-        log.info("node %s advertises %s: %s (was %s)", self.node, RESOURCE, want, have or "unset")
+        log.info(
+            "node %s advertises %s (was %s)",
+            self.node,
+            ", ".join(f"{k}: {v}" for k, v in wrong.items()),
+            ", ".join(f"{k}: {have.get(k, 'unset')}" for k in wrong),
+        )
         return True
 
     def start(self) -> None:

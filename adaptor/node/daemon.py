@@ -64,6 +64,7 @@ from providers.clouds.retry import observe_capacity_fallbacks
 from providers.clouds.settings import CloudSettings
 from providers.core.base import Instance, Provider
 from providers.core.catalog import CLOUDS
+from providers.core.contract import GPU_QUOTA_RESOURCE, MIG_QUOTA_RESOURCE
 from providers.core.errors import PeerpodsError
 from providers.core.markets import Inspectable
 
@@ -326,6 +327,11 @@ class Daemon:
                 self._node_api or KubeNodeApi(),
                 settings.node_name,
                 settings.vm_capacity,
+                # the resources peer pods keep for namespace quotas, never the scarce ones here
+                extra={
+                    GPU_QUOTA_RESOURCE: settings.quota_capacity,
+                    MIG_QUOTA_RESOURCE: settings.quota_capacity,
+                },
                 interval_seconds=settings.capacity_check_interval_seconds,
                 retry_seconds=min(5.0, settings.capacity_check_interval_seconds),
             )

@@ -123,6 +123,13 @@ class ServeSettings(SandboxSettings, ReclaimSettings, PodNetworkSettings, Sectio
         ge=0,
         description="how many peer pods this node may run (kata.peerpods.io/vm on its Node)",
     )
+    quota_capacity: Annotated[int, Flag("--quota-capacity")] = Field(
+        4096,
+        ge=0,
+        description="kata.peerpods.io/gpu and kata.peerpods.io/mig on its Node: not a limit (the "
+        "cloud's capacity and namespace ResourceQuotas are), only what lets the GPU peer pods "
+        "that carry them schedule",
+    )
     capacity_check_interval_seconds: float = Field(
         30.0, gt=0, description="how often the advertised capacity is checked and restored"
     )

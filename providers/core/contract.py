@@ -93,6 +93,11 @@ DEVICES = "io.katacontainers.peerpods.devices"
 SEAL = "peerpods.io/contract-seal"
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 VM_RESOURCE = "kata.peerpods.io/vm"
+# What a peer pod asked for, kept countable for namespace ResourceQuotas once the webhook removed
+# nvidia.com/gpu and the MIG resources (quotas are checked after mutation): whole GPUs and MIG
+# devices, on the first container, which every peer-pods node advertises in plenty.
+GPU_QUOTA_RESOURCE = "kata.peerpods.io/gpu"
+MIG_QUOTA_RESOURCE = "kata.peerpods.io/mig"
 CDI_PREFIX = "cdi.k8s.io/"
 CDI_OWN_PREFIX = CDI_PREFIX + "peerpods_"
 

@@ -16,6 +16,7 @@ import yaml
 
 from adaptor.node.advertise import RESOURCE, CapacityAdvertiser, KubeNodeApi, NodeApiError
 from adaptor.node.daemon import Daemon
+from providers.core.contract import GPU_QUOTA_RESOURCE, MIG_QUOTA_RESOURCE
 from providers.core.errors import PeerpodsError
 from tests.adaptor.daemon_proc import daemon_settings
 from tests.adaptor.fakes import FakeProvider
@@ -61,11 +62,15 @@ async def test_serve_advertises_and_restores_its_nodes_capacity(root: Path, api:
         assert patch.content_type == "application/json-patch+json"
         assert patch.authorization == "Bearer node-token"
         assert patch.body == [
-            {"op": "add", "path": "/status/capacity/kata.peerpods.io~1vm", "value": "4"}
+            {"op": "add", "path": "/status/capacity/kata.peerpods.io~1vm", "value": "4"},
+            # what peer pods keep for namespace quotas, in plenty (never the bound)
+            {"op": "add", "path": "/status/capacity/kata.peerpods.io~1gpu", "value": "4096"},
+            {"op": "add", "path": "/status/capacity/kata.peerpods.io~1mig", "value": "4096"},
         ]
-        # only its own resource on its own node changes
+        # only its own resources on its own node change
         assert api.capacity("worker-1") == {
-            "cpu": "8", "memory": "32Gi", "pods": "110", RESOURCE: "4"
+            "cpu": "8", "memory": "32Gi", "pods": "110", RESOURCE: "4",
+            GPU_QUOTA_RESOURCE: "4096", MIG_QUOTA_RESOURCE: "4096",
         }  # fmt: skip
         assert RESOURCE not in api.capacity("worker-2")
 
@@ -78,6 +83,7 @@ async def test_serve_advertises_and_restores_its_nodes_capacity(root: Path, api:
         api.set_capacity("worker-1", RESOURCE, "0")
         await _until(lambda: api.capacity("worker-1").get(RESOURCE) == "4")
         assert len(api.writes()) == 2
+        assert [op["value"] for op in api.writes()[1].body] == ["4"]  # only what was wrong
     finally:
         await daemon.close()
     after = len(api.requests)

@@ -80,7 +80,10 @@ def test_patch_and_annotations_are_what_the_adaptor_reads(
     annotations = mutated["metadata"]["annotations"]
     assert annotations == data["annotations"]
     # the node-level resources are gone, the VM resource is on the first container
-    first = mutated["spec"]["containers"][0]["resources"]["limits"]
+    first = dict(mutated["spec"]["containers"][0]["resources"]["limits"])
+    quota = {
+        k: first.pop(k) for k in ("kata.peerpods.io/gpu", "kata.peerpods.io/mig") if k in first
+    }
     assert first == {VM_RESOURCE: "1"}
     assert "resourceClaims" not in mutated["spec"]
     text = json.dumps(mutated["spec"])
@@ -90,6 +93,10 @@ def test_patch_and_annotations_are_what_the_adaptor_reads(
         annotations.get(DEFAULT_GPU_MODEL, ""), int(annotations.get(DEFAULT_GPUS, "0"))
     )
     assert gpu.model_dump(mode="json") == data["intent"]["gpu"]
+    # what namespace quotas count: the whole GPUs and MIG devices the pod asked for
+    assert quota.get("kata.peerpods.io/gpu") == (str(gpu.gpus) if gpu.gpus else None)
+    mig = sum(gpu.mig.values())
+    assert quota.get("kata.peerpods.io/mig") == (str(mig) if mig else None)
     container_plan = ContainerPlan.decode(annotations[DEVICES])
     assert container_plan.model_dump(mode="json") == data["container_plan"]
     # the selected type is the cheapest candidate (where prices are known)

@@ -22,6 +22,9 @@ against what a real server refuses (the client library's models check types only
 - `qos_class`: `GetPodQOS` / `ComputePodQOS` in pkg/apis/core/helper/qos/qos.go: only cpu and
   memory count; no requests or limits of either anywhere: BestEffort; every container with cpu
   and memory limits equal to its requests: Guaranteed; else Burstable.
+- `quota_errors`: the ResourceQuota admission plugin, which runs after mutating webhooks, with
+  the pod usage of pkg/quota/v1/evaluator/core/pods.go (extended resources only as
+  `requests.<name>`).
 """
 
 from __future__ import annotations
@@ -166,6 +169,43 @@ def update_errors(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     if _resources_by_value(munged) != _resources_by_value(before):
         return [f"spec: Forbidden: {UPDATE_MESSAGE}"]
     return []
+
+
+def quota_usage(pod: dict[str, Any]) -> dict[str, Decimal]:
+    """What ResourceQuota counts for a pod's `requests.<name>` (pkg/quota/v1/evaluator/core/
+    pods.go, PodUsageFunc): per resource, the larger of the app containers' sum and any one
+    init container's request, after defaulting (a limit alone is the request too)."""
+    spec = pod["spec"]
+
+    def requests(container: dict[str, Any]) -> dict[str, Decimal]:
+        effective = _effective(container.get("resources") or {})
+        return {k: parse_quantity(v) for k, v in (effective.get("requests") or {}).items()}
+
+    usage: dict[str, Decimal] = {}
+    for container in spec.get("containers") or []:
+        for name, value in requests(container).items():
+            usage[name] = usage.get(name, Decimal(0)) + value
+    for container in spec.get("initContainers") or []:
+        for name, value in requests(container).items():
+            usage[name] = max(usage.get(name, Decimal(0)), value)
+    return usage
+
+
+def quota_errors(pod: dict[str, Any], hard: dict[str, str], used: dict[str, str]) -> list[str]:
+    """The quota admission's refusal of a pod in a namespace with `hard` limits and `used`
+    already (`requests.<name>` keys): "exceeded quota: ...", as the API server words it."""
+    usage = quota_usage(pod)
+    errors = []
+    for key, limit in hard.items():
+        name = key.removeprefix("requests.")
+        asked = usage.get(name, Decimal(0))
+        already = parse_quantity(used.get(key, "0"))
+        if asked and already + asked > parse_quantity(limit):
+            errors.append(
+                f"exceeded quota: requested: {key}={asked}, used: {key}={already}, "
+                f"limited: {key}={limit}"
+            )
+    return errors
 
 
 def qos_class(pod: dict[str, Any]) -> str:

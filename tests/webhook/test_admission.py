@@ -49,7 +49,9 @@ def test_multi_container_gpus_become_contract_and_plan(admit: Admit) -> None:
     plan = ContainerPlan.decode(a[DEVICES])
     assert plan.containers == {"trainer": ("trainer-gpu",), "helper": ("helper-gpu",)}
     assert {u.id: u.count for u in plan.units} == {"trainer-gpu": 2, "helper-gpu": 1}
-    assert _resources(mutated, 0) == {"limits": {VM_RESOURCE: "1"}, "requests": {VM_RESOURCE: "1"}}
+    # the first container keeps the VM resource and, for namespace quotas, the GPUs asked for
+    kept = {VM_RESOURCE: "1", "kata.peerpods.io/gpu": "3"}
+    assert _resources(mutated, 0) == {"limits": kept, "requests": kept}
     assert "resources" not in mutated["spec"]["containers"][1]
     assert "resources" not in mutated["spec"]["containers"][2]
 

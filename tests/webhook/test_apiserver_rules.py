@@ -29,6 +29,8 @@ from providers.core.contract import DEFAULT_GPUS, OWNED_KEYS, SEAL, VM_RESOURCE
 from providers.core.snapshots import load_snapshot
 from tests.webhook.apiserver_rules import (
     qos_class,
+    quota_errors,
+    quota_usage,
     requirement_errors,
     resource_errors,
     update_errors,
@@ -234,3 +236,40 @@ def test_any_model_denial_names_no_model(admission: Admission) -> None:
     assert answer["allowed"] is False
     message = answer["status"]["message"]
     assert "64 GPUs of any model exceed the largest GPU type" in message, message
+
+
+def test_namespace_gpu_quotas_still_bind_peer_pods(admission: Admission) -> None:
+    """The quota check runs after the webhook removed nvidia.com/gpu: what the pod asked for
+    stays countable as kata.peerpods.io/gpu (whole GPUs) and kata.peerpods.io/mig (devices)."""
+    by_name = {p["metadata"]["name"]: p for p in PODS}
+    gpu_pod = _create(admission, by_name["cuda-vectoradd"])
+    # an operator's old quota on nvidia.com/gpu no longer sees the pod: why the resource is kept
+    assert quota_errors(gpu_pod, {"requests.nvidia.com/gpu": "0"}, {}) == []
+    assert quota_errors(gpu_pod, {"requests.kata.peerpods.io/gpu": "0"}, {}) == [
+        "exceeded quota: requested: requests.kata.peerpods.io/gpu=1, used: "
+        "requests.kata.peerpods.io/gpu=0, limited: requests.kata.peerpods.io/gpu=0"
+    ]
+    assert quota_errors(gpu_pod, {"requests.kata.peerpods.io/gpu": "4"}, {}) == []
+    assert quota_errors(
+        gpu_pod, {"requests.kata.peerpods.io/gpu": "4"}, {"requests.kata.peerpods.io/gpu": "4"}
+    )
+    mig_pod = _create(admission, by_name[next(n for n in by_name if "mig" in n)])
+    mig_usage = quota_usage(mig_pod)
+    assert mig_usage.get("kata.peerpods.io/mig", 0) > 0
+    assert quota_errors(mig_pod, {"requests.kata.peerpods.io/mig": "0"}, {})
+    # a re-apply keeps them (the API server compares resources on update)
+    sent = _client_side(gpu_pod, by_name["cuda-vectoradd"])
+    _, stored = _decide(admission, "UPDATE", sent, gpu_pod)
+    assert stored == gpu_pod
+
+
+def test_a_user_cannot_shrink_the_counted_gpus(admission: Admission) -> None:
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "sly", "namespace": "default"},
+        "spec": {"runtimeClassName": "kata-remote", "containers": [
+            {"name": "c", "image": "x", "resources": {"limits": {
+                "nvidia.com/gpu": 2, "kata.peerpods.io/gpu": 0}}}]},
+    }  # fmt: skip
+    live = _create(admission, pod)
+    assert quota_usage(live)["kata.peerpods.io/gpu"] == 2
