@@ -536,6 +536,8 @@ def _node_json(n: DeviceNode) -> dict[str, Any]:
     ):
         if value not in (None, "", 0) or (key in ("fileMode", "uid", "gid") and value == 0):
             out[key] = value
+        elif key == "minor" and n.major != 0:
+            out[key] = value  # minor 0 is a real minor once a major names the device (nvidia0)
     return out
 
 

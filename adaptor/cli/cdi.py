@@ -67,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
                     f"{len(spec.devices)} devices"
                 )
         return 1 if failed else 0
+    missing = [d for d in args.spec_dir if not Path(d).is_dir()]
+    if missing:
+        raise CdiError(f"{missing[0]}: no such spec directory")
     registry = Registry(args.spec_dir)
     for path, errors in registry.errors.items():
         for error in errors:

@@ -49,6 +49,18 @@ def _mig(text: str) -> dict[str, int]:
     return profiles
 
 
+def _with_unit(flag: str, text: str) -> str:
+    """A memory quantity with its unit: `40` would be 40 bytes, never what was meant."""
+    from providers.core.errors import InvalidRequest
+
+    value = str(text).strip()
+    if value and value.replace(".", "", 1).isdigit():
+        raise InvalidRequest(
+            f"{flag} {value} has no unit: write {value}Gi or {value}Mi (a bare number is bytes)"
+        )
+    return value
+
+
 def build_request(args: argparse.Namespace) -> InstanceRequest:
     """The request the flags describe; InvalidRequest for any bad value."""
     from pydantic import ValidationError
@@ -68,10 +80,12 @@ def build_request(args: argparse.Namespace) -> InstanceRequest:
     try:
         return InstanceRequest(
             vcpus=to_cpus(args.vcpus) if args.vcpus else 0,
-            memory_mib=to_mib(args.memory) if args.memory else 0,
+            memory_mib=to_mib(_with_unit("--memory", args.memory)) if args.memory else 0,
             gpus=args.gpus,
             gpu_models=models,
-            gpu_memory_mib=to_mib(args.gpu_memory) if args.gpu_memory else 0,
+            gpu_memory_mib=(
+                to_mib(_with_unit("--gpu-memory", args.gpu_memory)) if args.gpu_memory else 0
+            ),
             mig=_mig(args.mig),
             fractional=args.fractional,
             arch=args.arch,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from adaptor.cdi import Registry
@@ -29,6 +30,9 @@ def cdi_config(settings: CdiSettings) -> CdiConfig:
         dirs = list(csv(settings.cdi_spec_dir))
         if not dirs:
             raise InvalidRequest("--cdi-spec-dir: edits mode needs at least one directory")
+        missing = [d for d in dirs if not os.path.isdir(d)]
+        if missing:
+            raise InvalidRequest(f"--cdi-spec-dir: {missing[0]}: no such directory")
         registry = Registry(dirs)
         if registry.errors:
             errors = next(iter(registry.errors.values()))
