@@ -1,12 +1,17 @@
 """Hand-off between two `serve` processes of one node: the sockets move, the pods never notice.
 
 The running daemon listens on `<pods-dir>/.handoff` (mode 0600, and only a peer of the same uid
-is answered). A successor connects, says Hello; the predecessor stops (`Predecessor.detach`:
-no new hypervisor call, in-flight ones answered, its shim-side calls drained to the ones safe to
-repeat, its state store closed and unlocked) and sends an Offer with the listening hypervisor
-socket, every listening agent socket and every shim connection as SCM_RIGHTS file descriptors.
-The successor serves them, dials the pod VMs afresh and acks; the predecessor closes its copies
-and exits. No shim connection is ever closed: both processes hold it while it moves.
+is answered). A successor connects and says Hello. The predecessor stops all but its agent
+proxies (`Predecessor.detach`: no new hypervisor call, in-flight ones answered, its state store
+closed and unlocked) and says Released. The successor opens the store, builds its parts and says
+Ready. Only then the predecessor stops its proxies (`Predecessor.freeze`: shim-side calls
+drained to the ones safe to repeat) and sends an Offer with the listening hypervisor socket,
+every listening agent socket and every shim connection as SCM_RIGHTS file descriptors. The
+successor serves them, dials the pod VMs afresh and acks; the predecessor closes its copies and
+exits. No shim connection is ever closed: both processes hold it while it moves.
+
+If the successor breaks off after Released, the predecessor cannot go back (its store and
+hypervisor socket are given up): it exits, which costs what a crash costs (docs/upgrade.md).
 
 The messages are in `adaptor.node.handoff_wire`; the blocking socket work runs in a thread.
 """
@@ -365,10 +370,11 @@ class HandoffListener:
             return False
         log.info("hand-off: successor pid %d asks to take over", hello.pid)
         self.busy = True
-        hypervisor = await self._daemon.detach()
+        hypervisor: socket.socket | None = None
         proxies: dict[str, MovedProxy] = {}
         ok = False
         try:
+            hypervisor = await self._daemon.detach()
             channel.settimeout(OFFER_SECONDS)
             await asyncio.to_thread(_send_released, channel)
             log.info("hand-off: the successor is ready; moving the agent sockets")
@@ -384,8 +390,11 @@ class HandoffListener:
                 log.error("hand-off: the successor failed after taking the sockets: %s", why)
         except (OSError, HandoffError) as exc:
             log.error("hand-off: the successor broke off: %s", exc)
+        except Exception:
+            log.exception("hand-off failed")
         finally:
-            hypervisor.close()
+            if hypervisor is not None:
+                hypervisor.close()
             for moved in proxies.values():
                 moved.close()
             await self._daemon.handed_over(ok)

@@ -14,10 +14,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from adaptor.ttrpc.gen import hypervisor_pb2 as pb
-from tests.adaptor.daemon_proc import exists
+from tests.adaptor.daemon_proc import ServeProcess, exists
 from tests.adaptor.fake_agent import WORKLOAD
-from tests.adaptor.handoff_rig import Node, running_node, sandbox_id
+from tests.adaptor.handoff_rig import Node, running_node, sandbox_id, serve_args
 
 SANDBOXES = 20
 HANDOFFS = 5
@@ -96,3 +98,13 @@ async def test_five_hand_offs_under_twenty_running_sandboxes(root: Path) -> None
         assert node.serve.rows("SELECT * FROM sandboxes") == []
         assert node.serve.rows("SELECT * FROM leases") == []
         assert "Traceback" not in node.serve.log()
+
+
+async def test_take_over_always_without_a_predecessor_is_a_clear_error(root: Path) -> None:
+    serve = ServeProcess(root, [*serve_args(["127.0.0.1:1"]), "--take-over", "always"])
+    with pytest.raises(RuntimeError, match="did not start"):
+        await serve.start()
+    assert serve.process is not None and serve.process.returncode == 2
+    assert f"no running peerpods serve at {root / 'pods' / '.handoff'}" in serve.log()
+    assert "Traceback" not in serve.log()
+    assert not exists(serve.socket)
