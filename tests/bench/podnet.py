@@ -10,7 +10,7 @@ pod VM netns), then:
   its own messages): the baseline, and the ratio new/baseline of each figure;
 - TCP throughput (one stream) from the peer on the worker's bridge: to a pod's IP inside its pod
   VM netns through the tunnel (pod VM side built from apf.json), and to a pod without a tunnel
-  over its plain veth on the same bridge with the same MTU; alternated, median of three each.
+  over its plain veth on the same bridge with the same MTU; alternated (--tcp-rounds), medians.
   The ratio is tunnel / veth; the offloads of vxlan1 are printed with it;
 - leftovers: VXLAN devices, ingress qdiscs, redirects, NOTRACK rules, records and VNI leases
   after the pods above are torn down, and after --race sandboxes were started and stopped
@@ -19,7 +19,7 @@ pod VM netns), then:
 Goals: setup p99 <= 10 ms with CPU <= 5 ms, inspection p99 <= 10 ms, teardown p99 <= 20 ms,
 TCP ratio >= 0.9, every leftover count 0.
 
-    sudo python tests/bench/podnet.py [--pods 50] [--seconds 2] [--race 200]
+    sudo python tests/bench/podnet.py [--pods 50] [--seconds 2] [--race 200] [--tcp-rounds 3]
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class Timed:
         return result
 
 
-async def lifecycle(pods: int, seconds: float) -> dict[str, object]:
+async def lifecycle(pods: int, seconds: float, rounds: int) -> dict[str, object]:
     topo = Topology()
     figures: dict[str, object] = {}
     try:
@@ -163,12 +163,12 @@ async def lifecycle(pods: int, seconds: float) -> dict[str, object]:
                     )
                     theirs.append(other.evolve(remote=remote))
                 # Throughput: the peer to pod 0's IP through its tunnel, and to a pod that has no
-                # tunnel over its plain veth (same bridge, same MTU), alternating, medians of 3.
+                # tunnel over its plain veth (same bridge, same MTU), alternating, medians.
                 vm0, podns0, _ = vm_list[0]
                 await asyncio.to_thread(podvm_setup, vm0, podns0, apf(ours[0]))
                 plain, plain_ip = await asyncio.to_thread(topo.add_pod)
                 veth_runs, tunnel_runs = [], []
-                for _ in range(3):
+                for _ in range(rounds):
                     veth_runs.append(
                         await asyncio.to_thread(
                             throughput_gbps, plain, plain_ip, topo.peer, seconds
@@ -277,8 +277,8 @@ def report(pods: int, figures: dict[str, object], raced: dict[str, int] | None, 
     )
 
 
-async def main(pods: int, seconds: float, racing: int) -> None:
-    figures = await lifecycle(pods, seconds)
+async def main(pods: int, seconds: float, racing: int, rounds: int) -> None:
+    figures = await lifecycle(pods, seconds, rounds)
     raced = await race(racing) if racing else None
     report(pods, figures, raced, racing)
 
@@ -288,7 +288,8 @@ if __name__ == "__main__":
     parser.add_argument("--pods", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--race", type=int, default=200)
+    parser.add_argument("--tcp-rounds", type=int, default=3, help="alternations veth/tunnel")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("podnet benchmark: needs root for network namespaces")
-    asyncio.run(main(args.pods, args.seconds, args.race))
+    asyncio.run(main(args.pods, args.seconds, args.race, args.tcp_rounds))
