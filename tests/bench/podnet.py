@@ -11,7 +11,10 @@ pod VM netns), then:
 - TCP throughput (one stream) from the peer on the worker's bridge: to a pod's IP inside its pod
   VM netns through the tunnel (pod VM side built from apf.json), and to a pod without a tunnel
   over its plain veth on the same bridge with the same MTU; alternated (--tcp-rounds), medians.
-  The ratio is tunnel / veth; the offloads of vxlan1 are printed with it;
+  The ratio is tunnel / veth; the offloads of vxlan1 are printed with it. A third stream, from
+  the worker to the pod VM over the underlay without a tunnel (the same veths and bridge the
+  tunnel crosses), splits the gap: the test topology's longer path, and what encapsulation,
+  decapsulation and the redirects cost on top;
 - leftovers: VXLAN devices, ingress qdiscs, redirects, NOTRACK rules, records and VNI leases
   after the pods above are torn down, and after --race sandboxes were started and stopped
   concurrently through the sandbox manager (StopVM 0-300 ms after StartVM).
@@ -164,11 +167,14 @@ async def lifecycle(pods: int, seconds: float, rounds: int) -> dict[str, object]
                     theirs.append(other.evolve(remote=remote))
                 # Throughput: the peer to pod 0's IP through its tunnel, and to a pod that has no
                 # tunnel over its plain veth (same bridge, same MTU), alternating, medians.
-                vm0, podns0, _ = vm_list[0]
+                vm0, podns0, vm0_ip = vm_list[0]
                 await asyncio.to_thread(podvm_setup, vm0, podns0, apf(ours[0]))
                 plain, plain_ip = await asyncio.to_thread(topo.add_pod)
-                veth_runs, tunnel_runs = [], []
+                veth_runs, tunnel_runs, underlay_runs = [], [], []
                 for _ in range(rounds):
+                    underlay_runs.append(
+                        await asyncio.to_thread(throughput_gbps, vm0, vm0_ip, topo.worker, seconds)
+                    )
                     veth_runs.append(
                         await asyncio.to_thread(
                             throughput_gbps, plain, plain_ip, topo.peer, seconds
@@ -181,6 +187,7 @@ async def lifecycle(pods: int, seconds: float, rounds: int) -> dict[str, object]
                     )
                 figures["veth"] = statistics.median(veth_runs)
                 figures["tunnel"] = statistics.median(tunnel_runs)
+                figures["underlay"] = statistics.median(underlay_runs)
                 figures["offloads"] = await asyncio.to_thread(offloads, pod_list[0][0], "vxlan1")
                 for mine, other in zip(ours, theirs, strict=True):
                     await teardown.run(lambda t=mine: podnet.teardown(t))
@@ -267,7 +274,16 @@ def report(pods: int, figures: dict[str, object], raced: dict[str, int] | None, 
     assert isinstance(veth, float) and isinstance(tunnel, float)
     print(f"TCP peer -> pod IP, plain veth:   {veth:6.2f} Gbit/s")
     print(f"TCP peer -> pod IP, VXLAN tunnel: {tunnel:6.2f} Gbit/s")
+    underlay = figures["underlay"]
+    assert isinstance(underlay, float)
+    print(
+        f"TCP worker -> pod VM, underlay:   {underlay:6.2f} Gbit/s (the tunnel's path, no tunnel)"
+    )
     print(f"ratio tunnel/veth: {tunnel / veth:.2f}   vxlan1 offloads: {figures['offloads']}")
+    print(
+        f"of which the underlay's longer path: underlay/veth {underlay / veth:.2f}; "
+        f"encapsulation and redirects: tunnel/underlay {tunnel / underlay:.2f}"
+    )
     print(f"leftovers after {pods} + {pods} pods: {figures['leftovers']}")
     if raced is not None:
         print(f"leftovers after {n} concurrent start/stop races: {raced}")
