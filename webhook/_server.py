@@ -402,6 +402,23 @@ def _digest(*paths: Path) -> str:
     return h.hexdigest()
 
 
+def _tls_problem(cert_file: Path, key_file: Path, exc: ssl.SSLError) -> str:
+    """What is wrong with a serving certificate and key that OpenSSL refused ("[SSL] PEM lib"
+    says nothing): the usual mix-ups named, else OpenSSL's reason."""
+    try:
+        key, cert = key_file.read_bytes(), cert_file.read_bytes()
+    except OSError:
+        key = cert = b""
+    if b"PRIVATE KEY" not in key and b"BEGIN CERTIFICATE" in key:
+        return f"TLS key file {key_file} holds a certificate, not a private key"
+    if b"PRIVATE KEY" not in key:
+        return f"TLS key file {key_file} holds no PEM private key"
+    if b"BEGIN CERTIFICATE" not in cert:
+        return f"TLS certificate file {cert_file} holds no PEM certificate"
+    reason = exc.reason or str(exc)
+    return f"TLS files {cert_file} and {key_file} do not go together ({reason})"
+
+
 class TlsFiles:
     """A server SSLContext over a certificate and key file, reloaded on content change.
 
@@ -415,7 +432,10 @@ class TlsFiles:
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.digest = _digest(cert_file, key_file)
-        self.context.load_cert_chain(cert_file, key_file)
+        try:
+            self.context.load_cert_chain(cert_file, key_file)
+        except ssl.SSLError as exc:
+            raise PeerpodsError(_tls_problem(cert_file, key_file, exc)) from None
         if client_ca_file is not None:
             # optional in TLS: kubelet's /healthz probes present no certificate
             self.context.verify_mode = ssl.CERT_OPTIONAL
@@ -536,6 +556,8 @@ class WebhookServer:
             self.app,
             http=accept,  # type: ignore[arg-type]
             log_level="warning",
+            # uvicorn's records go through peerpods' own log handler (JSON or text, one format)
+            log_config=None,
             access_log=False,
             timeout_graceful_shutdown=int(self.config.shutdown_seconds),
             lifespan="off",
@@ -564,6 +586,7 @@ class WebhookServer:
             if self.config.freeze_gc:
                 _freeze_gc()
             self.started.set()
+            log.info("webhook serving /mutate on https://%s:%d", self.config.host, self.port)
             await serving
         finally:
             server.should_exit = True
