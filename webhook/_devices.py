@@ -118,15 +118,17 @@ SelectorRunner = Callable[["DeviceSpace", str, "float | None", str], Outcome]
 
 
 @dataclass(frozen=True)
-class Limits:
+class SelectorLimits:
     runner: SelectorRunner | None = None
     seconds: float = 0.0  # the wall-clock limit, as configured (for messages)
     deadline: float | None = None  # time.monotonic() by which every selector must be done
     tenant: str = ""
 
 
-_NO_LIMITS = Limits()
-_LIMITS: contextvars.ContextVar[Limits | None] = contextvars.ContextVar("cel_limits", default=None)
+_NO_LIMITS = SelectorLimits()
+_LIMITS: contextvars.ContextVar[SelectorLimits | None] = contextvars.ContextVar(
+    "cel_limits", default=None
+)
 
 
 @contextlib.contextmanager
@@ -142,7 +144,7 @@ def selector_limits(
     queueing counts) or the pod is denied; 0 seconds: no limit."""
     begun = time.monotonic() if started is None else started
     deadline = begun + seconds if seconds > 0 else None
-    token = _LIMITS.set(Limits(runner, seconds, deadline, tenant))
+    token = _LIMITS.set(SelectorLimits(runner, seconds, deadline, tenant))
     try:
         yield
     finally:

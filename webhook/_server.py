@@ -5,7 +5,7 @@ task hashes the certificate and key every `reload_seconds` and loads a changed p
 live SSLContext (new connections get the new certificate; a half-written pair that fails to load
 is retried on the next tick, the old one stays in use).
 
-Bounded against clients that misbehave (`Limits`): a connection over `max_connections` is
+Bounded against clients that misbehave (`ServerLimits`): a connection over `max_connections` is
 closed as it is accepted, before any TLS state exists for it (asyncio gives every TLS connection
 a 256 KiB buffer from its first byte, so 1,800 idle connections were once 700 MiB); the TLS
 handshake and then the request headers must each be done within `header_timeout_seconds` (of
@@ -78,7 +78,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 @dataclass(frozen=True)
-class Limits:
+class ServerLimits:
     """What one client may take of the server. Every field is a flag of `peerpods webhook`."""
 
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
@@ -123,7 +123,7 @@ class _SelectorGate:
     Used on the event loop only (no lock). The selector pool has as many threads as the total
     bound, so an admitted one never waits in the pool's queue either."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: ServerLimits) -> None:
         self.share = limits.namespace_share
         self.total = limits.selector_threads
         self.in_flight: dict[str, int] = {}
@@ -155,7 +155,7 @@ class _SelectorGate:
 class _Pools:
     """The two admission thread pools, shut down with the server."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: ServerLimits) -> None:
         self.plain = ThreadPoolExecutor(limits.admission_threads, thread_name_prefix="admit")
         self.selectors = ThreadPoolExecutor(limits.selector_threads, thread_name_prefix="admit-cel")
 
@@ -167,11 +167,11 @@ class _Pools:
 def build_app(
     admission: Admission,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-    limits: Limits | None = None,
+    limits: ServerLimits | None = None,
 ) -> Starlette:
     """The ASGI app: POST /mutate, GET /healthz, GET /metrics (webhook._metrics).
     `app.state.pools` holds its thread pools."""
-    limits = limits or Limits(max_request_bytes=max_request_bytes)
+    limits = limits or ServerLimits(max_request_bytes=max_request_bytes)
     max_request_bytes = limits.max_request_bytes
     pools = _Pools(limits)
     gate = _SelectorGate(limits)
@@ -247,13 +247,13 @@ def build_app(
 
 
 class _Connections:
-    """Open connections, in all and per source address, against `Limits`.
+    """Open connections, in all and per source address, against `ServerLimits`.
 
     A source outside the API server's networks may hold at most `max_connections_per_source`,
     and all such sources together `max_connections - reserved_connections`, so one address
     re-opening half-sent requests can neither take the cap nor lock the API server out."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: ServerLimits) -> None:
         self.limits = limits
         self.total = 0
         self.untrusted = 0
@@ -297,7 +297,7 @@ class _Connections:
 
 
 def _gated_tls(
-    http: type[H11Protocol], context: ssl.SSLContext, limits: Limits
+    http: type[H11Protocol], context: ssl.SSLContext, limits: ServerLimits
 ) -> tuple[Callable[..., asyncio.BaseProtocol], _Connections]:
     """uvicorn's protocol factory: each accepted connection counted by its source address (TLS
     handshakes included) and, within the limits, wrapped in TLS with a handshake deadline; over
@@ -338,7 +338,7 @@ def _gated_tls(
     return accept, connections
 
 
-def _bounded_protocol(limits: Limits) -> type[H11Protocol]:
+def _bounded_protocol(limits: ServerLimits) -> type[H11Protocol]:
     """uvicorn's HTTP/1.1 protocol with a connection cap and a deadline for request headers."""
 
     class Bounded(H11Protocol):
@@ -491,8 +491,8 @@ class ServerConfig:
     freeze_gc: bool = True  # see _freeze_gc
 
     @property
-    def limits(self) -> Limits:
-        return Limits(
+    def limits(self) -> ServerLimits:
+        return ServerLimits(
             max_request_bytes=self.max_request_bytes,
             max_connections=self.max_connections,
             header_timeout_seconds=self.header_timeout_seconds,
