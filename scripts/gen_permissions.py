@@ -61,6 +61,7 @@ AWS: dict[str, tuple[str, ...]] = {
     "DescribeInstanceTypeOfferings": ("ec2:DescribeInstanceTypeOfferings",),
     "DescribeInstanceTypes": ("ec2:DescribeInstanceTypes",),
     "DescribeInstances": ("ec2:DescribeInstances",),
+    "DescribeImages": ("ec2:DescribeImages",),
     "DescribeSubnets": ("ec2:DescribeSubnets",),
     "DescribeVolumes": ("ec2:DescribeVolumes",),
     # TagSpecifications at launch need CreateTags, allowed below only as part of RunInstances.

@@ -103,6 +103,8 @@ class AwsConfig:
     key_name: str = ""
     endpoint_url: str = ""
     use_public_ip: bool = False
+    # the root volume's size (gp3), 0: the AMI's own; CUDA container images need room
+    root_volume_gib: int = 0
     ready_timeout_seconds: float = 300.0
     poll_interval_seconds: float = 2.0
     policy: RetryPolicy = field(default_factory=RetryPolicy)
@@ -203,6 +205,7 @@ class AwsProvider:
         self.client = client if client is not None else make_client(config)
         self.resolve = resolve
         self._subnet_zones: dict[str, str] | None = None
+        self._root_devices: dict[str, str] = {}
 
     # --- what selection needs ----------------------------------------------------------------
 
@@ -234,6 +237,18 @@ class AwsProvider:
 
     async def _call(self, what: str, method: str, **kwargs: Any) -> Any:
         return await sdk_call(what, map_error, getattr(self.client, method), **kwargs)
+
+    async def _root_device(self, image: str) -> str:
+        """The AMI's root device name (resizing the root volume names it), asked once."""
+        known = self._root_devices.get(image)
+        if known is None:
+            out = await self._call(f"describe image {image}", "describe_images", ImageIds=[image])
+            images = out.get("Images") or []
+            known = str(images[0].get("RootDeviceName") or "") if images else ""
+            if not known:
+                raise ProviderError(f"image {image} names no root device to resize")
+            self._root_devices[image] = known
+        return known
 
     async def _zones(self) -> list[tuple[str, str]]:
         """(zone, subnet) pairs to try: one per configured subnet, else the configured zones."""
@@ -289,6 +304,11 @@ class AwsProvider:
                 request["InstanceMarketOptions"] = SPOT_MARKET_OPTIONS
             if spec.user_data:
                 request["UserData"] = spec.user_data
+            if self.config.root_volume_gib:
+                root = await self._root_device(image)
+                ebs = {"VolumeSize": self.config.root_volume_gib, "VolumeType": "gp3"}
+                ebs["DeleteOnTermination"] = True
+                request["BlockDeviceMappings"] = [{"DeviceName": root, "Ebs": ebs}]
             if self.config.key_name:
                 request["KeyName"] = self.config.key_name
             subnet = subnet_of.get(placement.zone, "")
@@ -494,6 +514,7 @@ def config_from_settings(settings: AwsSettings) -> AwsConfig:
         key_name=settings.aws_key_name,
         endpoint_url=settings.aws_endpoint_url,
         use_public_ip=settings.aws_use_public_ip,
+        root_volume_gib=settings.aws_root_volume_gib,
         policy=RetryPolicy(max_attempts=settings.max_launches_per_pass),
         max_candidate_types=settings.max_candidate_types,
         capacity_reservation=settings.capacity_reservation,

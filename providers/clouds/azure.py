@@ -85,6 +85,8 @@ class AzureConfig:
     instance_size: str = "Standard_D2as_v5"
     allowed_instance_types: tuple[str, ...] = ()
     zones: tuple[str, ...] = ()
+    # the OS disk's size, 0: the image's own; CUDA container images need room
+    os_disk_gib: int = 0
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     max_candidate_types: int = 8
 
@@ -235,6 +237,11 @@ class AzureProvider:
                         "createOption": "FromImage",
                         "deleteOption": "Delete",
                         "managedDisk": {"storageAccountType": "StandardSSD_LRS"},
+                        **(
+                            {"diskSizeGB": self.config.os_disk_gib}
+                            if self.config.os_disk_gib
+                            else {}
+                        ),
                     },
                 },
                 "osProfile": os_profile,
@@ -463,6 +470,7 @@ def config_from_settings(settings: AzureSettings) -> AzureConfig:
         instance_size=settings.instance_type or "Standard_D2as_v5",
         allowed_instance_types=settings.allowed_instance_types,
         zones=settings.azure_zones,
+        os_disk_gib=settings.azure_os_disk_gib,
         policy=RetryPolicy(max_attempts=settings.max_launches_per_pass),
         max_candidate_types=settings.max_candidate_types,
     )

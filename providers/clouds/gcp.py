@@ -557,6 +557,7 @@ def config_from_settings(settings: GcpSettings) -> GcpConfig:
         network=settings.gcp_network,
         subnetwork=settings.gcp_subnetwork,
         disk_type=settings.gcp_disk_type,
+        disk_size_gb=settings.gcp_disk_gib,
         confidential_type=settings.gcp_confidential_type,
         use_public_ip=settings.gcp_use_public_ip,
         policy=RetryPolicy(max_attempts=settings.max_launches_per_pass),

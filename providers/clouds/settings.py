@@ -95,6 +95,12 @@ class AwsSettings(CloudSettings):
     aws_use_public_ip: Annotated[bool, Flag("--aws-use-public-ip", valued=True)] = Field(
         False, description="dial the pod VM's public address (true/false)"
     )
+    aws_root_volume_gib: Annotated[int, Flag("--aws-root-volume-gib")] = Field(
+        0,
+        ge=0,
+        le=16384,
+        description="root volume of the pod VM in GiB, gp3 (CUDA images are large; 0: the AMI's)",
+    )
 
 
 class AzureSettings(CloudSettings):
@@ -121,6 +127,12 @@ class AzureSettings(CloudSettings):
     azure_zones: Annotated[Names, Flag("--azure-zones")] = Field(
         (), description="availability zones to try, e.g. 1,2,3"
     )
+    azure_os_disk_gib: Annotated[int, Flag("--azure-os-disk-gib")] = Field(
+        0,
+        ge=0,
+        le=4095,
+        description="OS disk of the pod VM in GiB (CUDA images are large; 0: the image's)",
+    )
 
 
 class GcpSettings(CloudSettings):
@@ -141,6 +153,9 @@ class GcpSettings(CloudSettings):
     gcp_subnetwork: Annotated[str, Flag("--gcp-subnetwork")] = Field("", description="subnetwork")
     gcp_disk_type: Annotated[str, Flag("--gcp-disk-type")] = Field(
         "pd-balanced", description="boot disk type"
+    )
+    gcp_disk_gib: Annotated[int, Flag("--gcp-disk-gib")] = Field(
+        20, ge=10, le=65536, description="boot disk of the pod VM in GiB"
     )
     gcp_confidential_type: Annotated[
         str, Flag("--gcp-confidential-type"), AfterValidator(_confidential)
