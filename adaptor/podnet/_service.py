@@ -107,7 +107,10 @@ class PodNet:
                         "VNI %s was leased to sandbox %s, which has no record: freed", vni, holder
                     )
                     await self._leases.release_lease(VNI_POOL, vni)
-        await self.sweep()
+        try:
+            await self.sweep()
+        except Exception as exc:  # a node the sweep cannot read still serves; it retries
+            log.error("network sweep at start failed (%s): %s", type(exc).__name__, exc)
         if self._foreign:
             log.info(
                 "VNIs already in use on this node by other tunnels, skipped: %s",

@@ -22,6 +22,12 @@ TRIALS = 40
 CONCURRENT = 50
 
 
+def own_range() -> PodNetSettings:
+    """A VNI range of this test's own: the sweep keeps NOTRACK rules whose VNI a foreign device
+    uses, and other tests' tunnels on this machine count as foreign."""
+    return PodNetSettings(vxlan_min_id=random.randrange(1_000_000, 16_000_000, 1000))
+
+
 class SlowPool(VmPool):
     """VMs that take 0-50 ms to appear, so StartVM's steps spread over time."""
 
@@ -100,7 +106,7 @@ async def test_sweep_removes_untracked_parts_of_ours_and_keeps_foreign_ones(
     ]
     vms = [await asyncio.to_thread(topo.add_vm) for _ in range(3)]
     store = await StateStore.open(tmp_path / "state")
-    podnet = PodNet(PodNetSettings(), store, host_netns=topo.worker)
+    podnet = PodNet(own_range(), store, host_netns=topo.worker)
     try:
         tunnels = [await podnet.inspect(f"sb{i}", p) for i, p in enumerate((orphan_pod, caa_pod))]
         orphan, caa = (t for t in tunnels if t is not None)
@@ -157,7 +163,7 @@ async def test_a_lease_without_a_sandbox_is_freed_at_start(topo: Topology, tmp_p
     """A daemon killed inside CreateVM's netns read holds a lease for a sandbox never
     recorded: the next start frees it."""
     store = await StateStore.open(tmp_path / "state")
-    podnet = PodNet(PodNetSettings(), store, host_netns=topo.worker)
+    podnet = PodNet(own_range(), store, host_netns=topo.worker)
     try:
         assert await store.acquire_lease(VNI_POOL, "ghost", ["555000"]) == "555000"
         await store.acquire_lease(VNI_POOL, "kept", ["555001"])
@@ -178,7 +184,7 @@ async def test_a_repeated_setup_adds_no_second_part(topo: Topology, tmp_path: Pa
     pod, _ip = await asyncio.to_thread(topo.add_pod)
     _vm, _podns, vm_ip = await asyncio.to_thread(topo.add_vm)
     store = await StateStore.open(tmp_path / "state")
-    podnet = PodNet(PodNetSettings(), store, host_netns=topo.worker)
+    podnet = PodNet(own_range(), store, host_netns=topo.worker)
     try:
         inspected = await podnet.inspect("sb", pod)
         assert inspected is not None
@@ -207,7 +213,7 @@ async def test_sweep_removes_a_redirect_of_ours_left_pointing_nowhere(
     (ours, _), (theirs, _) = [await asyncio.to_thread(topo.add_pod) for _ in range(2)]
     vms = [await asyncio.to_thread(topo.add_vm) for _ in range(2)]
     store = await StateStore.open(tmp_path / "state")
-    podnet = PodNet(PodNetSettings(), store, host_netns=topo.worker)
+    podnet = PodNet(own_range(), store, host_netns=topo.worker)
     try:
         tunnel = await podnet.inspect("sb", ours)
         assert tunnel is not None
