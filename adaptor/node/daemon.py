@@ -21,6 +21,7 @@ import signal
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from adaptor.devices import CdiConfig, CdiNaming
@@ -36,6 +37,7 @@ from adaptor.hypervisor.sandboxes import (
 )
 from adaptor.hypervisor.service import HypervisorService
 from adaptor.node.advertise import CapacityAdvertiser, KubeNodeApi, NodeApi
+from adaptor.node.catalogs import CatalogReloader
 from adaptor.node.handoff import HandoffListener, Inherited, Session, inherit
 from adaptor.node.readiness import Readiness
 from adaptor.node.settings import ServeSettings
@@ -180,6 +182,7 @@ class Daemon:
         self._node_api = node_api
         self.advertiser: CapacityAdvertiser | None = None
         self.readiness: Readiness | None = None
+        self.catalogs: CatalogReloader | None = None
         # The hand-off (adaptor.node.handoff): a successor's listener, a predecessor's sockets.
         self._handoff: HandoffListener | None = None
         self._taking: Session | None = None
@@ -290,6 +293,12 @@ class Daemon:
         if settings.reap_grace_seconds > 0:
             self.reaper = Reaper(self.manager, grace_seconds=settings.reap_grace_seconds)
             self.reaper.start()
+        if settings.catalog_dir and provider.name in CLOUDS and placement.catalog is not None:
+            # a catalog rewritten under --catalog-dir is used without a restart
+            self.catalogs = CatalogReloader(
+                placement, provider.name, placement.catalog.region, Path(settings.catalog_dir)
+            )
+            self.catalogs.start()
         self.readiness = Readiness(provider, lambda: self.server is not None)
         self.readiness.start()
         if settings.status_address:
@@ -436,6 +445,9 @@ class Daemon:
         if self.readiness is not None:
             await self.readiness.stop()
             self.readiness = None
+        if self.catalogs is not None:
+            await self.catalogs.stop()
+            self.catalogs = None
         if self._unobserve is not None:
             self._unobserve()
             self._unobserve = None
