@@ -579,6 +579,9 @@ async def serve(settings: ServeSettings, **hooks: Any) -> None:
         await asyncio.wait({ended, stopping}, return_when=asyncio.FIRST_COMPLETED)
         ended.cancel()
         stopping.cancel()
+        if daemon.ended.is_set() and settings.after_hand_off == "wait" and not stop.is_set():
+            log.info("hand-off: holding nothing now; waiting for SIGTERM (--after-hand-off wait)")
+            await stop.wait()
         closing = asyncio.create_task(daemon.close(), name="daemon-close")
         forced = asyncio.create_task(force.wait(), name="daemon-force")
         await asyncio.wait({closing, forced}, return_when=asyncio.FIRST_COMPLETED)

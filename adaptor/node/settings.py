@@ -73,6 +73,12 @@ class ServeSettings(SandboxSettings, ReclaimSettings, PodNetworkSettings, Sectio
         "notice, docs/upgrade.md): auto: when one holds the same --state-dir; always: one must; "
         "never: refuse to start beside one",
     )
+    after_hand_off: Annotated[Literal["exit", "wait"], Flag("--after-hand-off")] = Field(
+        "exit",
+        description="what a serve that handed its sockets over does: exit, or wait idle for "
+        "SIGTERM (in a DaemonSet pod, so the kubelet does not restart it and it takes the "
+        "sockets back)",
+    )
     allowed_machine_types: Annotated[
         tuple[str, ...], Flag("--allowed-machine-types"), BeforeValidator(listed)
     ] = Field(

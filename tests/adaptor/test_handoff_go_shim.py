@@ -1,5 +1,7 @@
 """Kata's Go shim (tests/shim_emulator.py) does not notice a hand-off: its agent connection never
-closes, so it never stops its pod; its one StopVM, when the pod ends, reaches the successor."""
+closes, so it never stops its pod; its one StopVM, when the pod ends, reaches the successor. A
+predecessor told to wait after the hand-off (as in a DaemonSet pod) stays until SIGTERM, and
+its SIGTERM stops no pod."""
 
 from __future__ import annotations
 
@@ -39,10 +41,24 @@ async def test_the_go_shim_never_notices_a_hand_off(root: Path) -> None:
             assert serve.process is not None
             assert await asyncio.wait_for(serve.process.wait(), START_SECONDS) == 0
             serve = successor
+        # As in a DaemonSet pod: the predecessor stays, holding nothing, until SIGTERM.
+        successor = ServeProcess(
+            root, [*serve.args, "--after-hand-off", "wait"], logs=list(serve.logs)
+        )
+        await successor.start(timeout_seconds=START_SECONDS)
+        assert serve.process is not None
+        await asyncio.wait_for(serve.process.wait(), START_SECONDS)
+        serve = successor
+        last = ServeProcess(root, serve.args, logs=list(serve.logs))
+        await last.start(timeout_seconds=START_SECONDS)
+        await asyncio.sleep(0.5)
+        assert serve.process is not None and serve.process.returncode is None  # still there
+        assert await serve.terminate() == 0
+        serve = last
         await asyncio.sleep(0.3)  # a shim that lost its connection sends StopVM 0.1 s later
         assert [shim.stop_sent for shim in shims] == [False] * SANDBOXES
         assert [shim.wait_error for shim in shims] == [None] * SANDBOXES
-        assert all(agent.connections == 1 + HANDOFFS for agent in agents)
+        assert all(agent.connections == 1 + HANDOFFS + 2 for agent in agents)
 
         for agent in agents:
             agent.exit(PAUSE, 0)  # the pod ends: each shim sends its one StopVM
