@@ -25,7 +25,37 @@ from providers.core.catalog import Catalog, InstanceType  # noqa: E402
 from providers.core.errors import PeerpodsError  # noqa: E402
 from providers.core.snapshots import snapshot_json  # noqa: E402
 
-AWS_REGIONS = ("us-east-1", "us-west-2")
+# Every region of moto's AWS data that offers a GPU type (ap-south-2, ap-southeast-4 and
+# ca-west-1 offer none there).
+AWS_REGIONS = (
+    "af-south-1",
+    "ap-east-1",
+    "ap-northeast-1",
+    "ap-northeast-2",
+    "ap-northeast-3",
+    "ap-south-1",
+    "ap-southeast-1",
+    "ap-southeast-2",
+    "ap-southeast-3",
+    "ap-southeast-5",
+    "ca-central-1",
+    "eu-central-1",
+    "eu-central-2",
+    "eu-north-1",
+    "eu-south-1",
+    "eu-south-2",
+    "eu-west-1",
+    "eu-west-2",
+    "eu-west-3",
+    "il-central-1",
+    "me-central-1",
+    "me-south-1",
+    "sa-east-1",
+    "us-east-1",
+    "us-east-2",
+    "us-west-1",
+    "us-west-2",
+)
 AZURE_REGIONS = ("eastus",)
 GCP_REGIONS = ("us-central1",)
 
