@@ -202,15 +202,19 @@ class Daemon:
     async def _start(self) -> None:
         settings = self.settings
         # Provider and catalog first: a bad provider setting fails before anything is written.
-        provider = self._provider or registry.create(
-            settings.provider,
-            registry.ProviderOptions(
-                static_endpoints=settings.static_endpoints,
-                leases=_StoreLeases(self),
-                settings=self._provider_settings,
-                owner_id=settings.owner_id or f"peerpods-{socket.gethostname()}",
-            ),
-        )
+        provider = self._provider
+        if provider is None:
+            # in a thread: a cloud provider may ask the node's instance metadata service
+            provider = await asyncio.to_thread(
+                registry.create,
+                settings.provider,
+                registry.ProviderOptions(
+                    static_endpoints=settings.static_endpoints,
+                    leases=_StoreLeases(self),
+                    settings=self._provider_settings,
+                    owner_id=settings.owner_id or f"peerpods-{socket.gethostname()}",
+                ),
+            )
         placement = self._placement
         if placement is None:
             placement = await asyncio.to_thread(
