@@ -9,6 +9,7 @@ moment later is seen. Calls block: the server runs admission in a worker thread.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -45,7 +46,10 @@ class KubeResolver:
                 config.load_incluster_config()  # type: ignore[no-untyped-call]
             except config.ConfigException:
                 try:
-                    config.load_kube_config()  # type: ignore[no-untyped-call]
+                    # KUBECONFIG read now: the client reads it once, when first imported
+                    config.load_kube_config(  # type: ignore[no-untyped-call]
+                        config_file=os.environ.get("KUBECONFIG") or None
+                    )
                 except (config.ConfigException, OSError, TypeError) as exc:
                     raise LookupFailed(f"no Kubernetes configuration: {exc}") from None
             self._client = client.ApiClient()
