@@ -63,7 +63,7 @@ def test_enable_annotations_let_the_contract_through() -> None:
 def test_the_shims_dial_the_adaptors_socket() -> None:
     from adaptor.cli.main import build_parser
 
-    socket = build_parser().parse_args(["serve"]).socket
+    socket = str(build_parser().parse_args(["serve"]).socket)
     for config in kata_configs():
         assert config["hypervisor"]["remote"]["remote_hypervisor_socket"] == socket
 

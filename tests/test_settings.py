@@ -195,15 +195,21 @@ def numeric_literals() -> dict[float, list[str]]:
 def test_each_serve_default_is_written_once() -> None:
     literals = numeric_literals()
     sections = (ServeSettings, AgentTls, CdiSettings, *registry.sections())
+    # The figures once written three times each are written once in all three packages.
+    start_timeout = ServeSettings.model_fields["start_timeout_seconds"].default
+    for value in sorted({15150.0, 555000.0, 4789.0, float(start_timeout)}):
+        assert len(literals.get(value, [])) == 1, (value, literals.get(value))
+    # Every other large serve default is written once in the code that serve runs (the webhook
+    # and the model may hold the same number for another purpose, e.g. 4096 as a cache size).
     distinctive = {
         float(s.default)
         for s in settings(*sections)
         if type(s.default) in (int, float) and s.default >= 1000
     }
-    start_timeout = ServeSettings.model_fields["start_timeout_seconds"].default
-    distinctive |= {15150.0, 555000.0, 4789.0, float(start_timeout)}
+    serve_code = ("adaptor/", "providers/clouds/")
     for value in sorted(distinctive):
-        assert len(literals.get(value, [])) == 1, (value, literals.get(value))
+        found = [where for where in literals.get(value, []) if where.startswith(serve_code)]
+        assert len(found) == 1, (value, found)
 
 
 def test_the_deployment_manifests_set_only_valid_values() -> None:

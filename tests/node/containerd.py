@@ -23,13 +23,6 @@ def available() -> bool:
     return shutil.which("containerd") is not None and shutil.which("ctr") is not None
 
 
-def major_version() -> int:
-    out = subprocess.run(["containerd", "--version"], capture_output=True, text=True).stdout
-    found = re.search(r"\s(?:v)?(\d+)\.\d+\.\d+", out)
-    assert found, out
-    return int(found.group(1))
-
-
 def default_config(base: Path) -> str:
     """`containerd config default`, moved under `base` (root, state, sockets) and on the native
     snapshotter, which works on any filesystem."""

@@ -132,20 +132,6 @@ def test_a_main_file_without_a_cri_section_keeps_its_default_runtime(base: Path)
     )
 
 
-@pytest.mark.skipif(
-    not containerd.available() or containerd.major_version() < 2,
-    reason="containerd 2.x (config version 3) is not what Debian ships",
-)
-def test_containerd_2_loads_the_version_3_dropin(base: Path) -> None:
-    settings = settings_in(base)
-    main_config = base / "etc/containerd/config.toml"
-    main_config.write_text(default_config(base))
-    install(settings)
-    with running(main_config, base) as daemon:
-        runtimes = _runtimes(daemon.cri_config())
-    assert "kata-remote" in runtimes and "runc" in runtimes
-
-
 def test_the_version_3_dropin_holds_only_the_runtime(base: Path) -> None:
     settings = settings_in(base)
     main_config = base / "etc/containerd/config.toml"
