@@ -200,11 +200,57 @@ class Daemon:
             raise
 
     async def _start(self) -> None:
+        """The parts in their order: provider and catalog, the store (after a take-over's
+        hand-shake), agent proxies, pod networking, the sandbox manager and its recovery, the
+        background loops, the status API, the hypervisor socket, then the node's capacity."""
         settings = self.settings
         # Provider and catalog first: a bad provider setting fails before anything is written.
+        provider, placement = await self._provider_and_placement()
+        store = await self._open_store()
+        placement.use_quota(settings.gpu_quota, store)
+        placement.use_account_quota(provider, settings.account_quota_refresh_seconds)
+        self._unobserve = observe_capacity_fallbacks(count_capacity_fallback)
+        tls, pki = await asyncio.to_thread(agent_tls_context, settings)
+        proxy_factory = self._proxy_factory or agent_proxy_factory(
+            tls,
+            self._container_hooks or container_hooks(self._cdi, self.devices),
+            self._resolve_endpoint,
+            on_upstream_lost=self._upstream_lost,
+            # the adaptor's CA issues each cloud VM its own certificate (in its user data);
+            # pre-provisioned pools (static) keep the certificate they were given once
+            check_sandbox=pki is not None and provider.name in CLOUDS,
+        )
+        podnet = await self._start_pod_network(store)
+        if provider.name in CLOUDS and placement.user_data is None:
+            placement.user_data = user_data_builder(provider.name, pki, settings.pods_dir)
+        self.manager = SandboxManager(
+            ManagerConfig.of(settings),
+            store,
+            provider,
+            placement,
+            proxy_factory,
+            hooks=(*self._hooks, ForgetDevices(self.devices)),
+            pod_network=SandboxPodNetwork(podnet, settings.pods_dir),
+            vm_policy=VmPolicy(
+                frozenset(settings.allowed_machine_types), frozenset(settings.allowed_images)
+            ).check,
+            on_abandoned=self.abandoned.add,
+        )
+        await self._recover(self.manager)
+        self._start_loops(self.manager, provider, placement, store)
+        await self._start_status(placement, store)
+        await self._serve_hypervisor(self.manager)
+        self._advertise()
+        log.info(
+            "serving hypervisor.Hypervisor on %s (provider %s)", settings.socket, provider.name
+        )
+
+    async def _provider_and_placement(self) -> tuple[Provider, Placement]:
+        """The provider (built in a thread: a cloud provider may ask the node's instance
+        metadata service) and its placement over the catalog."""
+        settings = self.settings
         provider = self._provider
         if provider is None:
-            # in a thread: a cloud provider may ask the node's instance metadata service
             provider = await asyncio.to_thread(
                 registry.create,
                 settings.provider,
@@ -220,6 +266,12 @@ class Daemon:
             placement = await asyncio.to_thread(
                 placement_for, provider, self._cdi, settings.catalog_dir
             )
+        return provider, placement
+
+    async def _open_store(self) -> StateStore:
+        """The state store, once a predecessor (on a take-over) has let go of it and no live
+        daemon serves the socket."""
+        settings = self.settings
         lock_file = settings.state_dir / LOCK_NAME
         take_over = {"always": True, "never": False}.get(settings.take_over)
         self._taking = await inherit(take_over, settings.pods_dir, lock_file)
@@ -227,63 +279,46 @@ class Daemon:
         if self._taking is None:
             await asyncio.to_thread(_refuse_live_socket, str(settings.socket))
         self.store = await StateStore.open(settings.state_dir, checks=stored_json_checks())
-        placement.use_quota(settings.gpu_quota, self.store)
-        placement.use_account_quota(provider, settings.account_quota_refresh_seconds)
-        self._unobserve = observe_capacity_fallbacks(count_capacity_fallback)
-        tls, pki = await asyncio.to_thread(agent_tls_context, settings)
-        proxy_factory = self._proxy_factory or agent_proxy_factory(
-            tls,
-            self._container_hooks or container_hooks(self._cdi, self.devices),
-            self._resolve_endpoint,
-            on_upstream_lost=self._upstream_lost,
-            # the adaptor's CA issues each cloud VM its own certificate (in its user data);
-            # pre-provisioned pools (static) keep the certificate they were given once
-            check_sandbox=pki is not None and provider.name in CLOUDS,
-        )
-        self.podnet = PodNet(
-            PodNetSettings.of(settings),
-            self.store,
-        )
-        state = self.store
+        return self.store
+
+    async def _start_pod_network(self, store: StateStore) -> PodNet:
+        """Pod networking, its leases checked against the records and its sweep running."""
+        self.podnet = podnet = PodNet(PodNetSettings.of(self.settings), store)
 
         async def recorded() -> list[str]:
             # a quarantined record still names its sandbox: its VNI lease is not stale
-            return [r.id for r in await state.records()] + list(await state.quarantined())
+            return [r.id for r in await store.records()] + list(await store.quarantined())
 
-        await self.podnet.scan(recorded)
-        self.podnet.start_sweeping()
-        if provider.name in CLOUDS and placement.user_data is None:
-            placement.user_data = user_data_builder(provider.name, pki, settings.pods_dir)
-        self.manager = SandboxManager(
-            ManagerConfig.of(settings),
-            self.store,
-            provider,
-            placement,
-            proxy_factory,
-            hooks=(*self._hooks, ForgetDevices(self.devices)),
-            pod_network=SandboxPodNetwork(self.podnet, settings.pods_dir),
-            vm_policy=VmPolicy(
-                frozenset(settings.allowed_machine_types), frozenset(settings.allowed_images)
-            ).check,
-            on_abandoned=self.abandoned.add,
-        )
-        if self._taking is not None:  # our parts are up: now the shims wait, for the sockets
+        await podnet.scan(recorded)
+        podnet.start_sweeping()
+        return podnet
+
+    async def _recover(self, manager: SandboxManager) -> None:
+        """The recorded sandboxes, served again (through a predecessor's sockets when taking
+        over: our parts are up, so now the shims wait only for the sockets)."""
+        if self._taking is not None:
             self._inherited = await self._taking.receive()
             self._taking = None
-            self.manager.adopt = self._inherited.adopt
-        await self.manager.recover()
+            manager.adopt = self._inherited.adopt
+        await manager.recover()
         if self._inherited is not None and (unclaimed := self._inherited.close_unclaimed()):
             log.warning("hand-off: sandboxes not running here any more: %s", ", ".join(unclaimed))
+
+    def _start_loops(
+        self, manager: SandboxManager, provider: Provider, placement: Placement, store: StateStore
+    ) -> None:
+        """The owned background loops: preemption watch, VM collector, reaper, catalog reload,
+        readiness."""
+        settings = self.settings
         if isinstance(provider, Inspectable):
             self.watcher = PreemptionWatcher(
-                self.manager, provider, settings.preemption_check_interval_seconds
+                manager, provider, settings.preemption_check_interval_seconds
             )
             self.watcher.start()
         owner_id = getattr(provider, "owner_id", None)
         if settings.gc_interval_seconds > 0 and isinstance(owner_id, str) and owner_id:
             # Only a provider whose owner tag is this node's own may be swept: another node's
             # sandboxes are unknown here, and their VMs must never look like orphans.
-            store = self.store
 
             async def known() -> list[str]:
                 # a quarantined record still names its sandbox: its VM is not an orphan
@@ -295,7 +330,7 @@ class Daemon:
             )
             self.gc.start()
         if settings.reap_grace_seconds > 0:
-            self.reaper = Reaper(self.manager, grace_seconds=settings.reap_grace_seconds)
+            self.reaper = Reaper(manager, grace_seconds=settings.reap_grace_seconds)
             self.reaper.start()
         if settings.catalog_dir and provider.name in CLOUDS and placement.catalog is not None:
             # a catalog rewritten under --catalog-dir is used without a restart
@@ -305,25 +340,34 @@ class Daemon:
             self.catalogs.start()
         self.readiness = Readiness(provider, lambda: self.server is not None)
         self.readiness.start()
-        if settings.status_address:
-            store = self.store
-            app = build_app(
-                store,
-                self.devices,
-                readiness=self.readiness.check,
-                refresh_metrics=lambda: refresh_sandbox_gauge(store),
-                abandoned=self.abandoned,
-                # the names a request's Host may carry besides IP addresses and localhost
-                host_names=(settings.node_name, socket.gethostname()),
-                account_quota=lambda: (
-                    placement.account_quota.value if placement.account_quota else None
-                ),
-            )
-            self.status = StatusServer(app, settings.status_address)
-            await self.status.start()
-            log.info("status API on %s", self.status.url)
+
+    async def _start_status(self, placement: Placement, store: StateStore) -> None:
+        """The status API, when an address is set."""
+        settings = self.settings
+        if not settings.status_address or self.readiness is None:
+            return
+        app = build_app(
+            store,
+            self.devices,
+            readiness=self.readiness.check,
+            refresh_metrics=lambda: refresh_sandbox_gauge(store),
+            abandoned=self.abandoned,
+            # the names a request's Host may carry besides IP addresses and localhost
+            host_names=(settings.node_name, socket.gethostname()),
+            account_quota=lambda: (
+                placement.account_quota.value if placement.account_quota else None
+            ),
+        )
+        self.status = StatusServer(app, settings.status_address)
+        await self.status.start()
+        log.info("status API on %s", self.status.url)
+
+    async def _serve_hypervisor(self, manager: SandboxManager) -> None:
+        """The hypervisor socket (a predecessor's, when taking over) and the hand-off listener
+        a successor will call."""
+        settings = self.settings
         server = Server()
-        HypervisorService(self.manager).register(server)
+        HypervisorService(manager).register(server)
         if self._inherited is not None:
             await server.adopt_unix(self._inherited.hypervisor, str(settings.socket))
         else:
@@ -334,24 +378,26 @@ class Daemon:
         if self._inherited is not None:
             await self._inherited.ack(True)
             self._inherited = None
-        if settings.node_name:
-            # Advertised only once the socket serves: the scheduler sends pods from then on.
-            self.advertiser = CapacityAdvertiser(
-                self._node_api or KubeNodeApi(),
-                settings.node_name,
-                settings.vm_capacity,
-                # the resources peer pods keep for namespace quotas, never the scarce ones here
-                extra={
-                    GPU_QUOTA_RESOURCE: settings.quota_capacity,
-                    MIG_QUOTA_RESOURCE: settings.quota_capacity,
-                },
-                interval_seconds=settings.capacity_check_interval_seconds,
-                retry_seconds=min(5.0, settings.capacity_check_interval_seconds),
-            )
-            self.advertiser.start()
-        log.info(
-            "serving hypervisor.Hypervisor on %s (provider %s)", settings.socket, provider.name
+
+    def _advertise(self) -> None:
+        """The node's capacity, advertised only once the socket serves: the scheduler sends
+        pods from then on."""
+        settings = self.settings
+        if not settings.node_name:
+            return
+        self.advertiser = CapacityAdvertiser(
+            self._node_api or KubeNodeApi(),
+            settings.node_name,
+            settings.vm_capacity,
+            # the resources peer pods keep for namespace quotas, never the scarce ones here
+            extra={
+                GPU_QUOTA_RESOURCE: settings.quota_capacity,
+                MIG_QUOTA_RESOURCE: settings.quota_capacity,
+            },
+            interval_seconds=settings.capacity_check_interval_seconds,
+            retry_seconds=min(5.0, settings.capacity_check_interval_seconds),
         )
+        self.advertiser.start()
 
     async def close(self, grace_seconds: float | None = None) -> None:
         """See `_close`; during a hand-off, until the successor serves everything instead."""
