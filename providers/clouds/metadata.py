@@ -24,6 +24,7 @@ import logging
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -162,6 +163,11 @@ def _use(settings: CloudSettings) -> bool:
     return settings.instance_metadata and not (aws_off and isinstance(settings, AwsSettings))
 
 
+def _unset(settings: BaseModel, found: Mapping[str, Any]) -> dict[str, Any]:
+    """What the node's metadata gives for the settings the operator left unset."""
+    return {name: value for name, value in found.items() if not getattr(settings, name)}
+
+
 def complete_aws(settings: AwsSettings) -> AwsSettings:
     """Region, subnet and security groups from IMDSv2 where unset; InvalidRequest when the
     subnet or the security groups are still unknown."""
@@ -176,13 +182,14 @@ def complete_aws(settings: AwsSettings) -> AwsSettings:
         except MetadataUnavailable as exc:
             why = f"the instance metadata service (IMDSv2) did not answer: {exc}"
         else:
-            update: dict[str, Any] = {}
-            if not settings.aws_region:
-                update["aws_region"] = node.region
-            if not settings.aws_subnet_id:
-                update["aws_subnet_id"] = (node.subnet_id,)
-            if not settings.aws_security_group_ids:
-                update["aws_security_group_ids"] = node.security_group_ids
+            update = _unset(
+                settings,
+                {
+                    "aws_region": node.region,
+                    "aws_subnet_id": (node.subnet_id,),
+                    "aws_security_group_ids": node.security_group_ids,
+                },
+            )
             log.info(
                 "aws provider: %s from the node's metadata (VPC %s)",
                 ", ".join(f"{k}={v}" for k, v in update.items()),
@@ -228,9 +235,7 @@ def complete_azure(settings: AzureSettings) -> AzureSettings:
         except MetadataUnavailable as exc:
             why = f"Azure's instance metadata service did not answer: {exc}"
         else:
-            update = {
-                name: getattr(node, attr) for _, name, attr in fields if not getattr(settings, name)
-            }
+            update = _unset(settings, {name: getattr(node, attr) for _, name, attr in fields})
             log.info("azure provider: %s from the node's metadata", update)
             settings = settings.model_copy(update=update)
     missing = [flag for flag, name, _ in fields if not getattr(settings, name)]
@@ -255,13 +260,14 @@ def complete_gcp(settings: GcpSettings) -> GcpSettings:
         except MetadataUnavailable as exc:
             why = f"GCP's metadata server did not answer: {exc}"
         else:
-            update: dict[str, Any] = {}
-            if not settings.gcp_project:
-                update["gcp_project"] = node.project
-            if not settings.gcp_zones:
-                update["gcp_zones"] = (node.zone,)
-            if not settings.gcp_network:
-                update["gcp_network"] = node.network
+            update = _unset(
+                settings,
+                {
+                    "gcp_project": node.project,
+                    "gcp_zones": (node.zone,),
+                    "gcp_network": node.network,
+                },
+            )
             log.info("gcp provider: %s from the node's metadata", update)
             return settings.model_copy(update=update)
     if not settings.gcp_project or not settings.gcp_zones:
