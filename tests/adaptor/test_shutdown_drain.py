@@ -35,6 +35,20 @@ async def agent() -> AsyncIterator[tuple[PodVMAgent, list[str]]]:
         await one.close()
 
 
+async def static_daemon(root: Path, endpoints: str, drain_seconds: float) -> Daemon:
+    """A started daemon over static pod VMs, draining `drain_seconds` when it stops."""
+    settings = daemon_settings(
+        root,
+        provider="static",
+        static_endpoints=endpoints,
+        status_address="",
+        shutdown_drain_seconds=drain_seconds,
+    )
+    daemon = Daemon(settings)
+    await daemon.start()
+    return daemon
+
+
 def shims_for(daemon: Daemon, count: int) -> list[ShimEmulator]:
     sock = str(daemon.settings.socket)
     return [
@@ -47,15 +61,8 @@ async def test_sigterm_takes_the_stopvm_of_every_disconnected_shim(
     root: Path, agent: tuple[PodVMAgent, list[str]]
 ) -> None:
     _, endpoints = agent
-    settings = daemon_settings(
-        root,
-        provider="static",
-        static_endpoints=",".join(endpoints),
-        status_address="",
-        shutdown_drain_seconds=10,
-    )
-    daemon = Daemon(settings)
-    await daemon.start()
+    daemon = await static_daemon(root, ",".join(endpoints), drain_seconds=10)
+    settings = daemon.settings
     shims = shims_for(daemon, PODS)
     try:
         for shim in shims:
@@ -90,15 +97,7 @@ async def test_a_shim_that_sends_no_stopvm_holds_the_exit_for_the_drain_only(
     root: Path, agent: tuple[PodVMAgent, list[str]]
 ) -> None:
     _, endpoints = agent
-    settings = daemon_settings(
-        root,
-        provider="static",
-        static_endpoints=endpoints[0],
-        status_address="",
-        shutdown_drain_seconds=0.5,
-    )
-    daemon = Daemon(settings)
-    await daemon.start()
+    daemon = await static_daemon(root, endpoints[0], drain_seconds=0.5)
     (shim,) = shims_for(daemon, 1)
     shim.stop_delay_seconds = 3600  # this shim never gets to its StopVM
     try:
@@ -118,15 +117,7 @@ async def test_no_sandbox_starts_while_draining(
     root: Path, agent: tuple[PodVMAgent, list[str]]
 ) -> None:
     _, endpoints = agent
-    settings = daemon_settings(
-        root,
-        provider="static",
-        static_endpoints=",".join(endpoints),
-        status_address="",
-        shutdown_drain_seconds=5,
-    )
-    daemon = Daemon(settings)
-    await daemon.start()
+    daemon = await static_daemon(root, ",".join(endpoints), drain_seconds=5)
     first, late = shims_for(daemon, 2)
     first.stop_delay_seconds = 0.5
     try:
