@@ -67,6 +67,8 @@ _SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # The reaper's bounds per sandbox and sweep (the next sweep tries again).
 REAP_DELETE_ATTEMPTS = 3
 REAP_WAIT_SECONDS = 120.0
+# Sandboxes recovered side by side at a restart or take-over (each opens a socket, maybe a netns).
+RECOVER_CONCURRENCY = 64
 
 
 class SandboxNotFound(PeerpodsError):
@@ -858,32 +860,20 @@ class SandboxManager:
         not connect again within the reconnect grace is abandoned (torn down): a shim that lost
         its agent connection stopped its pod and sent a StopVM nobody heard.
         """
+        records = await self.store.records()
         gone: list[str] = []
-        for record in await self.store.records():
-            if self._pod_network is not None and record.pod_network:
-                record, alive = await self._recover_pod_network(record)
-                if not alive:
+        # Each record's recovery is its own (its netns, its sockets): done side by side, a
+        # successor taking over 100 sandboxes answers their shims again in one round, not 100.
+        limit = asyncio.Semaphore(RECOVER_CONCURRENCY)
+
+        async def one(record: SandboxRecord) -> None:
+            async with limit:
+                if not await self._recover_one(record):
                     gone.append(record.id)
-                    continue
-            if record.state is SandboxState.STARTING:
-                await self.store.put(
-                    record.evolve(
-                        state=SandboxState.FAILED, reason="daemon restarted during StartVM"
-                    )
-                )
-                self._watch_calls(record.id)
-            elif record.state in (SandboxState.CREATED, SandboxState.FAILED):
-                self._watch_calls(record.id)
-            elif record.state is SandboxState.STOPPING:
-                self._begin_stop(record.id, cancel_start=False)
-            elif (
-                record.state in (SandboxState.RUNNING, SandboxState.PREEMPTED)
-                and record.instance is not None
-            ):
-                # A preempted sandbox's socket is served too: the preemption watcher makes it
-                # answer every call with why (adaptor.hypervisor.preemption).
-                with sandbox_context(record.id, f"{record.pod_namespace}/{record.pod_name}"):
-                    await self._reserve(record, record.instance)
+
+        async with asyncio.TaskGroup() as group:
+            for record in records:
+                group.create_task(one(record), name=f"recover-{record.id}")
         for sandbox_id in gone:
             # The pod's netns is gone, so is the pod: nobody will call StopVM for it.
             with contextlib.suppress(Exception):
@@ -891,6 +881,31 @@ class SandboxManager:
             stop = self._begin_stop(sandbox_id, cancel_start=False)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(stop.done.wait()), REAP_WAIT_SECONDS)
+
+    async def _recover_one(self, record: SandboxRecord) -> bool:
+        """Recover one sandbox from its record (False: its pod netns is gone)."""
+        if self._pod_network is not None and record.pod_network:
+            record, alive = await self._recover_pod_network(record)
+            if not alive:
+                return False
+        if record.state is SandboxState.STARTING:
+            await self.store.put(
+                record.evolve(state=SandboxState.FAILED, reason="daemon restarted during StartVM")
+            )
+            self._watch_calls(record.id)
+        elif record.state in (SandboxState.CREATED, SandboxState.FAILED):
+            self._watch_calls(record.id)
+        elif record.state is SandboxState.STOPPING:
+            self._begin_stop(record.id, cancel_start=False)
+        elif (
+            record.state in (SandboxState.RUNNING, SandboxState.PREEMPTED)
+            and record.instance is not None
+        ):
+            # A preempted sandbox's socket is served too: the preemption watcher makes it
+            # answer every call with why (adaptor.hypervisor.preemption).
+            with sandbox_context(record.id, f"{record.pod_namespace}/{record.pod_name}"):
+                await self._reserve(record, record.instance)
+        return True
 
     async def _recover_pod_network(self, record: SandboxRecord) -> tuple[SandboxRecord, bool]:
         """Repair a recorded tunnel (False: its pod netns is gone)."""
