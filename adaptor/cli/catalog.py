@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adaptor.cli import flags
+
+if TYPE_CHECKING:
+    from providers.core.catalog import Catalog, Cloud
+    from providers.core.prices import Price
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -61,16 +66,9 @@ def _ec2_client(region: str, client: Any) -> Any:
 def run(args: argparse.Namespace, *, session: Any = None, client: Any = None) -> int:
     """Refresh one snapshot. `session` (HTTP, for the price source) and `client` (the cloud SDK
     client: live types, and AWS Spot prices) are for tests."""
-    from providers.clouds.price_sources import fetch_prices, priced_catalog
-    from providers.core import prices
+    from providers.clouds.price_sources import priced_catalog
     from providers.core.errors import CatalogError
-    from providers.core.snapshots import (
-        DEFAULT_REGIONS,
-        load_live,
-        load_snapshot,
-        parse_cloud,
-        snapshot_json,
-    )
+    from providers.core.snapshots import DEFAULT_REGIONS, parse_cloud
 
     cloud = parse_cloud(args.provider)
     region = args.region.strip() or DEFAULT_REGIONS[cloud]
@@ -82,22 +80,7 @@ def run(args: argparse.Namespace, *, session: Any = None, client: Any = None) ->
             bar.update(advance)
 
     try:
-        if args.types == "snapshot":
-            catalog = load_snapshot(cloud, region)
-        elif client is not None:
-            from providers.clouds.loaders import load
-
-            catalog = load(cloud, region, client=client, progress=progress)
-        else:
-            catalog = load_live(cloud, region, progress=progress)
-        ec2 = _ec2_client(region, client) if cloud == "aws" and args.aws_spot else None
-        rows = fetch_prices(
-            catalog,
-            session=session,
-            progress=progress,
-            gcp_api_key=args.gcp_api_key.strip(),
-            ec2_client=ec2,
-        )
+        catalog, rows = _types_and_prices(args, cloud, region, session, client, progress)
     except CatalogError as exc:
         # a source that failed or answered a bad page: one line, and nothing is written
         print(f"peerpods catalog refresh: {exc}", file=sys.stderr)
@@ -107,17 +90,55 @@ def run(args: argparse.Namespace, *, session: Any = None, client: Any = None) ->
             bar.close()
     priced = priced_catalog(catalog, rows)
     priced = priced.model_copy(update={"source": f"refresh: {catalog.source or 'live'} + prices"})
-    out = Path(args.out)
+    _write(priced, Path(args.out), f"{cloud}-{region}")
+    return 0
+
+
+def _types_and_prices(
+    args: argparse.Namespace,
+    cloud: Cloud,
+    region: str,
+    session: Any,
+    client: Any,
+    progress: Callable[[str, int], None],
+) -> tuple[Catalog, dict[str, Price]]:
+    """The instance types (bundled or live) and their price rows from the public source."""
+    from providers.clouds.price_sources import fetch_prices
+    from providers.core.snapshots import load_live, load_snapshot
+
+    if args.types == "snapshot":
+        catalog = load_snapshot(cloud, region)
+    elif client is not None:
+        from providers.clouds.loaders import load
+
+        catalog = load(cloud, region, client=client, progress=progress)
+    else:
+        catalog = load_live(cloud, region, progress=progress)
+    ec2 = _ec2_client(region, client) if cloud == "aws" and args.aws_spot else None
+    rows = fetch_prices(
+        catalog,
+        session=session,
+        progress=progress,
+        gcp_api_key=args.gcp_api_key.strip(),
+        ec2_client=ec2,
+    )
+    return catalog, rows
+
+
+def _write(priced: Catalog, out: Path, name: str) -> None:
+    """The snapshot (replaced whole, never half written) and its price rows, then a summary."""
+    from providers.core import prices
+    from providers.core.snapshots import snapshot_json
+
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{cloud}-{region}.json"
+    path = out / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(snapshot_json(priced))
     tmp.replace(path)
-    written = prices.write_prices(priced, out / "prices" / f"{cloud}-{region}.csv")
+    written = prices.write_prices(priced, out / "prices" / f"{name}.csv")
     with_price = sum(1 for t in priced.types if t.price_per_hour is not None)
     with_spot = sum(1 for t in priced.types if t.spot_price_per_hour is not None)
     print(
         f"{path}: {len(priced.types)} types, {with_price} with an on-demand price, "
         f"{with_spot} with a Spot price ({written} price rows)"
     )
-    return 0

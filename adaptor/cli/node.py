@@ -32,6 +32,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
+    """The flags install and uninstall share, in the order `--help` lists them."""
+    _host_paths(parser)
+    _kata_runtime(parser)
+    _snapshotter_and_restart(parser)
+
+
+def _host_paths(parser: argparse.ArgumentParser) -> None:
+    """Where the host's files are: containerd's and Kata's configuration, install's record."""
     flags.add(
         parser,
         "--host-root",
@@ -63,6 +71,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default="/var/lib/peerpods/node-install.json",
         help="what install wrote, read by uninstall",
     )
+
+
+def _kata_runtime(parser: argparse.ArgumentParser) -> None:
+    """The runtime containerd is told of: its handler, Kata's shim, the socket it dials."""
     flags.add(parser, "--handler", default="kata-remote", help="the RuntimeClass handler")
     flags.add(
         parser,
@@ -89,6 +101,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default="/run/peerpod/hypervisor.sock",
         help="the hypervisor socket `peerpods serve` listens on",
     )
+
+
+def _snapshotter_and_restart(parser: argparse.ArgumentParser) -> None:
+    """Where pod images are pulled, and how containerd is made to read the change."""
     flags.add(
         parser,
         "--snapshotter",

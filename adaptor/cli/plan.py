@@ -19,6 +19,7 @@ from adaptor.cli import flags
 
 if TYPE_CHECKING:
     from adaptor.cli.pod_plan import PlanReport
+    from providers.core.contract import VMIntent
 
 _MAX_MANIFEST_BYTES = 4 << 20
 
@@ -135,8 +136,6 @@ def _rows(rows: Sequence[tuple[str, ...]], out: TextIO, indent: str = "  ") -> N
 
 def print_report(report: PlanReport, limit: int, out: TextIO) -> None:
     """The report as a human reads it: one section per step."""
-    from adaptor.cli.select import print_table
-
     catalog = report.catalog
     source = f", {catalog.source}" if catalog.source else ""
     print(f"pod {report.namespace}/{report.pod_name}  ({catalog.cloud} {catalog.region}{source})",
@@ -148,6 +147,18 @@ def print_report(report: PlanReport, limit: int, out: TextIO) -> None:
         print(f"warning: {warning}", file=out)
     if report.failure is not None and report.failure.stage == "admission":
         return
+    _print_admission(report, out)
+    if report.intent is not None:
+        print("\nrequest (as CreateVM reads it): " + _describe_request(report.intent), file=out)
+    _print_instance_types(report, limit, out)
+    if report.plan is not None:
+        for name, reason in report.plan.ranked_away:
+            print(f"tried last: {name}: {reason}", file=out)
+    _print_devices(report, out)
+
+
+def _print_admission(report: PlanReport, out: TextIO) -> None:
+    """The webhook's patch and the annotations it leaves on the pod."""
     print("\nadmission (webhook mutation):", file=out)
     changes = [(op["op"], op["path"]) for op in report.patch]
     for op, path in changes or [("none", "(already mutated)")]:
@@ -155,46 +166,58 @@ def print_report(report: PlanReport, limit: int, out: TextIO) -> None:
     print("\nannotations:", file=out)
     for key, value in sorted(report.annotations.items()):
         print(f"  {key}: {value}", file=out)
-    intent = report.intent
-    if intent is not None:
-        gpu = intent.gpu
-        parts = [f"{intent.vcpus} vCPUs", f"{intent.memory_mib} MiB"]
-        if gpu.gpus:
-            parts.append(f"{gpu.gpus} GPU(s)")
-        if gpu.models:
-            parts.append("model " + "|".join(gpu.models))
-        if gpu.products:
-            parts.append("form " + "|".join(gpu.products))
-        if gpu.memory_mib:
-            parts.append(f">= {gpu.memory_mib} MiB per GPU")
-        if gpu.mig:
-            parts.append("MIG " + ", ".join(f"{n} x {p}" for p, n in sorted(gpu.mig.items())))
-        if gpu.fractional:
-            parts.append("a fraction of a GPU may serve")
-        if gpu.rdma:
-            parts.append("RDMA")
-        parts.append(f"capacity {intent.capacity_type}")
-        print("\nrequest (as CreateVM reads it): " + ", ".join(parts), file=out)
+
+
+def _describe_request(intent: VMIntent) -> str:
+    """The request CreateVM reads, in one line: only the parts the pod asks for."""
+    gpu = intent.gpu
+    parts = [f"{intent.vcpus} vCPUs", f"{intent.memory_mib} MiB"]
+    if gpu.gpus:
+        parts.append(f"{gpu.gpus} GPU(s)")
+    if gpu.models:
+        parts.append("model " + "|".join(gpu.models))
+    if gpu.products:
+        parts.append("form " + "|".join(gpu.products))
+    if gpu.memory_mib:
+        parts.append(f">= {gpu.memory_mib} MiB per GPU")
+    if gpu.mig:
+        parts.append("MIG " + ", ".join(f"{n} x {p}" for p, n in sorted(gpu.mig.items())))
+    if gpu.fractional:
+        parts.append("a fraction of a GPU may serve")
+    if gpu.rdma:
+        parts.append("RDMA")
+    parts.append(f"capacity {intent.capacity_type}")
+    return ", ".join(parts)
+
+
+def _print_instance_types(report: PlanReport, limit: int, out: TextIO) -> None:
+    """The ranked table, then which market's price chose the first and what follows it."""
+    from adaptor.cli.select import print_table
+
     selection = report.selection
-    if selection is not None and selection.count:
-        print("\ninstance types:", file=out)
-        print_table(catalog, selection, limit, out)
-        price = _price_used(report)
-        if price is not None and intent is not None and price["per_hour"] is not None:
-            mark = "~" if price["estimated"] else ""
-            then = (
-                ", then the same types on-demand after Spot capacity errors everywhere"
-                if intent.capacity_type.value == "spot-or-on-demand"
-                else ""
-            )
-            print(
-                f"capacity: {intent.capacity_type}; ranked by {price['market']} price, "
-                f"{report.chosen} at {mark}${price['per_hour']:.4g}/h{then}",
-                file=out,
-            )
-    if report.plan is not None:
-        for name, reason in report.plan.ranked_away:
-            print(f"tried last: {name}: {reason}", file=out)
+    if selection is None or not selection.count:
+        return
+    print("\ninstance types:", file=out)
+    print_table(report.catalog, selection, limit, out)
+    price = _price_used(report)
+    intent = report.intent
+    if price is None or intent is None or price["per_hour"] is None:
+        return
+    mark = "~" if price["estimated"] else ""
+    then = (
+        ", then the same types on-demand after Spot capacity errors everywhere"
+        if intent.capacity_type.value == "spot-or-on-demand"
+        else ""
+    )
+    print(
+        f"capacity: {intent.capacity_type}; ranked by {price['market']} price, "
+        f"{report.chosen} at {mark}${price['per_hour']:.4g}/h{then}",
+        file=out,
+    )
+
+
+def _print_devices(report: PlanReport, out: TextIO) -> None:
+    """The MIG layout (when there is one) and each container's CDI devices."""
     devices = report.devices
     if devices is None:
         return

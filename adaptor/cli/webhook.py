@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adaptor.cli import flags
+
+if TYPE_CHECKING:
+    from webhook import Admission, ServerConfig
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -16,8 +20,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Build the admission logic and the server from the settings, then serve until stopped."""
     import asyncio
 
+    from webhook import WebhookServer
+
+    admission = _admission(args)
+    config = _server_config(args)
+
+    async def main() -> None:
+        server = WebhookServer(admission, config)
+        await server.serve()
+
+    asyncio.run(main())
+    return 0
+
+
+def _admission(args: argparse.Namespace) -> Admission:
+    """The admission decisions: policy, seal keys, the catalog (checked now), the resolver."""
     from providers.core.capacity import CapacityType
     from providers.core.catalog import Catalog
     from providers.core.snapshots import load_catalog
@@ -25,10 +45,8 @@ def run(args: argparse.Namespace) -> int:
         Admission,
         CapacityPolicy,
         KubeResolver,
-        ServerConfig,
         Settings,
         VmChoices,
-        WebhookServer,
         load_seal_keys,
         parse_namespace_policy,
     )
@@ -53,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return load_catalog(args.provider, args.region or None, catalog_dir=catalog_dir)
 
     catalog()  # fail at start, with one line, when the snapshot is missing
-    admission = Admission(
+    return Admission(
         settings,
         catalog,
         KubeResolver(ttl_seconds=args.cache_ttl),
@@ -63,7 +81,13 @@ def run(args: argparse.Namespace) -> int:
             images=frozenset(args.allowed_vm_images),
         ),
     )
-    config = ServerConfig(
+
+
+def _server_config(args: argparse.Namespace) -> ServerConfig:
+    """Where and how the server listens: address, TLS files, the connection and time bounds."""
+    from webhook import ServerConfig
+
+    return ServerConfig(
         host=args.host,
         port=args.port,
         cert_file=Path(args.tls_cert_file),
@@ -79,10 +103,3 @@ def run(args: argparse.Namespace) -> int:
         api_server_networks=tuple(args.api_server_cidrs),
         client_ca_file=Path(args.client_ca_file) if args.client_ca_file else None,
     )
-
-    async def main() -> None:
-        server = WebhookServer(admission, config)
-        await server.serve()
-
-    asyncio.run(main())
-    return 0
