@@ -33,7 +33,7 @@ from providers.core.errors import InvalidRequest, NoMatch
 from providers.core.gpus import resolve_gpu
 from providers.core.mig import min_gpus
 from providers.core.quota import Demand, Holdings, QuotaPool, demand_of_type, parse_quota
-from providers.core.selection import Candidate, Selection, select
+from providers.core.selection import Candidate, Selection, Selector
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +186,8 @@ class Placement:
     # the cloud account's own quotas, shared by every node (None: not read); the per-node pool
     # above stays the floor
     account_quota: AccountQuotaCache | None = None
+    # selection over `catalog`, built for the catalog in use (a reload swaps the catalog)
+    _selector: Selector | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def for_provider(
@@ -212,7 +214,10 @@ class Placement:
         request = intent.to_request(
             allow=self.allowed, deny=self.denied, reservation=self.reservation
         )
-        return select(self.catalog, request)
+        selector = self._selector
+        if selector is None or selector.catalog is not self.catalog:
+            selector = self._selector = Selector(self.catalog)
+        return selector.select(request)
 
     def ranked(self, intent: VMIntent) -> list[Candidate]:
         """Ranked candidates for the intent; NoMatch (counted by reason) when none serves it."""

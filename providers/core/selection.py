@@ -14,13 +14,16 @@ as an estimate. Then smallest fit (GPUs, GPU memory, vCPUs, memory); then name.
 A type the cloud does not sell the way the pod is provisioned (GCP's 1-, 2- and 4-GPU A3 High are
 Spot or Flex-start only) is no candidate for it. MIG devices are counted in GPUs by packing
 them (providers.core.mig).
+
+A `Selector` holds what selection precomputes for one catalog (the types in rank order, the GPU
+verdicts of the asks seen): whoever selects from a catalog again and again (the adaptor's
+placement, the webhook) keeps one per catalog; `select` builds one for a single selection.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
-import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -34,7 +37,7 @@ from providers.core.mig import MigLayout, pack, profiles_for
 from providers.core.request import InstanceRequest
 from providers.core.skus import product_key, product_name
 
-__all__ = ["STAGE_NAMES", "Candidate", "Rejection", "Selection", "select"]
+__all__ = ["STAGE_NAMES", "Candidate", "Rejection", "Selection", "Selector", "select"]
 
 # Stages, in check order; a rejection at a later stage came closer to fitting.
 NO_GPU: Final = 0  # the type has no GPU (or has one the request does not want)
@@ -139,7 +142,7 @@ _Row = tuple[InstanceType, int, int, str, bool, frozenset[str], bool, str | None
 
 @dataclass
 class _Index:
-    """What selection precomputes once per catalog (cached while the catalog lives)."""
+    """What selection precomputes once per catalog (held by its `Selector`)."""
 
     types: tuple[InstanceType, ...]
     by_name: Mapping[str, InstanceType]
@@ -160,7 +163,6 @@ class _Index:
     cloud: str = ""
 
 
-_INDEXES: dict[int, tuple[weakref.ref[Catalog], _Index]] = {}
 _MAX_ASKS = 512  # distinct GPU asks remembered per catalog before starting over
 
 
@@ -174,9 +176,6 @@ def _static_key(
 
 
 def _index(catalog: Catalog) -> _Index:
-    cached = _INDEXES.get(id(catalog))
-    if cached is not None and cached[0]() is catalog:
-        return cached[1]
     has_zones = any(t.zones for t in catalog.types)
     rates = {**catalog_gpu_rates(catalog.types), **catalog.gpu_prices}
     rows = tuple(
@@ -209,8 +208,6 @@ def _index(catalog: Catalog) -> _Index:
         },
         special=frozenset(t.name for t in catalog.types if t.zone_provisioning or t.confidential),
     )
-    key = id(catalog)
-    _INDEXES[key] = (weakref.ref(catalog, lambda _ref: _INDEXES.pop(key, None)), index)
     return index
 
 
@@ -599,6 +596,7 @@ class Selection:
     request: InstanceRequest
     _fits: list[tuple[InstanceType, _Fit]] = field(repr=False)
     _matcher: _Matcher = field(repr=False)
+    _index: _Index = field(repr=False)
     _pool: tuple[InstanceType, ...] | None = field(default=None, repr=False)
 
     @property
@@ -627,7 +625,7 @@ class Selection:
         t, fit = self._fits[position]
         best, best_fit = self._fits[0]
         spot = self.request.provisioning == "spot"
-        rates = _index(self.catalog).rates
+        rates = self._index.rates
         price = _price(t, fit, rates, spot)
         best_price = _price(best, best_fit, rates, spot)
         why = _why_here(position, best_price, best.name, price, total, spot)
@@ -676,7 +674,7 @@ class Selection:
         if not self._fits:
             head = self._furthest()
             reasons = [f"{r.name}: {r.reason}" for r in head[:20]]
-            summary = _summarise(self.request, head, _index(self.catalog).gpu_types)
+            summary = _summarise(self.request, head, self._index.gpu_types)
             stage = STAGE_LABELS[head[0].stage] if head else "other"
             raise NoMatch(summary, reasons, stage)
         if "candidates" in self.__dict__:
@@ -687,7 +685,7 @@ class Selection:
         """The rejections a summary needs: for a GPU ask, GPU types' (the rest say "no GPU")."""
         if "rejections" in self.__dict__ or not self._matcher.wants_gpu or self._pool is not None:
             return self.rejections
-        found = [self._matcher.check(t) for t in _index(self.catalog).gpu_types]
+        found = [self._matcher.check(t) for t in self._index.gpu_types]
         rejected = [r for r in found if isinstance(r, Rejection)]
         if not rejected:
             return self.rejections
@@ -698,7 +696,7 @@ class Selection:
         if self._fits:
             t, _ = self._fits[0]
             return f"{t.name} ({len(self._fits)} candidates, {len(self.rejections)} rejected)"
-        return _summarise(self.request, self._furthest(), _index(self.catalog).gpu_types)
+        return _summarise(self.request, self._furthest(), self._index.gpu_types)
 
 
 def _summarise(
@@ -764,21 +762,36 @@ def _summarise(
     return f"the matching types ({names}) are excluded by the allow/deny lists"
 
 
+class Selector:
+    """Selection over one catalog: the catalog's index is built once, here, and the GPU verdicts
+    of the asks seen are kept with it (the same few recur: every pod of a Deployment), as long
+    as this object lives. Safe to share between threads."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self._index = _index(catalog)
+
+    def select(self, request: InstanceRequest) -> Selection:
+        """Every type of the catalog checked against the request; fits ranked best first."""
+        catalog, index = self.catalog, self._index
+        matcher = _Matcher.build(request, index)
+        if request.instance_type:
+            chosen = index.by_name.get(request.instance_type)
+            if chosen is None:
+                raise NoMatch(
+                    f"instance type {request.instance_type} is not in the "
+                    f"{catalog.cloud} {catalog.region} catalog"
+                )
+            result = matcher.check(chosen)
+            fits = [] if isinstance(result, Rejection) else [(chosen, result)]
+            return Selection(catalog, request, fits, matcher, index, (chosen,))
+        return Selection(catalog, request, _scan(index, matcher), matcher, index)
+
+
 def select(catalog: Catalog, request: InstanceRequest) -> Selection:
-    """Every type of the catalog checked against the request; fits ranked best first."""
-    index = _index(catalog)
-    matcher = _Matcher.build(request, index)
-    if request.instance_type:
-        chosen = index.by_name.get(request.instance_type)
-        if chosen is None:
-            raise NoMatch(
-                f"instance type {request.instance_type} is not in the "
-                f"{catalog.cloud} {catalog.region} catalog"
-            )
-        result = matcher.check(chosen)
-        fits = [] if isinstance(result, Rejection) else [(chosen, result)]
-        return Selection(catalog, request, fits, matcher, (chosen,))
-    return Selection(catalog, request, _scan(index, matcher), matcher)
+    """One selection over a catalog (its index is built for it: to select from the same catalog
+    again, keep a `Selector`)."""
+    return Selector(catalog).select(request)
 
 
 _NO_FIT = _Fit()

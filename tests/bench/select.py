@@ -29,7 +29,7 @@ from providers.core import snapshots
 from providers.core.catalog import Catalog
 from providers.core.errors import NoMatch
 from providers.core.request import InstanceRequest
-from providers.core.selection import Rejection, _index, _Matcher, _rank_key, select
+from providers.core.selection import Rejection, Selector, _Matcher, _rank_key
 
 GIB = 1024
 REQUESTS: dict[str, InstanceRequest] = {
@@ -63,23 +63,23 @@ def timed(fn: Callable[[], object], iterations: int) -> list[float]:
     return samples
 
 
-def selected(catalog: Catalog, request: InstanceRequest) -> None:
+def selected(selector: Selector, request: InstanceRequest) -> None:
     with contextlib.suppress(NoMatch):
-        _ = select(catalog, request).selected
+        _ = selector.select(request).selected
 
 
-def everything(catalog: Catalog, request: InstanceRequest) -> None:
-    s = select(catalog, request)
+def everything(selector: Selector, request: InstanceRequest) -> None:
+    s = selector.select(request)
     _ = s.candidates, s.rejections
     if not s.candidates:
         s.summary()
 
 
-def naive(catalog: Catalog, request: InstanceRequest) -> None:
-    index = _index(catalog)
+def naive(selector: Selector, request: InstanceRequest) -> None:
+    index = selector._index
     matcher = _Matcher.build(request, index)
     fits = []
-    for t in catalog.types:
+    for t in selector.catalog.types:
         result = matcher.check(t)
         if not isinstance(result, Rejection):
             fits.append((t, result))
@@ -109,7 +109,7 @@ def main() -> int:
     loads = timed(lambda: Catalog.model_validate_json(raw), 10)
     catalog = snapshots.load_catalog("aws", "us-east-1")
     start = time.perf_counter()
-    _index(catalog)
+    selector = Selector(catalog)
     index_seconds = time.perf_counter() - start
     print(f"catalog aws us-east-1: {len(catalog.types)} types, {len(raw) / 1e6:.2f} MB snapshot")
     print(f"  snapshot load (parse + validate)  median {statistics.median(loads) * 1e3:8.1f} ms")
@@ -124,10 +124,10 @@ def main() -> int:
     worst_p99 = 0.0
     for label, request in REQUESTS.items():
         for fn in (selected, everything, naive):  # warm caches (index, MIG packing)
-            fn(catalog, request)
-        sel = percentiles(timed(lambda r=request: selected(catalog, r), args.iterations))
-        full = percentiles(timed(lambda r=request: everything(catalog, r), args.iterations // 4))
-        base = percentiles(timed(lambda r=request: naive(catalog, r), args.iterations // 4))
+            fn(selector, request)
+        sel = percentiles(timed(lambda r=request: selected(selector, r), args.iterations))
+        full = percentiles(timed(lambda r=request: everything(selector, r), args.iterations // 4))
+        base = percentiles(timed(lambda r=request: naive(selector, r), args.iterations // 4))
         worst_p99 = max(worst_p99, sel[1])
         print(
             f"{label:28} {sel[0] * 1e6:9.1f}/{sel[1] * 1e6:<9.1f} "
