@@ -24,6 +24,7 @@ with 400 (adaptor.status.hosts: a browser on the node cannot reach this through 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -107,64 +108,85 @@ def build_app(
     """The status application over a sandbox source, the device book and the sandboxes given
     up after a restart; `host_names`: the node's names a request's Host may carry (besides IP
     addresses and localhost)."""
-    gone = abandoned or AbandonedBook()
+    api = _Endpoints(
+        source=source,
+        devices=devices,
+        abandoned=abandoned or AbandonedBook(),
+        refresh_metrics=refresh_metrics,
+        readiness=readiness,
+        account_quota=account_quota,
+    )
+    return Starlette(
+        routes=[
+            Route("/v1/sandboxes", api.list_sandboxes, methods=["GET"]),
+            Route("/v1/sandboxes/{sandbox_id}", api.get_sandbox, methods=["GET"]),
+            Route("/v1/quota", api.quota, methods=["GET"]),
+            Route("/healthz", api.healthz, methods=["GET"]),
+            Route("/readyz", api.readyz, methods=["GET"]),
+            Route("/metrics", api.metrics_text, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+        middleware=[Middleware(HostCheck, names=tuple(host_names))],
+    )
 
-    async def list_sandboxes(request: Request) -> Response:
-        records = await source.records()
-        listed = [sandbox_json(r, devices) for r in records]
-        listed += [quarantined_json(i, why) for i, why in (await source.quarantined()).items()]
-        return JSONResponse({"sandboxes": listed, "abandoned": gone.snapshot()})
 
-    async def get_sandbox(request: Request) -> Response:
+@dataclass(frozen=True)
+class _Endpoints:
+    """The handlers of the routes, over what they read."""
+
+    source: SandboxSource
+    devices: DeviceBook
+    abandoned: AbandonedBook
+    refresh_metrics: Callable[[], Awaitable[None]] | None
+    readiness: Callable[[], Awaitable[tuple[bool, str]]] | None
+    account_quota: Callable[[], AccountQuota | None] | None
+
+    async def list_sandboxes(self, request: Request) -> Response:
+        records = await self.source.records()
+        listed = [sandbox_json(r, self.devices) for r in records]
+        quarantined = await self.source.quarantined()
+        listed += [quarantined_json(i, why) for i, why in quarantined.items()]
+        return JSONResponse({"sandboxes": listed, "abandoned": self.abandoned.snapshot()})
+
+    async def get_sandbox(self, request: Request) -> Response:
         sandbox_id = request.path_params["sandbox_id"]
         try:
-            record = await source.get(sandbox_id)
+            record = await self.source.get(sandbox_id)
         except QuarantinedRecord:
-            reason = (await source.quarantined()).get(sandbox_id, "")
+            reason = (await self.source.quarantined()).get(sandbox_id, "")
             return JSONResponse(quarantined_json(sandbox_id, reason))
         if record is None:
-            entry = gone.get(sandbox_id)
+            entry = self.abandoned.get(sandbox_id)
             if entry is not None:
                 return JSONResponse(entry)
             return _error(404, "not_found", f"no sandbox {sandbox_id!r}")
-        return JSONResponse(sandbox_json(record, devices))
+        return JSONResponse(sandbox_json(record, self.devices))
 
-    async def quota(request: Request) -> Response:
-        found = account_quota() if account_quota is not None else None
+    async def quota(self, request: Request) -> Response:
+        found = self.account_quota() if self.account_quota is not None else None
         return JSONResponse({"account": found.to_json() if found is not None else None})
 
-    async def healthz(request: Request) -> Response:
+    async def healthz(self, request: Request) -> Response:
         return PlainTextResponse("ok")
 
-    async def readyz(request: Request) -> Response:
-        ready, why = (True, "ok") if readiness is None else await readiness()
+    async def readyz(self, request: Request) -> Response:
+        ready, why = (True, "ok") if self.readiness is None else await self.readiness()
         return PlainTextResponse(why, status_code=200 if ready else 503)
 
-    async def metrics_endpoint(request: Request) -> Response:
-        if refresh_metrics is not None:
-            await refresh_metrics()
+    async def metrics_text(self, request: Request) -> Response:
+        if self.refresh_metrics is not None:
+            await self.refresh_metrics()
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
-        return _error(exc.status_code, code, str(exc.detail))
 
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        return _error(500, "internal", f"{type(exc).__name__}: status unavailable")
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+    return _error(exc.status_code, code, str(exc.detail))
 
-    return Starlette(
-        routes=[
-            Route("/v1/sandboxes", list_sandboxes, methods=["GET"]),
-            Route("/v1/sandboxes/{sandbox_id}", get_sandbox, methods=["GET"]),
-            Route("/v1/quota", quota, methods=["GET"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", readyz, methods=["GET"]),
-            Route("/metrics", metrics_endpoint, methods=["GET"]),
-        ],
-        exception_handlers={HTTPException: http_error, Exception: internal_error},
-        middleware=[Middleware(HostCheck, names=tuple(host_names))],
-    )
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    return _error(500, "internal", f"{type(exc).__name__}: status unavailable")
 
 
 async def refresh_sandbox_gauge(source: SandboxSource) -> None:
