@@ -6,18 +6,25 @@ The webhook puts `kata.peerpods.io/vm: 1` on every peer pod, so the scheduler pl
 a node that advertises the resource. The adaptor patches its own node's status at start and
 whenever the advertised count differs from its setting (a kubelet that restarts zeroes extended
 resources it does not manage), reading the node with `get` and writing only `nodes/status`
-(the narrowest RBAC that can). The Kubernetes client blocks, so every call runs in a thread.
+(the narrowest RBAC that can). The calls block, so every one runs in a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from adaptor.runtime.periodic import OwnedTask
+from providers.clouds.kube import (
+    JSON_PATCH,
+    KubeApiError,
+    KubeClient,
+    KubeConfigError,
+    load_config,
+    path_segment,
+)
 from providers.core.errors import PeerpodsError
 
 log = logging.getLogger(__name__)
@@ -42,49 +49,29 @@ class NodeApi(Protocol):
 
 
 class KubeNodeApi:
-    """NodeApi over the Kubernetes client: in-cluster (the pod's service account), else the
-    kubeconfig KUBECONFIG names."""
+    """NodeApi over the Kubernetes API: in-cluster (the pod's service account), else the
+    kubeconfig KUBECONFIG names (found at the first call)."""
 
-    def __init__(self, timeout_seconds: float = 10.0, api_client: Any = None) -> None:
+    def __init__(self, timeout_seconds: float = 10.0, client: KubeClient | None = None) -> None:
         self.timeout_seconds = timeout_seconds
-        self._client = api_client
+        self._client = client
 
-    def _core(self) -> Any:
-        from kubernetes import client, config
-
+    def _api(self) -> KubeClient:
         if self._client is None:
             try:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-            except config.ConfigException:
-                try:
-                    # KUBECONFIG read now: the client reads it once, when first imported
-                    config.load_kube_config(  # type: ignore[no-untyped-call]
-                        config_file=os.environ.get("KUBECONFIG") or None
-                    )
-                except (config.ConfigException, OSError, TypeError) as exc:
-                    raise NodeApiError(f"no Kubernetes configuration: {exc}") from None
-            self._client = client.ApiClient()
-        return client.CoreV1Api(self._client)
-
-    def _call(self, what: str, call: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        try:
-            return call(self._core())
-        except ApiException as exc:
-            raise NodeApiError(f"{what}: HTTP {exc.status} {exc.reason}") from None
-        except (HTTPError, OSError, ValueError) as exc:
-            raise NodeApiError(f"{what}: {exc}") from None
+                self._client = KubeClient(load_config(), self.timeout_seconds)
+            except KubeConfigError as exc:
+                raise NodeApiError(f"no Kubernetes configuration: {exc}") from None
+        return self._client
 
     def capacity(self, node: str) -> dict[str, str]:
-        found = self._call(
-            f"reading node {node}",
-            lambda api: api.read_node(node, _request_timeout=self.timeout_seconds),
-        )
-        status = getattr(found, "status", None)
-        capacity = getattr(status, "capacity", None) or {}
-        return {str(k): str(v) for k, v in capacity.items()}
+        try:
+            found = self._api().get(f"/api/v1/nodes/{path_segment(node)}")
+        except KubeApiError as exc:
+            raise NodeApiError(f"reading node {node}: {exc}") from None
+        status = found.get("status")
+        capacity = status.get("capacity") if isinstance(status, dict) else None
+        return {str(k): str(v) for k, v in (capacity or {}).items()}
 
     def set_capacity(self, node: str, values: Mapping[str, str]) -> None:
         # JSON patch: "add" creates or replaces the map member; "/" in the name is "~1".
@@ -92,15 +79,10 @@ class KubeNodeApi:
             {"op": "add", "path": "/status/capacity/" + _pointer(name), "value": value}
             for name, value in values.items()
         ]
-        self._call(
-            f"patching node {node} status",
-            lambda api: api.patch_node_status(
-                node,
-                ops,
-                _content_type="application/json-patch+json",
-                _request_timeout=self.timeout_seconds,
-            ),
-        )
+        try:
+            self._api().patch(f"/api/v1/nodes/{path_segment(node)}/status", ops, JSON_PATCH)
+        except KubeApiError as exc:
+            raise NodeApiError(f"patching node {node} status: {exc}") from None
 
 
 def _pointer(name: str) -> str:

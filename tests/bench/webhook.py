@@ -450,11 +450,12 @@ def _serve(directory: Path, freeze_gc: bool, flood: bool, cpu: int) -> None:
         fake.add(*TEMPLATES)
         if flood:
             fake.add(*_flood_objects())
-        from kubernetes import config as kube_config
+        from providers.clouds.kube import KubeClient, kubeconfig_config
 
-        api = kube_config.new_client_from_config(config_file=str(fake.kubeconfig(directory)))
+        kubeconfig = fake.kubeconfig(directory)
+        api = KubeClient(kubeconfig_config({"KUBECONFIG": str(kubeconfig)}))
         catalog = make_catalog()
-        resolver = KubeResolver(ttl_seconds=600, api_client=api)
+        resolver = KubeResolver(ttl_seconds=600, client=api)
         admission = Admission(Settings(), lambda: catalog, resolver)
         config = ServerConfig(
             host="127.0.0.1",

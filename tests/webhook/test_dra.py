@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import trustme
 
+from providers.clouds.kube import KubeClient, kubeconfig_config
 from providers.core.catalog import Catalog
 from providers.core.contract import (
     DEFAULT_GPU_MODEL,
@@ -282,12 +283,9 @@ def test_lookups_are_cached(dra: Running, kube: tuple[FakeKube, Path]) -> None:
 
 def test_lookup_cache_is_bounded(kube: tuple[FakeKube, Path]) -> None:
     """Tenants choose how many templates exist: the cache keeps the most recent few only."""
-    from kubernetes import config
-
     fake, kubeconfig = kube
-    resolver = KubeResolver(
-        ttl_seconds=60, api_client=config.new_client_from_config(str(kubeconfig)), max_cached=2
-    )
+    client = KubeClient(kubeconfig_config({"KUBECONFIG": str(kubeconfig)}))
+    resolver = KubeResolver(ttl_seconds=60, client=client, max_cached=2)
     for name in ("one-gpu", "hopper", "big-memory"):
         resolver.claim_template("default", name)
     before = len(fake.requests)
