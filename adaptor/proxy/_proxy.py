@@ -26,7 +26,6 @@ from typing import cast
 from adaptor.ttrpc.codec import (
     MAX_DATA_LENGTH,
     DecoderState,
-    Event,
     FrameDecoder,
     MalformedMessage,
     MessageType,
@@ -46,6 +45,7 @@ from adaptor.ttrpc.connection import (
 )
 from adaptor.ttrpc.gen import ttrpc_pb2
 from adaptor.ttrpc.status import Code, TtrpcError
+from adaptor.ttrpc.streams import Call, ServerStreams
 
 from .dial import Dial
 from .moved import INTERRUPTED, REPEATABLE, MovedCall, MovedProxy, MovedShim
@@ -264,17 +264,16 @@ class AgentProxy:
         for item in moved.shims:
             item.sock.setblocking(False)
             reader, writer = await asyncio.open_unix_connection(sock=item.sock, limit=READ_CHUNK)
-            shim = _ShimConnection(
-                self,
-                reader,
-                writer,
-                decoder=FrameDecoder.resume(item.decoder),
-                last_id=item.last_stream_id,
+            streams = ServerStreams.resume(
+                peek_call,
+                item.decoder,
+                item.last_stream_id,
+                (call.stream_id for call in item.calls),
             )
+            shim = _ShimConnection(self, reader, writer, streams)
             for call in item.calls:
-                shim.in_flight += 1
                 if call.request:
-                    self.forward(shim, call.stream_id, call.request)
+                    self.forward(shim, call.stream_id, call.service, call.method, call.request)
                 else:
                     shim.answer(
                         call.stream_id, call.service, call.method, Code.UNAVAILABLE, INTERRUPTED
@@ -379,13 +378,10 @@ class AgentProxy:
         self._shim_came.set()
         task.add_done_callback(lambda _t: self._shims.pop(shim, None))
 
-    def forward(self, shim: _ShimConnection, shim_id: int, data: bytes) -> None:
+    def forward(
+        self, shim: _ShimConnection, shim_id: int, service: str, method: str, data: bytes
+    ) -> None:
         """Route one Request frame's data from a shim upstream (or answer it here)."""
-        try:
-            service, method = peek_call(data)
-        except MalformedMessage as exc:
-            shim.answer(shim_id, "", "", Code.INVALID_ARGUMENT, f"unmarshal request error: {exc}")
-            return
         if self._failed is not None:
             shim.answer(shim_id, service, method, *self._failed)
             return
@@ -556,23 +552,20 @@ class _Upstream:
 
 
 class _ShimConnection:
-    """One connection from the shim: Go-server rules for stream ids, then forward."""
+    """One connection from the shim: its streams (adaptor.ttrpc.streams keeps the protocol's
+    rules, as for the server), each new call forwarded."""
 
     def __init__(
         self,
         proxy: AgentProxy,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        *,
-        decoder: FrameDecoder | None = None,
-        last_id: int = 0,
+        streams: ServerStreams[tuple[str, str]] | None = None,
     ) -> None:
         self._proxy = proxy
         self._reader = reader
         self._writer = writer
-        self._decoder = decoder or FrameDecoder()
-        self._last_id = last_id
-        self.in_flight = 0
+        self._streams = streams or ServerStreams(peek_call)
         self._room = asyncio.Event()
         # shim stream id -> completion of a rewritten CreateContainer awaiting its answer
         self.completions: dict[int, Completion] = {}
@@ -584,6 +577,11 @@ class _ShimConnection:
     @property
     def closing(self) -> bool:
         return self._writer.is_closing()
+
+    @property
+    def in_flight(self) -> int:
+        """Calls taken from the shim and not answered yet."""
+        return self._streams.in_flight
 
     def freeze(self) -> None:
         """Stop reading: the bytes already received are still dispatched, then `run` returns
@@ -615,28 +613,33 @@ class _ShimConnection:
         """A duplicate of the socket, with where its stream stands and its calls in flight."""
         sock = self._writer.get_extra_info("socket")
         calls = tuple(MovedCall(i, s, m, data) for i, (s, m, data) in self.calls.items())
-        state: DecoderState = self._decoder.export()
-        return MovedShim(socket.socket(fileno=os.dup(sock.fileno())), self._last_id, state, calls)
+        state: DecoderState = self._streams.export()
+        return MovedShim(
+            socket.socket(fileno=os.dup(sock.fileno())), self._streams.last_stream_id, state, calls
+        )
 
     def close_quietly(self) -> None:
         """Close this process's socket; a copy lives on elsewhere, so the shim sees nothing."""
         self._writer.transport.close()
 
     async def run(self) -> None:
-        decoder = self._decoder
+        streams = self._streams
         proxy = self._proxy
         try:
             while True:
                 chunk = await self._reader.read(READ_CHUNK)
                 if not chunk:
                     break
-                for event in decoder.feed(chunk):
-                    self._dispatch(event)
+                for event in streams.receive(chunk):
+                    if isinstance(event, Call):
+                        service, method = event.request
+                        proxy.forward(self, event.stream_id, service, method, event.data)
+                self._write()  # refusals
                 upstream = proxy._upstream
                 if upstream is not None and not upstream.closed:
                     with contextlib.suppress(ConnectionError, OSError):
                         await upstream.drain()  # backpressure from the pod VM
-                if self.in_flight >= MAX_IN_FLIGHT:
+                if streams.in_flight >= MAX_IN_FLIGHT:
                     self._room.clear()
                     await self._room.wait()
         except (ConnectionError, OSError):
@@ -644,34 +647,6 @@ class _ShimConnection:
         finally:
             if not self.frozen:
                 await close_writer(self._writer)
-
-    def _dispatch(self, event: Event) -> None:
-        if isinstance(event, Oversized):
-            self.answer(
-                event.stream_id,
-                "",
-                "",
-                Code.RESOURCE_EXHAUSTED,
-                f"message length {event.length} exceed maximum message size of {MAX_DATA_LENGTH}",
-                counted=False,
-            )
-            return
-        if event.msg_type != _REQUEST:
-            return
-        shim_id = event.stream_id
-        if shim_id % 2 != 1 or shim_id <= self._last_id:
-            self.answer(
-                shim_id,
-                "",
-                "",
-                Code.INVALID_ARGUMENT,
-                "StreamID must be odd and increasing",
-                counted=False,
-            )
-            return
-        self._last_id = shim_id
-        self.in_flight += 1
-        self._proxy.forward(self, shim_id, event.data)
 
     def relay(self, shim_id: int, service: str, method: str, data: bytes) -> None:
         """Send an upstream Response's bytes back unchanged under the shim's stream id; one
@@ -688,33 +663,27 @@ class _ShimConnection:
                 f"malformed response from the pod VM ({len(data)} bytes): {exc}",
             )
             return
+        self._streams.respond(shim_id, data)
         self._done(shim_id)
         if self._proxy._on_call is not None or self.completions:
             self._proxy.report(service, method, code)
             self._complete(shim_id, code, data)
-        if not self._writer.is_closing():
-            self._writer.write(encode_header(len(data), shim_id, _RESPONSE) + data)
+        self._write()
 
-    def answer(
-        self,
-        shim_id: int,
-        service: str,
-        method: str,
-        code: Code,
-        message: str,
-        *,
-        counted: bool = True,
-    ) -> None:
+    def answer(self, shim_id: int, service: str, method: str, code: Code, message: str) -> None:
         """Answer a shim stream with a status produced by the proxy itself."""
-        if counted:
-            self._done(shim_id)
-            self._proxy.report(service, method, code)
+        self._streams.respond(shim_id, encode_response(b"", code, message))
+        self._done(shim_id)
+        self._proxy.report(service, method, code)
         completion = self.completions.pop(shim_id, None)
         if completion is not None:
             _call_completion(completion, int(code), message)
-        if not self._writer.is_closing():
-            data = encode_response(b"", code, message)
-            self._writer.write(encode_header(len(data), shim_id, _RESPONSE) + data)
+        self._write()
+
+    def _write(self) -> None:
+        data = self._streams.data_to_send()
+        if data and not self._writer.is_closing():
+            self._writer.write(data)
 
     def _complete(self, shim_id: int, code: int, response: bytes) -> None:
         completion = self.completions.pop(shim_id, None)
@@ -727,9 +696,8 @@ class _ShimConnection:
         _call_completion(completion, code, message)
 
     def _done(self, shim_id: int) -> None:
-        self.in_flight -= 1
         self.calls.pop(shim_id, None)
-        if self.in_flight < MAX_IN_FLIGHT:
+        if self._streams.in_flight < MAX_IN_FLIGHT:
             self._room.set()
         if self.frozen:
             self._answered.set()

@@ -30,6 +30,15 @@ class MessageType(enum.IntEnum):
     DATA = 3
 
 
+class Flags(enum.IntFlag):
+    """Frame flags (ttrpc >= 1.2): on a Request, whether the client's side of the stream stays
+    open; on Data, that it is the last one from its sender, or that it carries no message."""
+
+    REMOTE_CLOSED = 0x1
+    REMOTE_OPEN = 0x2
+    NO_DATA = 0x4
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One complete frame."""

@@ -12,18 +12,11 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from .codec import (
-    MAX_DATA_LENGTH,
-    Event,
-    FrameDecoder,
-    MessageType,
-    Oversized,
-    encode_frame,
-    encode_response,
-)
+from .codec import MalformedMessage, encode_response
 from .connection import LISTEN_BACKLOG, READ_CHUNK, bind_unix, close_writer, unlink_socket
 from .gen import ttrpc_pb2
 from .status import Code, TtrpcError
+from .streams import Call, ServerStreams
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +138,17 @@ class Server:
             self._server = None
 
 
+def _parse_request(data: bytes) -> ttrpc_pb2.Request:
+    try:
+        request: ttrpc_pb2.Request = ttrpc_pb2.Request.FromString(data)
+    except DecodeError as exc:
+        raise MalformedMessage(str(exc)) from exc
+    return request
+
+
 class _ServerConnection:
-    """One accepted connection: read frames, spawn one task per request, write responses."""
+    """One accepted connection: its streams (adaptor.ttrpc.streams keeps the protocol's rules),
+    one task per request, responses written as they come."""
 
     def __init__(
         self, server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -154,7 +156,7 @@ class _ServerConnection:
         self._server = server
         self._reader = reader
         self._writer = writer
-        self._last_stream_id = 0
+        self._streams = ServerStreams(_parse_request)
         self._room = asyncio.Event()
         self._room.set()
         self._reading = True
@@ -165,14 +167,16 @@ class _ServerConnection:
         self._reading = False
 
     async def run(self) -> None:
-        decoder = FrameDecoder()
+        streams = self._streams
         try:
             while self._reading:
                 data = await self._reader.read(READ_CHUNK)
                 if not data or not self._reading:
                     break
-                for event in decoder.feed(data):
-                    self._dispatch(event)
+                for event in streams.receive(data):
+                    if isinstance(event, Call):
+                        self._start(event.stream_id, event.request)
+                self._flush()  # refusals
                 if len(self.tasks) >= MAX_IN_FLIGHT:
                     self._room.clear()
                     await self._room.wait()
@@ -188,35 +192,7 @@ class _ServerConnection:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
             await close_writer(self._writer)
 
-    def _dispatch(self, event: Event) -> None:
-        if isinstance(event, Oversized):
-            self._send_status(
-                event.stream_id,
-                Code.RESOURCE_EXHAUSTED,
-                f"message length {event.length} exceed maximum message size of {MAX_DATA_LENGTH}",
-            )
-            return
-        if event.msg_type != MessageType.REQUEST:
-            return  # ignored for forward compatibility, as Go does
-        stream_id = event.stream_id
-        try:
-            request = ttrpc_pb2.Request.FromString(event.data)
-        except DecodeError as exc:
-            self._send_status(stream_id, Code.INVALID_ARGUMENT, f"unmarshal request error: {exc}")
-            return
-        if stream_id % 2 != 1:
-            self._send_status(
-                stream_id,
-                Code.INVALID_ARGUMENT,
-                "StreamID must be odd for client initiated streams",
-            )
-            return
-        if stream_id <= self._last_stream_id:
-            self._send_status(
-                stream_id, Code.INVALID_ARGUMENT, "StreamID cannot be re-used and must increment"
-            )
-            return
-        self._last_stream_id = stream_id
+    def _start(self, stream_id: int, request: ttrpc_pb2.Request) -> None:
         task = asyncio.get_running_loop().create_task(self._handle(stream_id, request))
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -248,25 +224,18 @@ class _ServerConnection:
                     raise TtrpcError(Code.DEADLINE_EXCEEDED, "context deadline exceeded") from None
             else:
                 payload = await handler(ctx, request.payload)
-            if len(payload) + 16 > MAX_DATA_LENGTH:
-                raise TtrpcError(Code.RESOURCE_EXHAUSTED, "response exceeds maximum message size")
             data = encode_response(payload)
         except TtrpcError as exc:
             data = encode_response(b"", exc.code, exc.message)
         except Exception as exc:
             log.exception("ttrpc handler %s/%s failed", ctx.service, ctx.method)
             data = encode_response(b"", Code.UNKNOWN, str(exc) or type(exc).__name__)
-        await self._send(stream_id, data)
-
-    def _send_status(self, stream_id: int, code: Code, message: str) -> None:
-        self._write(stream_id, encode_response(b"", code, message))
-
-    def _write(self, stream_id: int, data: bytes) -> None:
-        if self._writer.is_closing():
-            return
-        self._writer.write(encode_frame(stream_id, MessageType.RESPONSE, data))
-
-    async def _send(self, stream_id: int, data: bytes) -> None:
-        self._write(stream_id, data)
+        self._streams.respond(stream_id, data)
+        self._flush()
         with contextlib.suppress(ConnectionError, OSError):
             await self._writer.drain()
+
+    def _flush(self) -> None:
+        data = self._streams.data_to_send()
+        if data and not self._writer.is_closing():
+            self._writer.write(data)

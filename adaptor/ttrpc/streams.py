@@ -1,0 +1,226 @@
+"""The ttrpc stream rules of a serving connection, sans-IO: bytes in, events out, frames to send.
+
+The Python server and the agent proxy's shim side both serve ttrpc through `ServerStreams`, so
+each rule is written once, here, in the order a frame meets them:
+
+1. A frame whose data is longer than MAX_DATA_LENGTH is skipped unread and answered
+   RESOURCE_EXHAUSTED on its stream id; the connection goes on.
+2. A Response frame, or a type this protocol version does not know, is ignored (forward
+   compatibility, as Go's server does).
+3. A Request that does not parse is answered INVALID_ARGUMENT ("unmarshal request error").
+4. A Request opens a stream: its id must be odd (client-initiated) and higher than any id the
+   connection used before, else INVALID_ARGUMENT. Without the `remote open` flag the client's
+   side is closed at once (a unary call, or `remote closed`: nothing more comes from it).
+5. Data is taken only on a stream whose client side is still open, up to the frame with the
+   `remote closed` flag, which carries no data (else INVALID_ARGUMENT, and the stream ends);
+   `no data` marks a frame without a message. Data on any other stream (a unary call, a
+   finished or unknown one) is dropped: nobody on this side waits for it.
+6. A stream ends with one Response, sent by `respond`; a second one for the same stream is not
+   sent. A Response longer than MAX_DATA_LENGTH is replaced by RESOURCE_EXHAUSTED.
+
+Refusals are sent by the machine itself (see `data_to_send`); the `Refused` event tells the
+caller which stream was refused and why. `export` and `resume` move a connection's position to
+another process (a hand-off) with its streams still open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from .codec import (
+    MAX_DATA_LENGTH,
+    DecoderState,
+    Flags,
+    Frame,
+    FrameDecoder,
+    MalformedMessage,
+    MessageType,
+    encode_frame,
+    encode_response,
+)
+from .status import Code
+
+R = TypeVar("R")
+
+ODD_IDS = "StreamID must be odd for client initiated streams"
+REUSED_ID = "StreamID cannot be re-used and must increment"
+CLOSE_WITH_DATA = "data close message cannot include data"
+RESPONSE_TOO_LARGE = "response exceeds maximum message size"
+
+
+def oversized_message(length: int) -> str:
+    """The status message Go's ttrpc gives a frame over the size limit."""
+    return f"message length {length} exceed maximum message size of {MAX_DATA_LENGTH}"
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[R]):
+    """A new stream: the Request frame's data and what `decode` made of it. `streaming` is set
+    when the client's side stays open (Data frames follow)."""
+
+    stream_id: int
+    data: bytes
+    request: R
+    streaming: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StreamData:
+    """A Data frame on a stream whose client side is open; `data` is None for a `no data`
+    frame; `closed` when the client will send nothing more on it."""
+
+    stream_id: int
+    data: bytes | None
+    closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A frame answered with a status by the machine itself (already queued to send)."""
+
+    stream_id: int
+    code: Code
+    message: str
+
+
+Event = Call[R] | StreamData | Refused
+
+
+class ServerStreams(Generic[R]):
+    """One serving connection's streams: which are open, the highest id used, the frame decoder.
+
+    `decode` turns a Request frame's data into what the caller routes on (a full Request, or
+    only service and method); it raises MalformedMessage for data that does not parse.
+    """
+
+    __slots__ = ("_decode", "_decoder", "_input_open", "_last_id", "_open", "_out")
+
+    def __init__(
+        self,
+        decode: Callable[[bytes], R],
+        *,
+        decoder: FrameDecoder | None = None,
+        last_stream_id: int = 0,
+        open_ids: Iterable[int] = (),
+    ) -> None:
+        self._decode = decode
+        self._decoder = decoder or FrameDecoder()
+        self._last_id = last_stream_id
+        self._open: set[int] = set(open_ids)  # streams not answered yet
+        self._input_open: set[int] = set()  # of those, streams whose client side is open
+        self._out = bytearray()
+
+    @classmethod
+    def resume(
+        cls,
+        decode: Callable[[bytes], R],
+        decoder: DecoderState,
+        last_stream_id: int,
+        open_ids: Iterable[int],
+    ) -> ServerStreams[R]:
+        """Go on from where another process's machine stood (see `export`)."""
+        return cls(
+            decode,
+            decoder=FrameDecoder.resume(decoder),
+            last_stream_id=last_stream_id,
+            open_ids=open_ids,
+        )
+
+    def export(self) -> DecoderState:
+        """The decoder's position; with `last_stream_id` and the open streams, what `resume`
+        needs to go on elsewhere."""
+        return self._decoder.export()
+
+    @property
+    def last_stream_id(self) -> int:
+        """The highest stream id a Request opened on this connection."""
+        return self._last_id
+
+    @property
+    def in_flight(self) -> int:
+        """Streams opened and not answered yet."""
+        return len(self._open)
+
+    def is_open(self, stream_id: int) -> bool:
+        """Whether `stream_id` was opened and is not answered yet."""
+        return stream_id in self._open
+
+    def receive(self, data: bytes) -> list[Event[R]]:
+        """Take received bytes; return what they mean for the streams."""
+        events: list[Event[R]] = []
+        for frame in self._decoder.feed(data):
+            if not isinstance(frame, Frame):
+                self._refuse(
+                    events,
+                    frame.stream_id,
+                    Code.RESOURCE_EXHAUSTED,
+                    oversized_message(frame.length),
+                )
+            elif frame.msg_type == MessageType.REQUEST:
+                self._request(events, frame)
+            elif frame.msg_type == MessageType.DATA:
+                self._data(events, frame)
+        return events
+
+    def respond(self, stream_id: int, data: bytes) -> bool:
+        """Queue the Response `data` that ends an open stream; False (nothing queued) when the
+        stream is not open: answered already, or never opened."""
+        if stream_id not in self._open:
+            return False
+        self._open.discard(stream_id)
+        self._input_open.discard(stream_id)
+        if len(data) > MAX_DATA_LENGTH:
+            data = encode_response(b"", Code.RESOURCE_EXHAUSTED, RESPONSE_TOO_LARGE)
+        self._out += encode_frame(stream_id, MessageType.RESPONSE, data)
+        return True
+
+    def data_to_send(self) -> bytes:
+        """The frames queued since the last call (refusals and responses), in order."""
+        out = bytes(self._out)
+        self._out.clear()
+        return out
+
+    def _request(self, events: list[Event[R]], frame: Frame) -> None:
+        stream_id = frame.stream_id
+        try:
+            request = self._decode(frame.data)
+        except MalformedMessage as exc:
+            self._refuse(
+                events, stream_id, Code.INVALID_ARGUMENT, f"unmarshal request error: {exc}"
+            )
+            return
+        if stream_id % 2 != 1:
+            self._refuse(events, stream_id, Code.INVALID_ARGUMENT, ODD_IDS)
+            return
+        if stream_id <= self._last_id:
+            self._refuse(events, stream_id, Code.INVALID_ARGUMENT, REUSED_ID)
+            return
+        self._last_id = stream_id
+        self._open.add(stream_id)
+        streaming = bool(frame.flags & Flags.REMOTE_OPEN)
+        if streaming:
+            self._input_open.add(stream_id)
+        events.append(Call(stream_id, frame.data, request, streaming))
+
+    def _data(self, events: list[Event[R]], frame: Frame) -> None:
+        stream_id = frame.stream_id
+        if stream_id not in self._input_open:
+            return
+        closed = bool(frame.flags & Flags.REMOTE_CLOSED)
+        if closed and frame.data:
+            self._input_open.discard(stream_id)
+            self._open.discard(stream_id)
+            self._refuse(events, stream_id, Code.INVALID_ARGUMENT, CLOSE_WITH_DATA)
+            return
+        if closed:
+            self._input_open.discard(stream_id)
+        data = None if frame.flags & Flags.NO_DATA or closed else frame.data
+        events.append(StreamData(stream_id, data, closed))
+
+    def _refuse(self, events: list[Event[R]], stream_id: int, code: Code, message: str) -> None:
+        self._out += encode_frame(
+            stream_id, MessageType.RESPONSE, encode_response(b"", code, message)
+        )
+        events.append(Refused(stream_id, code, message))
