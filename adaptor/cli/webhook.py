@@ -40,7 +40,7 @@ def _admission(args: argparse.Namespace) -> Admission:
     """The admission decisions: policy, seal keys, the catalog (checked now), the resolver."""
     from providers.core.capacity import CapacityType
     from providers.core.catalog import Catalog
-    from providers.core.snapshots import load_catalog
+    from providers.core.snapshots import CatalogLoader
     from webhook import (
         Admission,
         CapacityPolicy,
@@ -63,12 +63,12 @@ def _admission(args: argparse.Namespace) -> Admission:
         seal_key=seal_keys.current,
         accepted_seal_keys=seal_keys.accepted,
     )
-    catalog_dir = Path(args.catalog_dir) if args.catalog_dir else None
+    loader = CatalogLoader(Path(args.catalog_dir) if args.catalog_dir else None)
 
     def catalog() -> Catalog | None:
         if not args.provider:
             return None
-        return load_catalog(args.provider, args.region or None, catalog_dir=catalog_dir)
+        return loader.load(args.provider, args.region or None)
 
     catalog()  # fail at start, with one line, when the snapshot is missing
     return Admission(

@@ -1,7 +1,8 @@
 """The node's catalog follows its file: with --catalog-dir (e.g. the volume the catalog refresh
 CronJob writes, config/catalog-refresh), a catalog rewritten while `serve` runs is used from the
-next StartVM on, without a restart. The snapshot loader caches by the file's mtime and size, so a
-check is one stat when nothing changed; a file that fails to load keeps the catalog in use."""
+next StartVM on, without a restart. The reloader's own `CatalogLoader` keeps the snapshot by the
+file's mtime and size, so a check is one stat when nothing changed; a file that fails to load
+keeps the catalog in use."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 
 from adaptor.planning.placement import Placement
 from adaptor.runtime.periodic import OwnedTask
+from providers.core.catalog import Catalog
 from providers.core.errors import PeerpodsError
+from providers.core.snapshots import CatalogLoader
 
 log = logging.getLogger(__name__)
 
@@ -33,19 +36,22 @@ class CatalogReloader:
         self.catalog_dir = catalog_dir
         self.interval_seconds = interval_seconds
         self.reloads = 0
+        self._loader = CatalogLoader(catalog_dir)
+        self._seen: Catalog | None = None  # the loader's catalog the last check saw
         self._task = OwnedTask("catalog-reload")
 
     def check(self) -> bool:
-        """Load the snapshot (cached while unchanged); True when the placement got a new one.
+        """Load the snapshot (kept while unchanged); True when the placement got a new one.
         Blocking file IO."""
-        from providers.core.snapshots import load_snapshot
-
         try:
-            catalog = load_snapshot(self.cloud, self.region, self.catalog_dir)
+            catalog = self._loader.snapshot(self.cloud, self.region)
         except PeerpodsError as exc:
             log.warning("catalog not reloaded, the one in use stays: %s", exc)
             return False
-        if catalog is self.placement.catalog:
+        if catalog is self._seen:
+            return False
+        self._seen = catalog
+        if catalog == self.placement.catalog:  # the file the placement's catalog came from
             return False
         self.placement.catalog = catalog
         self.reloads += 1

@@ -2,10 +2,12 @@
 
 A snapshot is `providers/snapshots/<cloud>-<region>.json`, a `providers.core.catalog.Catalog`
 as JSON.
-Loaded catalogs are cached for a TTL (a snapshot also until its file changes), so the webhook and
-the adaptor parse a catalog once, and selection's per-catalog indexes live as long as it does.
-Live loading imports the cloud's loader module only when asked, so an AWS-only install never
-imports the Azure SDK.
+`load_snapshot`, `load_live` and `load_catalog` read a catalog each time they are called. What
+reads one again and again (the webhook's catalog source, the node's reloader) holds a
+`CatalogLoader`: it keeps each catalog it loaded for a TTL (a snapshot also until its file
+changes), so a catalog is parsed once and stays the same object while it is current (the
+selector and device space built over it too). Live loading imports the cloud's loader module
+only when asked, so an AWS-only install never imports the Azure SDK.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ __all__ = [
     "CLOUDS",
     "DEFAULT_REGIONS",
     "DEFAULT_TTL_SECONDS",
+    "CatalogLoader",
     "available_snapshots",
-    "clear_cache",
     "default_catalog_dir",
     "load_catalog",
     "load_live",
@@ -87,55 +89,17 @@ def available_snapshots(cloud: str, catalog_dir: Path | None = None) -> list[str
     return sorted(p.stem[len(prefix) :] for p in folder.glob(f"{prefix}*.json"))
 
 
-@dataclass(frozen=True)
-class _Entry:
-    catalog: Catalog
-    loaded_at: float
-    stamp: tuple[int, int] | None  # snapshot file (mtime_ns, size); None for live
+def load_snapshot(cloud: str, region: str, catalog_dir: Path | None = None) -> Catalog:
+    """The bundled catalog for a cloud region, read now."""
+    return _read_snapshot(cloud, region, catalog_dir)[0]
 
 
-_CACHE: dict[tuple[str, str, str], _Entry] = {}
-_LOCK = threading.Lock()
-
-
-def clear_cache() -> None:
-    """Forget every loaded catalog (tests; a forced refresh)."""
-    with _LOCK:
-        _CACHE.clear()
-
-
-def _fresh(entry: _Entry | None, ttl_seconds: float, stamp: tuple[int, int] | None) -> bool:
-    if entry is None or time.monotonic() - entry.loaded_at > ttl_seconds:
-        return False
-    return entry.stamp == stamp
-
-
-def load_snapshot(
-    cloud: str,
-    region: str,
-    catalog_dir: Path | None = None,
-    ttl_seconds: float = DEFAULT_TTL_SECONDS,
-) -> Catalog:
-    """The bundled catalog for a cloud region (cached until the TTL or the file changes)."""
-    parse_cloud(cloud)
-    path = snapshot_path(cloud, region, catalog_dir)
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        known = ", ".join(available_snapshots(cloud, catalog_dir)) or "none"
-        raise CatalogError(
-            f"no catalog snapshot for {cloud} {region} in {path.parent} (regions: {known}); "
-            f"write one with `peerpods catalog refresh --provider {cloud} --region {region} "
-            "--out DIR` and give DIR as --catalog-dir (`peerpods select --live` reads the "
-            "cloud's API instead)"
-        ) from None
-    stamp = (info.st_mtime_ns, info.st_size)
-    key = ("snapshot", str(path), "")
-    with _LOCK:
-        entry = _CACHE.get(key)
-        if _fresh(entry, ttl_seconds, stamp):
-            assert entry is not None
-            return entry.catalog
+def _read_snapshot(
+    cloud: str, region: str, catalog_dir: Path | None
+) -> tuple[Catalog, tuple[int, int]]:
+    """The snapshot and the (mtime_ns, size) of the file it was read from."""
+    path = _snapshot_file(cloud, region, catalog_dir)
+    stamp = _stamp(path, cloud, region, catalog_dir)
     try:
         catalog = Catalog.model_validate_json(path.read_bytes())
     except ValidationError as exc:
@@ -148,9 +112,26 @@ def load_snapshot(
         raise CatalogError(
             f"{path}: holds {catalog.cloud} {catalog.region}, expected {cloud} {region}"
         )
-    with _LOCK:
-        _CACHE[key] = _Entry(catalog, time.monotonic(), stamp)
-    return catalog
+    return catalog, stamp
+
+
+def _snapshot_file(cloud: str, region: str, catalog_dir: Path | None) -> Path:
+    parse_cloud(cloud)
+    return snapshot_path(cloud, region, catalog_dir)
+
+
+def _stamp(path: Path, cloud: str, region: str, catalog_dir: Path | None) -> tuple[int, int]:
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        known = ", ".join(available_snapshots(cloud, catalog_dir)) or "none"
+        raise CatalogError(
+            f"no catalog snapshot for {cloud} {region} in {path.parent} (regions: {known}); "
+            f"write one with `peerpods catalog refresh --provider {cloud} --region {region} "
+            "--out DIR` and give DIR as --catalog-dir (`peerpods select --live` reads the "
+            "cloud's API instead)"
+        ) from None
+    return (info.st_mtime_ns, info.st_size)
 
 
 def _loader(cloud: str) -> Callable[..., Catalog]:
@@ -170,18 +151,12 @@ def _loader(cloud: str) -> Callable[..., Catalog]:
 def load_live(
     cloud: str,
     region: str,
-    ttl_seconds: float = DEFAULT_TTL_SECONDS,
     progress: Progress | None = None,
     **client_options: object,
 ) -> Catalog:
-    """The catalog from the cloud's API (blocking: call it in a thread from async code)."""
+    """The catalog from the cloud's API, read now (blocking: call it in a thread from async
+    code)."""
     parse_cloud(cloud)
-    key = ("live", cloud, region)
-    with _LOCK:
-        entry = _CACHE.get(key)
-        if not client_options and _fresh(entry, ttl_seconds, None):
-            assert entry is not None
-            return entry.catalog
     function = _loader(cloud)
     options = dict(client_options)
     if progress is not None:
@@ -189,8 +164,6 @@ def load_live(
     catalog = function(region, **options)
     if not isinstance(catalog, Catalog):
         raise CatalogError(f"the {cloud} loader returned {type(catalog).__name__}, not a Catalog")
-    with _LOCK:
-        _CACHE[key] = _Entry(catalog, time.monotonic(), None)
     return catalog
 
 
@@ -200,12 +173,78 @@ def load_catalog(
     *,
     live: bool = False,
     catalog_dir: Path | None = None,
-    ttl_seconds: float = DEFAULT_TTL_SECONDS,
     progress: Progress | None = None,
 ) -> Catalog:
-    """The catalog selection should use: the bundled snapshot unless `live`."""
+    """The catalog selection should use, read now: the bundled snapshot unless `live`."""
     parse_cloud(cloud)
     region = region or DEFAULT_REGIONS[cloud]
     if live:
-        return load_live(cloud, region, ttl_seconds, progress)
-    return load_snapshot(cloud, region, catalog_dir, ttl_seconds)
+        return load_live(cloud, region, progress)
+    return load_snapshot(cloud, region, catalog_dir)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    catalog: Catalog
+    loaded_at: float
+    stamp: tuple[int, int] | None  # snapshot file (mtime_ns, size); None for live
+
+
+class CatalogLoader:
+    """Catalogs from one folder (and the clouds' APIs), each kept for `ttl_seconds` after it
+    was loaded, a snapshot also only until its file changes: the same object comes back while
+    it is current. Owned by whoever re-reads its catalog; safe to share between threads."""
+
+    def __init__(
+        self, catalog_dir: Path | None = None, ttl_seconds: float = DEFAULT_TTL_SECONDS
+    ) -> None:
+        self.catalog_dir = catalog_dir
+        self.ttl_seconds = ttl_seconds
+        self._entries: dict[tuple[str, str, str], _Entry] = {}
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        """Forget every loaded catalog (a forced refresh)."""
+        with self._lock:
+            self._entries.clear()
+
+    def _fresh(self, key: tuple[str, str, str], stamp: tuple[int, int] | None) -> Catalog | None:
+        with self._lock:
+            entry = self._entries.get(key)
+        if entry is None or time.monotonic() - entry.loaded_at > self.ttl_seconds:
+            return None
+        return entry.catalog if entry.stamp == stamp else None
+
+    def _keep(
+        self, key: tuple[str, str, str], catalog: Catalog, stamp: tuple[int, int] | None
+    ) -> None:
+        with self._lock:
+            self._entries[key] = _Entry(catalog, time.monotonic(), stamp)
+
+    def snapshot(self, cloud: str, region: str) -> Catalog:
+        """The snapshot of a cloud region: one stat while the kept one is current."""
+        path = _snapshot_file(cloud, region, self.catalog_dir)
+        key = ("snapshot", str(path), "")
+        kept = self._fresh(key, _stamp(path, cloud, region, self.catalog_dir))
+        if kept is not None:
+            return kept
+        catalog, stamp = _read_snapshot(cloud, region, self.catalog_dir)
+        self._keep(key, catalog, stamp)
+        return catalog
+
+    def live(self, cloud: str, region: str, progress: Progress | None = None) -> Catalog:
+        """The catalog from the cloud's API (blocking), kept for the TTL."""
+        parse_cloud(cloud)
+        key = ("live", cloud, region)
+        kept = self._fresh(key, None)
+        if kept is not None:
+            return kept
+        catalog = load_live(cloud, region, progress)
+        self._keep(key, catalog, None)
+        return catalog
+
+    def load(self, cloud: str, region: str | None = None, *, live: bool = False) -> Catalog:
+        """The catalog selection should use: the snapshot unless `live`."""
+        parse_cloud(cloud)
+        region = region or DEFAULT_REGIONS[cloud]
+        return self.live(cloud, region) if live else self.snapshot(cloud, region)

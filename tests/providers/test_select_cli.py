@@ -143,12 +143,8 @@ def test_live_uses_the_loader(
         return snapshot.model_copy(update={"source": "live"})
 
     monkeypatch.setattr(aws_loader, "load_catalog", load_catalog)
-    snapshots.clear_cache()
-    try:
-        code, out, _ = run(capsys, "--live", "--region", "us-west-2", "--gpus", "1",
-                           "--gpu-model", "h100", "--output", "json")  # fmt: skip
-    finally:
-        snapshots.clear_cache()
+    code, out, _ = run(capsys, "--live", "--region", "us-west-2", "--gpus", "1",
+                       "--gpu-model", "h100", "--output", "json")  # fmt: skip
     assert code == 0 and asked == ["us-west-2"]
     data = json.loads(out)
     assert data["source"] == "live" and data["region"] == "us-west-2"

@@ -143,22 +143,40 @@ def test_every_snapshot_loads_and_resolves() -> None:
 # --- the catalog cache ------------------------------------------------------------------------
 
 
-def test_snapshot_cache_reuses_and_notices_changes(tmp_path: Path) -> None:
-    snapshots.clear_cache()
+def test_loader_reuses_and_notices_changes(tmp_path: Path) -> None:
     source = snapshots.snapshot_path("azure", "eastus")
     target = tmp_path / "azure-eastus.json"
     shutil.copy(source, target)
-    first = snapshots.load_catalog("azure", "eastus", catalog_dir=tmp_path)
-    assert snapshots.load_catalog("azure", "eastus", catalog_dir=tmp_path) is first
+    loader = snapshots.CatalogLoader(tmp_path)
+    first = loader.load("azure", "eastus")
+    assert loader.load("azure", "eastus") is first
+    assert snapshots.load_catalog("azure", "eastus", catalog_dir=tmp_path) is not first  # read now
     data = json.loads(target.read_text())
     data["types"] = data["types"][:3]
     target.write_text(json.dumps(data))
     os.utime(target, ns=(1, 1))  # a different mtime even on a coarse clock
-    second = snapshots.load_catalog("azure", "eastus", catalog_dir=tmp_path)
+    second = loader.snapshot("azure", "eastus")
     assert second is not first and len(second.types) == 3
     # an expired TTL reloads too
-    third = snapshots.load_snapshot("azure", "eastus", tmp_path, ttl_seconds=0.0)
-    assert third is not second and third == second
+    third = snapshots.CatalogLoader(tmp_path, ttl_seconds=0.0)
+    assert third.snapshot("azure", "eastus") is not third.snapshot("azure", "eastus")
+    assert third.snapshot("azure", "eastus") == second
+
+
+def test_two_loaders_over_different_folders_keep_their_own(tmp_path: Path) -> None:
+    """Catalogs are kept per loader, never per process: two folders, two catalogs."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for folder, keep in ((ours, 2), (theirs, 5)):
+        folder.mkdir()
+        data = json.loads(snapshots.snapshot_path("azure", "eastus").read_text())
+        data["types"] = data["types"][:keep]
+        (folder / "azure-eastus.json").write_text(json.dumps(data))
+    mine, yours = snapshots.CatalogLoader(ours), snapshots.CatalogLoader(theirs)
+    assert len(mine.load("azure", "eastus").types) == 2
+    assert len(yours.load("azure", "eastus").types) == 5
+    assert len(mine.load("azure", "eastus").types) == 2
+    mine.clear()  # forgets its own, not the other's
+    assert yours.load("azure", "eastus") is yours.load("azure", "eastus")
 
 
 def test_snapshot_errors(tmp_path: Path) -> None:
@@ -193,12 +211,14 @@ def test_live_goes_through_the_loader_and_is_cached(monkeypatch: pytest.MonkeyPa
         return fake
 
     monkeypatch.setattr(aws_loader, "load_catalog", load_catalog)
-    snapshots.clear_cache()
     seen: list[tuple[str, int]] = []
     got = snapshots.load_catalog(
         "aws", "eu-west-1", live=True, progress=lambda s, n: seen.append((s, n))
     )
     assert got is fake and len(calls) == 1 and calls[0][1] is not None
-    assert snapshots.load_catalog("aws", "eu-west-1", live=True) is fake
-    assert len(calls) == 1  # cached
-    snapshots.clear_cache()
+    snapshots.load_catalog("aws", "eu-west-1", live=True)
+    assert len(calls) == 2  # read each time
+    loader = snapshots.CatalogLoader()
+    assert loader.load("aws", "eu-west-1", live=True) is fake
+    assert loader.load("aws", "eu-west-1", live=True) is fake
+    assert len(calls) == 3  # kept by the loader
