@@ -208,6 +208,30 @@ class AzureProvider:
         from azure.mgmt.compute import models as m
 
         name = vm_name(spec.sandbox_id)
+        body: dict[str, Any] = {
+            "location": self.config.location,
+            "tags": self._tags(spec, spot),
+            "properties": {
+                "hardwareProfile": {"vmSize": placement.instance_type},
+                "storageProfile": {"imageReference": {"id": image}, "osDisk": self._os_disk(name)},
+                "osProfile": self._os_profile(spec, name),
+                "networkProfile": {
+                    "networkApiVersion": "2020-11-01",
+                    "networkInterfaceConfigurations": [self._nic(name)],
+                },
+            },
+        }
+        if placement.zone:
+            body["zones"] = [placement.zone]
+        if spot:
+            # Evicted for capacity only (max price -1), and deleted with its disk and NIC.
+            body["properties"].update(
+                {"priority": "Spot", "evictionPolicy": "Delete", "billingProfile": {"maxPrice": -1}}
+            )
+        return m.VirtualMachine(body)
+
+    def _os_profile(self, spec: VMSpec, name: str) -> dict[str, Any]:
+        """Login by SSH key only (when one is set), and the user data as customData."""
         linux: dict[str, Any] = {"disablePasswordAuthentication": True}
         if self.config.ssh_public_key:
             linux["ssh"] = {
@@ -225,54 +249,32 @@ class AzureProvider:
         }
         if spec.user_data:
             os_profile["customData"] = base64.b64encode(spec.user_data.encode()).decode()
-        body: dict[str, Any] = {
-            "location": self.config.location,
-            "tags": self._tags(spec, spot),
+        return os_profile
+
+    def _os_disk(self, name: str) -> dict[str, Any]:
+        """The OS disk made from the image, deleted with the VM, sized when asked."""
+        disk: dict[str, Any] = {
+            "name": os_disk_name(name),
+            "createOption": "FromImage",
+            "deleteOption": "Delete",
+            "managedDisk": {"storageAccountType": "StandardSSD_LRS"},
+        }
+        if self.config.os_disk_gib:
+            disk["diskSizeGB"] = self.config.os_disk_gib
+        return disk
+
+    def _nic(self, name: str) -> dict[str, Any]:
+        """The VM's one network interface in the configured subnet, deleted with the VM."""
+        return {
+            "name": nic_name(name),
             "properties": {
-                "hardwareProfile": {"vmSize": placement.instance_type},
-                "storageProfile": {
-                    "imageReference": {"id": image},
-                    "osDisk": {
-                        "name": os_disk_name(name),
-                        "createOption": "FromImage",
-                        "deleteOption": "Delete",
-                        "managedDisk": {"storageAccountType": "StandardSSD_LRS"},
-                        **(
-                            {"diskSizeGB": self.config.os_disk_gib}
-                            if self.config.os_disk_gib
-                            else {}
-                        ),
-                    },
-                },
-                "osProfile": os_profile,
-                "networkProfile": {
-                    "networkApiVersion": "2020-11-01",
-                    "networkInterfaceConfigurations": [
-                        {
-                            "name": nic_name(name),
-                            "properties": {
-                                "primary": True,
-                                "deleteOption": "Delete",
-                                "ipConfigurations": [
-                                    {
-                                        "name": "ipconfig",
-                                        "properties": {"subnet": {"id": self.config.subnet_id}},
-                                    }
-                                ],
-                            },
-                        }
-                    ],
-                },
+                "primary": True,
+                "deleteOption": "Delete",
+                "ipConfigurations": [
+                    {"name": "ipconfig", "properties": {"subnet": {"id": self.config.subnet_id}}}
+                ],
             },
         }
-        if placement.zone:
-            body["zones"] = [placement.zone]
-        if spot:
-            # Evicted for capacity only (max price -1), and deleted with its disk and NIC.
-            body["properties"].update(
-                {"priority": "Spot", "evictionPolicy": "Delete", "billingProfile": {"maxPrice": -1}}
-            )
-        return m.VirtualMachine(body)
 
     async def create(self, spec: VMSpec) -> Instance:
         what = f"sandbox {spec.sandbox_id[:12]} (pod {spec.pod_namespace}/{spec.pod_name})"

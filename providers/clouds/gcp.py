@@ -274,9 +274,7 @@ class GcpProvider:
     ) -> Any:
         from google.cloud import compute_v1
 
-        machine_type = candidate.instance_type
         accelerator, count = accelerator_type(candidate)
-        gpu = has_gpu(machine_type, accelerator)
         metadata = [
             ("user-data", spec.user_data),
             (TAG_OWNER, self.owner_id),
@@ -284,36 +282,16 @@ class GcpProvider:
             (TAG_POD_NAMESPACE, spec.pod_namespace),
             (TAG_POD_NAME, spec.pod_name),
         ]
-        interface = compute_v1.NetworkInterface(network=self.config.network)
-        if self.config.subnetwork:
-            interface.subnetwork = self.config.subnetwork
-        if self.config.use_public_ip:
-            interface.access_configs = [
-                compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")
-            ]
         instance = compute_v1.Instance(
             name=vm_name(spec.sandbox_id),
-            machine_type=f"zones/{zone}/machineTypes/{machine_type}",
+            machine_type=f"zones/{zone}/machineTypes/{candidate.instance_type}",
             labels=self._labels(spec, spot),
             metadata=compute_v1.Metadata(
                 items=[compute_v1.Items(key=k, value=v) for k, v in metadata if v]
             ),
-            disks=[
-                compute_v1.AttachedDisk(
-                    boot=True,
-                    auto_delete=True,
-                    initialize_params=compute_v1.AttachedDiskInitializeParams(
-                        disk_name=vm_name(spec.sandbox_id),
-                        source_image=image,
-                        disk_size_gb=self.config.disk_size_gb,
-                        disk_type=f"zones/{zone}/diskTypes/{self.config.disk_type}",
-                        labels=self._labels(spec, spot),
-                    ),
-                )
-            ],
-            network_interfaces=[interface],
+            disks=[self._boot_disk(spec, image, zone, spot)],
+            network_interfaces=[self._interface()],
         )
-        confidential = self.config.confidential_type
         if candidate.reservation:
             # the operator's reservation: the only way GCP sells A4, A4X and A3 Ultra on demand
             instance.reservation_affinity = compute_v1.ReservationAffinity(
@@ -321,21 +299,9 @@ class GcpProvider:
                 key="compute.googleapis.com/reservation-name",
                 values=[candidate.reservation],
             )
-            instance.scheduling = compute_v1.Scheduling(
-                on_host_maintenance="TERMINATE", automatic_restart=True
-            )
-        elif spot:
-            # Spot: deleted (with its auto-delete boot disk) when preempted, never restarted.
-            instance.scheduling = compute_v1.Scheduling(
-                provisioning_model="SPOT",
-                instance_termination_action="DELETE",
-                on_host_maintenance="TERMINATE",
-                automatic_restart=False,
-            )
-        elif gpu or confidential:
-            instance.scheduling = compute_v1.Scheduling(
-                on_host_maintenance="TERMINATE", automatic_restart=True
-            )
+        scheduling = self._scheduling(candidate, accelerator, spot)
+        if scheduling is not None:
+            instance.scheduling = scheduling
         if accelerator:
             instance.guest_accelerators = [
                 compute_v1.AcceleratorConfig(
@@ -343,11 +309,58 @@ class GcpProvider:
                     accelerator_count=count,
                 )
             ]
-        if confidential:
+        if self.config.confidential_type:
             instance.confidential_instance_config = compute_v1.ConfidentialInstanceConfig(
-                confidential_instance_type=confidential
+                confidential_instance_type=self.config.confidential_type
             )
         return instance
+
+    def _interface(self) -> Any:
+        """The VM's network interface: the configured network, a public IP only when asked."""
+        from google.cloud import compute_v1
+
+        interface = compute_v1.NetworkInterface(network=self.config.network)
+        if self.config.subnetwork:
+            interface.subnetwork = self.config.subnetwork
+        if self.config.use_public_ip:
+            interface.access_configs = [
+                compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")
+            ]
+        return interface
+
+    def _boot_disk(self, spec: VMSpec, image: str, zone: str, spot: bool) -> Any:
+        """The boot disk, named and labelled as the VM, deleted with it."""
+        from google.cloud import compute_v1
+
+        return compute_v1.AttachedDisk(
+            boot=True,
+            auto_delete=True,
+            initialize_params=compute_v1.AttachedDiskInitializeParams(
+                disk_name=vm_name(spec.sandbox_id),
+                source_image=image,
+                disk_size_gb=self.config.disk_size_gb,
+                disk_type=f"zones/{zone}/diskTypes/{self.config.disk_type}",
+                labels=self._labels(spec, spot),
+            ),
+        )
+
+    def _scheduling(self, candidate: VMCandidate, accelerator: str, spot: bool) -> Any:
+        """How the VM meets host maintenance and preemption; None: GCP's defaults serve."""
+        from google.cloud import compute_v1
+
+        if candidate.reservation:
+            return compute_v1.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=True)
+        if spot:
+            # Spot: deleted (with its auto-delete boot disk) when preempted, never restarted.
+            return compute_v1.Scheduling(
+                provisioning_model="SPOT",
+                instance_termination_action="DELETE",
+                on_host_maintenance="TERMINATE",
+                automatic_restart=False,
+            )
+        if has_gpu(candidate.instance_type, accelerator) or self.config.confidential_type:
+            return compute_v1.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=True)
+        return None
 
     def _usable(self, candidates: tuple[VMCandidate, ...]) -> tuple[VMCandidate, ...]:
         """Drop GPU candidates a confidential VM cannot take (SEV: none; TDX: a3-highgpu-1g)."""
