@@ -134,7 +134,7 @@ def user_data_builder(
             tls_client_ca=pki.ca_pem if pki is not None else "",
             pod_network=pod_network_section(record),
             gpu=setups[0] if setups else None,
-            device_layouts=LayoutDocument.from_plans(plans.values()).to_json() if plans else None,
+            device_layouts=LayoutDocument.from_plans(plans.values()).to_dict() if plans else None,
             extra_files=extra,
         )
         built = userdata.build(cloud, config)

@@ -2,7 +2,7 @@
 
 The sandbox manager calls `PodNet.inspect` at CreateVM, `setup` once the VM has an address,
 `teardown` at StopVM and `repair` at restart; the `Tunnel` each returns is stored with the
-sandbox. `PodNetwork.to_json()` is the `pod-network` section of the VM's apf.json.
+sandbox. `PodNetwork.to_dict()` is the `pod-network` section of the VM's apf.json.
 """
 
 from adaptor.podnet._errors import BadNetns, NetnsGone, PodNetError, TunnelError, VniExhausted

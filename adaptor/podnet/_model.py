@@ -37,7 +37,7 @@ class Route:
     protocol: str = ""
     scope: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"dst": self.dst, "gw": self.gw}
         if self.dev:
             data["dev"] = self.dev
@@ -48,7 +48,7 @@ class Route:
         return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Route:
+    def from_dict(cls, data: Mapping[str, Any]) -> Route:
         protocol = str(data.get("protocol", ""))
         scope = str(data.get("scope", ""))
         if protocol and protocol not in ROUTE_PROTOCOLS.values():
@@ -69,11 +69,11 @@ class Neighbor:
     dev: str
     state: str = "permanent"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"ip": self.ip, "hw-addr": self.hw_addr, "dev": self.dev, "state": self.state}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Neighbor:
+    def from_dict(cls, data: Mapping[str, Any]) -> Neighbor:
         return cls(str(data["ip"]), str(data["hw-addr"]), str(data["dev"]), str(data["state"]))
 
 
@@ -94,7 +94,7 @@ class PodNetwork:
     dedicated: bool = False
     external_net_via_pod_vm: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """CAA's keys, in CAA's order; neighbours are `null` when there are none (Go nil slice)."""
         data: dict[str, Any] = {
             "podip": self.pod_ip,
@@ -102,8 +102,8 @@ class PodNetwork:
             "interface": self.interface,
             "worker-node-ip": self.worker_node_ip,
             "tunnel-type": TUNNEL_TYPE,
-            "routes": [r.to_json() for r in self.routes],
-            "neighbors": [n.to_json() for n in self.neighbors] if self.neighbors else None,
+            "routes": [r.to_dict() for r in self.routes],
+            "neighbors": [n.to_dict() for n in self.neighbors] if self.neighbors else None,
             "mtu": self.mtu,
             "index": self.index,
         }
@@ -116,14 +116,14 @@ class PodNetwork:
         return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PodNetwork:
+    def from_dict(cls, data: Mapping[str, Any]) -> PodNetwork:
         return cls(
             pod_ip=str(data["podip"]),
             pod_hw_addr=str(data["pod-hw-addr"]),
             interface=str(data["interface"]),
             worker_node_ip=str(data["worker-node-ip"]),
-            routes=tuple(Route.from_json(r) for r in data.get("routes") or ()),
-            neighbors=tuple(Neighbor.from_json(n) for n in data.get("neighbors") or ()),
+            routes=tuple(Route.from_dict(r) for r in data.get("routes") or ()),
+            neighbors=tuple(Neighbor.from_dict(n) for n in data.get("neighbors") or ()),
             mtu=int(data["mtu"]),
             index=int(data.get("index", 0)),
             vxlan_port=int(data.get("vxlan-port", 0)),
@@ -173,7 +173,7 @@ class Tunnel:
             {
                 "v": 1,
                 "netns": self.netns,
-                "network": self.network.to_json(),
+                "network": self.network.to_dict(),
                 "remote": self.remote,
                 "state": self.state.value,
                 "error": self.error,
@@ -187,7 +187,7 @@ class Tunnel:
             data = json.loads(text)
             return cls(
                 netns=str(data["netns"]),
-                network=PodNetwork.from_json(data["network"]),
+                network=PodNetwork.from_dict(data["network"]),
                 remote=str(data.get("remote", "")),
                 state=TunnelState(data.get("state", "inspected")),
                 error=str(data.get("error", "")),

@@ -52,7 +52,7 @@ def pod_network_section(record: SandboxRecord) -> dict[str, Any] | None:
     """apf.json's `pod-network` for a sandbox (None: the pod has no network namespace)."""
     if not record.pod_network:
         return None
-    return Tunnel.from_json(record.pod_network).network.to_json()
+    return Tunnel.from_json(record.pod_network).network.to_dict()
 
 
 class SandboxPodNetwork:
@@ -87,7 +87,7 @@ class SandboxPodNetwork:
             # Providers without user data (static, local): the copy holds what the VM must be
             # told, for whoever configures it.
             apf = {
-                "pod-network": ready.network.to_json(),
+                "pod-network": ready.network.to_dict(),
                 "pod-namespace": record.pod_namespace,
                 "pod-name": record.pod_name,
             }

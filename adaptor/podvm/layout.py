@@ -142,7 +142,7 @@ class LayoutDocument(BaseModel):
     v: Literal[2] = 2
     layouts: tuple[Layout, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
     @classmethod

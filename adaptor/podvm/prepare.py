@@ -131,7 +131,7 @@ class RebootGuard:
         return not (marker.get("layout") == digest and marker.get("boot_id") != self.boot_id)
 
     def arm(self, digest: str, document: LayoutDocument) -> None:
-        write_atomic(self.saved, json.dumps(document.to_json(), sort_keys=True))
+        write_atomic(self.saved, json.dumps(document.to_dict(), sort_keys=True))
         write_atomic(self.marker, json.dumps({"layout": digest, "boot_id": self.boot_id}))
 
     def clear(self) -> None:
@@ -143,7 +143,7 @@ class RebootGuard:
 
 
 def digest_of(document: LayoutDocument) -> str:
-    return hashlib.sha256(json.dumps(document.to_json(), sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(document.to_dict(), sort_keys=True).encode()).hexdigest()
 
 
 def choose_layout(document: LayoutDocument, gpus: Sequence[Gpu]) -> Layout | None:

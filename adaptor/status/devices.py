@@ -31,7 +31,7 @@ class ContainerDeviceState:
     state: DeviceState = DeviceState.PENDING
     reason: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"devices": list(self.devices), "state": self.state.value, "reason": self.reason}
 
 
@@ -64,4 +64,4 @@ class DeviceBook:
         """JSON-ready status of a sandbox's containers."""
         with self._lock:
             containers = self._sandboxes.get(sandbox_id, {})
-            return {name: entry.to_json() for name, entry in sorted(containers.items())}
+            return {name: entry.to_dict() for name, entry in sorted(containers.items())}

@@ -213,7 +213,7 @@ async def test_user_data_carries_the_pod_network_and_keeps_an_operator_copy(
     text = build(with_net, plan)
     files = {f["path"]: f["content"] for f in yaml.safe_load(text)["write_files"]}
     apf = json.loads(files["/run/peerpod/apf.json"])
-    assert apf["pod-network"] == network.to_json()
+    assert apf["pod-network"] == network.to_dict()
     assert apf["pod-network"]["routes"] == [
         {"dst": "10.244.1.0/24", "gw": "", "dev": "eth0", "protocol": "kernel", "scope": "link"}
     ]

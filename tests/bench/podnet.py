@@ -90,7 +90,7 @@ def throughput_gbps(server_ns: str, server_ip: str, client_ns: str, seconds: flo
 
 def apf(tunnel: Tunnel) -> dict[str, object]:
     text = json.dumps(
-        {"pod-network": tunnel.network.to_json(), "pod-namespace": "b", "pod-name": "p"}
+        {"pod-network": tunnel.network.to_dict(), "pod-namespace": "b", "pod-name": "p"}
     )
     decoded: dict[str, object] = json.loads(text)
     return decoded

@@ -35,7 +35,7 @@ from tests.podnet.topology import (
 
 def apf(tunnel: Tunnel) -> dict[str, object]:
     text = json.dumps(
-        {"pod-network": tunnel.network.to_json(), "pod-namespace": "ns", "pod-name": "p"}
+        {"pod-network": tunnel.network.to_dict(), "pod-namespace": "ns", "pod-name": "p"}
     )
     decoded: dict[str, object] = json.loads(text)
     return decoded

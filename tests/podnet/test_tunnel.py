@@ -21,7 +21,7 @@ PEER = "10.128.0.250"
 def apf(tunnel: Tunnel) -> dict[str, object]:
     """The apf.json a pod VM gets (what matters to the forwarder), through JSON text."""
     text = json.dumps(
-        {"pod-network": tunnel.network.to_json(), "pod-namespace": "default", "pod-name": "p"}
+        {"pod-network": tunnel.network.to_dict(), "pod-namespace": "default", "pod-name": "p"}
     )
     decoded: dict[str, object] = json.loads(text)
     return decoded

@@ -52,7 +52,7 @@ class PodVM:
     def send(self, *layouts: Layout, apf: dict[str, Any] | None = None) -> None:
         """Write apf.json as the user data would: CAA's keys plus the layouts."""
         doc = dict(apf or {"pod-network": None, "pod-namespace": "default", "pod-name": "p"})
-        doc[APF_KEY] = LayoutDocument(layouts=layouts).to_json()
+        doc[APF_KEY] = LayoutDocument(layouts=layouts).to_dict()
         self.write_apf(doc)
 
     def write_apf(self, doc: dict[str, Any]) -> None:

@@ -41,4 +41,4 @@ async def test_a_plan_becomes_a_layout_and_back() -> None:
     layout = Layout.from_plan(plan)
     assert layout.names() == [*plan.gpus, *(m.name for m in plan.mig), *plan.rdma]
     doc = LayoutDocument(layouts=(layout,))
-    assert parse_document(doc.to_json(), "apf.json") == doc
+    assert parse_document(doc.to_dict(), "apf.json") == doc
