@@ -30,7 +30,7 @@ from adaptor.cdi._spec import (
     load_spec,
     minimum_version,
     parse_spec,
-    spec_to_json,
+    spec_to_dict,
 )
 
 __all__ = [
@@ -64,5 +64,5 @@ __all__ = [
     "parse_annotations",
     "parse_qualified_name",
     "parse_spec",
-    "spec_to_json",
+    "spec_to_dict",
 ]

@@ -484,7 +484,7 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def spec_to_json(spec: Spec) -> dict[str, Any]:
+def spec_to_dict(spec: Spec) -> dict[str, Any]:
     """The spec as CDI JSON (for listing and for feeding other tools)."""
 
     def edits(e: ContainerEdits) -> dict[str, Any]:

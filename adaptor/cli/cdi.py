@@ -51,7 +51,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptor.cdi import CdiError, Registry, host_stat, load_spec, spec_to_json
+    from adaptor.cdi import CdiError, Registry, host_stat, load_spec, spec_to_dict
 
     if args.cdi_command == "validate":
         failed = 0
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         if args.output == "json":
             doc = {}
             for name, hit in registry.devices.items():
-                devices = spec_to_json(hit.spec)["devices"]
+                devices = spec_to_dict(hit.spec)["devices"]
                 entry = next(d for d in devices if d["name"] == hit.device.name)
                 doc[name] = {"spec": hit.spec.path, "priority": hit.spec.priority, **entry}
             print(json.dumps(doc, indent=2))

@@ -31,7 +31,7 @@ from adaptor.cdi import (
     minimum_version,
     parse_qualified_name,
     parse_spec,
-    spec_to_json,
+    spec_to_dict,
 )
 from adaptor.podvm.host import HOOK, Host
 from adaptor.podvm.nvml import Gpu
@@ -162,7 +162,7 @@ def write_specs(specs: Mapping[str, Spec], cdi_dir: Path) -> list[str]:
     present. Returns the paths of the specs now in place."""
     written: list[str] = []
     for kind, spec in specs.items():
-        text = json.dumps(spec_to_json(spec), indent=2) + "\n"
+        text = json.dumps(spec_to_dict(spec), indent=2) + "\n"
         path = cdi_dir / spec_file_name(kind)
         parse_spec(text, str(path))  # our own strict loader must accept what we write
         write_atomic(path, text)
