@@ -34,6 +34,8 @@ _RULES: tuple[tuple[str, re.Pattern[str], Offer], ...] = tuple(
     for cloud, pattern, offer in (
         # P6e-GB200 UltraServers: EC2 Capacity Blocks for ML only (no on demand, no Spot)
         ("aws", r"^p6e-gb200\.", Offer(("capacity-block",))),
+        # P5e: no On-Demand term in the EC2 Price List (Capacity Blocks for ML and Spot only)
+        ("aws", r"^p5e\.", Offer(("spot", "capacity-block"))),
         # A4X (GB200), A4 (B200) and A3 Ultra (H200): reservations, Flex-start and Spot
         ("gcp", r"^a4x-highgpu-", Offer(_RESERVED_SPOT_FLEX)),
         ("gcp", r"^a4-highgpu-", Offer(_RESERVED_SPOT_FLEX)),
