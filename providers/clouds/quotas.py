@@ -1,7 +1,7 @@
 """Reading the cloud account's quotas and their usage, where each cloud's API offers them.
 
 AWS: Service Quotas `GetServiceQuota` for EC2's running On-Demand vCPU quotas per instance class
-(P; G and VT; Standard), usage counted from the account's pending and running instances (the
+(P; G and VT; DL; Standard), usage counted from the account's pending and running instances (the
 quota counts every instance of the account in the region, not only this adaptor's). Azure:
 `usage.list(location)`, the vCPU limit and current value of each VM family and of the region.
 GCP: the region resource's `quotas` (`NVIDIA_H100_GPUS`, `PREEMPTIBLE_NVIDIA_H100_GPUS`, ...).
@@ -41,6 +41,9 @@ AWS_VCPU_QUOTAS: Mapping[str, tuple[tuple[str, ...], str, bool]] = {
     "L-7212CCBC": (("p",), "All P Spot Instance Requests", True),
     "L-3819A6DF": (("g", "gr", "vt"), "All G and VT Spot Instance Requests", True),
     "L-34B43A08": (_STANDARD, "All Standard Spot Instance Requests", True),
+    # DL (dl1, Gaudi): its own class, in none of the quotas above
+    "L-6E869C2A": (("dl",), "Running On-Demand DL instances", False),
+    "L-85EED4F7": (("dl",), "All DL Spot Instance Requests", True),
 }
 
 # GCP region quota metric (without PREEMPTIBLE_) -> canonical GPU model id.

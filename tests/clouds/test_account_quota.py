@@ -3,7 +3,10 @@
 Sources: AWS Service Quotas for EC2 (https://docs.aws.amazon.com/ec2/latest/instancetypes/
 ec2-instance-quotas.html: On-Demand quotas count vCPUs of running instances per class, "Running
 On-Demand P instances" L-417A185B, "G and VT" L-DB2E81BA, "Standard" L-1216C47A; the Spot
-requests' "All P" L-7212CCBC, "All G and VT" L-3819A6DF, "All Standard" L-34B43A08); Azure
+requests' "All P" L-7212CCBC, "All G and VT" L-3819A6DF, "All Standard" L-34B43A08; DL, the
+Gaudi class: "Running On-Demand DL instances" L-6E869C2A, "All DL Spot Instance Requests"
+L-85EED4F7, as skypilot-org/skypilot-catalog catalogs/v5/aws/instance_quota_mapping.csv maps
+dl1.24xlarge); Azure
 Compute usages (https://learn.microsoft.com/rest/api/compute/usage/list: per VM family
 `currentValue`/`limit`, with `cores` the regional total and `lowPriorityCores` Spot's); GCP
 region quotas (https://cloud.google.com/compute/resource-usage#gpu_quota: `NVIDIA_H100_GPUS`,
@@ -58,6 +61,11 @@ def test_aws_reads_service_quotas_and_counts_the_whole_accounts_instances() -> N
             )  # fmt: skip
             for _code in ("L-3819A6DF", "L-34B43A08"):
                 stub.add_client_error("get_service_quota", "NoSuchResourceException")
+            for code, value in (("L-6E869C2A", 96.0), ("L-85EED4F7", 0.0)):
+                stub.add_response(
+                    "get_service_quota", _quota_answer(code, value),
+                    {"ServiceCode": "ec2", "QuotaCode": code},
+                )  # fmt: skip
             account = aws_quota("us-east-1", ec2, quotas, vcpus)
     by_code = {limit.name.split()[0]: limit for limit in account.limits}
     assert (by_code["L-417A185B"].used, by_code["L-417A185B"].limit) == (192.0, 384.0)
@@ -71,6 +79,10 @@ def test_aws_reads_service_quotas_and_counts_the_whole_accounts_instances() -> N
     assert account.over(by_name["g6.12xlarge"], spot=True) == ""
     spot_p = account.over(by_name["p5.48xlarge"], spot=True)
     assert "L-7212CCBC All P Spot Instance Requests (0/0 vCPUs) exhausted" in spot_p
+    # dl1 (Gaudi) is counted by the DL quotas, not by P, G and VT or Standard
+    assert account.over(by_name["dl1.24xlarge"], spot=False) == ""  # 0 + 96 <= 96
+    spot_dl = account.over(by_name["dl1.24xlarge"], spot=True)
+    assert "L-85EED4F7 All DL Spot Instance Requests (0/0 vCPUs) exhausted" in spot_dl
 
 
 def test_aws_without_the_service_is_no_limit() -> None:
@@ -78,7 +90,7 @@ def test_aws_without_the_service_is_no_limit() -> None:
         ec2 = boto3.client("ec2", region_name="us-east-1")
         quotas = boto3.client("service-quotas", region_name="us-east-1")
         account = aws_quota("us-east-1", ec2, quotas, {})
-    assert account.limits == () and len(account.notes) == 6
+    assert account.limits == () and len(account.notes) == 8
 
 
 def test_azure_reads_family_usages() -> None:
