@@ -168,9 +168,16 @@ def test_gcp_attaches_the_cheapest_gpu_that_serves() -> None:
 
 
 def test_an_unpriced_type_ranks_by_an_estimate_from_its_gpus_not_last() -> None:
-    gcp = snapshots.load_catalog("gcp")
+    bundled = snapshots.load_catalog("gcp")
+    # A3 Mega's list price is bundled now (host $9.46006 + 8 x H100 Mega $10.3443, skypilot-catalog
+    # catalogs/v8/gcp/vms.csv @006059e0); without it, it is estimated from its GPUs
+    assert bundled.by_name()["a3-megagpu-8g"].price_per_hour == 92.2143
+    unpriced = {"price_per_hour": None, "spot_price_per_hour": None}
+    types = tuple(
+        t.model_copy(update=unpriced) if t.name == "a3-megagpu-8g" else t for t in bundled.types
+    )
+    gcp = bundled.model_copy(update={"types": types})
     mega = gcp.by_name()["a3-megagpu-8g"]
-    assert mega.price_per_hour is None
     # estimated at the region's own H100 list price (GCP prices GPUs apart from machines)
     selection = select(gcp, InstanceRequest(gpus=8, gpu_models=("h100",)))
     by = {c.name: c for c in selection.candidates}
