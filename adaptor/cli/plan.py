@@ -236,7 +236,7 @@ def _print_devices(report: PlanReport, out: TextIO) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from adaptor.cli.pod_plan import load_documents, plan_manifest
-    from adaptor.devices.naming import naming_from_flags
+    from adaptor.devices import naming_from_flags
     from providers.core.errors import InvalidRequest
 
     if args.limit < 1:

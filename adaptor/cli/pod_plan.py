@@ -27,8 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from adaptor.devices.naming import CdiNaming
-from adaptor.devices.plan import DevicePlan, MigDevice, plan_devices
+from adaptor.devices import CdiNaming, DevicePlan, MigDevice, plan_devices
 from adaptor.planning.placement import Placement, Plan
 from providers.core.catalog import Catalog
 from providers.core.contract import (

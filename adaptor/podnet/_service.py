@@ -32,7 +32,7 @@ from adaptor.podnet import _inspect, _sweep, _tunnel
 from adaptor.podnet._errors import PodNetError, VniExhausted
 from adaptor.podnet._model import MAX_VNI, Tunnel, TunnelState
 from adaptor.podnet._netns import NETNS_DIRS
-from adaptor.runtime.periodic import OwnedTask
+from adaptor.runtime import OwnedTask
 from adaptor.settings import PodNetworkSettings
 
 log = logging.getLogger(__name__)

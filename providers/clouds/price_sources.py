@@ -41,7 +41,7 @@ from providers.clouds._price_pages import (
     same_api,
     strict_json,
 )
-from providers.clouds.loaders._common import Progress, import_sdk, report
+from providers.clouds.loaders import Progress, import_sdk, report
 from providers.core.catalog import Catalog, InstanceType
 from providers.core.errors import CatalogError, InvalidRequest
 from providers.core.gpus import resolve_gpu

@@ -10,11 +10,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from providers.clouds.loaders._common import Progress, no_progress
+from providers.clouds.loaders._common import Progress, import_sdk, no_progress, report
 from providers.core.catalog import Catalog
 from providers.core.errors import InvalidRequest
 
-__all__ = ["LOADERS", "Progress", "load", "no_progress"]
+__all__ = ["LOADERS", "Progress", "import_sdk", "load", "no_progress", "report"]
 
 LOADERS: dict[str, str] = {
     "aws": "providers.clouds.loaders.aws",
