@@ -7,6 +7,10 @@ added: long calls (WaitProcess, GetOOMEvent) simply stay in flight beside the ot
 
 Only `grpc.AgentService/CreateContainer` is ever decoded, and only when a hook is installed.
 
+The ttrpc stream rules (ids, size limits, which frames a stream takes) are the ones our server
+keeps, from adaptor.ttrpc.streams: each shim connection serves through a `ServerStreams`, the
+upstream calls through a `ClientStreams`.
+
 When the pod VM is known to be gone for good (preempted), `fail` answers every call, in flight
 or new, with one status that says so, so the shim fails the pod instead of waiting on a VM that
 will never answer.
@@ -24,13 +28,8 @@ from collections.abc import Callable
 from typing import cast
 
 from adaptor.ttrpc.codec import (
-    MAX_DATA_LENGTH,
     DecoderState,
-    FrameDecoder,
     MalformedMessage,
-    MessageType,
-    Oversized,
-    encode_header,
     encode_request,
     encode_response,
     peek_call,
@@ -45,7 +44,7 @@ from adaptor.ttrpc.connection import (
 )
 from adaptor.ttrpc.gen import ttrpc_pb2
 from adaptor.ttrpc.status import Code, TtrpcError
-from adaptor.ttrpc.streams import Call, ServerStreams
+from adaptor.ttrpc.streams import Call, ClientStreams, ServerStreams
 
 from .dial import Dial
 from .moved import INTERRUPTED, REPEATABLE, MovedCall, MovedProxy, MovedShim
@@ -67,8 +66,6 @@ BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 5.0
 # At a hand-off, how long answers already sent by the pod VM are still read after a half-close.
 MOVE_LINGER_SECONDS = 1.0
-_REQUEST = MessageType.REQUEST
-_RESPONSE = MessageType.RESPONSE
 
 
 class AgentProxy:
@@ -450,9 +447,7 @@ class AgentProxy:
             request.timeout_nano,
             [(kv.key, kv.value) for kv in request.metadata],
         )
-        if len(rewritten) > MAX_DATA_LENGTH:
-            raise TtrpcError(Code.RESOURCE_EXHAUSTED, "rewritten CreateContainer is too large")
-        return rewritten, completion
+        return rewritten, completion  # one grown over the size limit is refused when sent
 
     def report(self, service: str, method: str, code: int) -> None:
         if self._on_call is not None:
@@ -463,7 +458,7 @@ class AgentProxy:
 
 
 class _Upstream:
-    """The one connection to the forwarder; owns the upstream stream id space."""
+    """The one connection to the forwarder; its stream ids are ours (a `ClientStreams`)."""
 
     def __init__(
         self, proxy: AgentProxy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -471,7 +466,7 @@ class _Upstream:
         self._proxy = proxy
         self._reader = reader
         self._writer = writer
-        self._next_id = 1
+        self._streams = ClientStreams()
         self.closed = False
         self.moving = False  # a hand-off: calls still pending are left to the successor
         # upstream stream id -> (shim connection, shim stream id, service, method)
@@ -482,21 +477,21 @@ class _Upstream:
     def send(
         self, shim: _ShimConnection, shim_id: int, service: str, method: str, data: bytes
     ) -> None:
-        up_id = self._next_id
-        if up_id > 0xFFFFFFFF:
-            # ids exhausted: retire this connection; the next call dials a fresh one
-            shim.answer(shim_id, service, method, Code.UNAVAILABLE, "upstream stream ids exhausted")
-            self._writer.close()
+        try:
+            up_id = self._streams.call(data)
+        except TtrpcError as exc:
+            shim.answer(shim_id, service, method, exc.code, exc.message)
+            if exc.code == Code.UNAVAILABLE:
+                self._writer.close()  # ids used up: the next call dials a fresh connection
             return
-        self._next_id = up_id + 2
         self.pending[up_id] = (shim, shim_id, service, method)
-        self._writer.write(encode_header(len(data), up_id, _REQUEST) + data)
+        self._writer.write(self._streams.data_to_send())
 
     async def drain(self) -> None:
         await self._writer.drain()
 
     async def _read_loop(self) -> None:
-        decoder = FrameDecoder()
+        streams = self._streams
         why = "connection closed by the pod VM"
         pending = self.pending
         try:
@@ -504,23 +499,11 @@ class _Upstream:
                 chunk = await self._reader.read(READ_CHUNK)
                 if not chunk:
                     break
-                for event in decoder.feed(chunk):
-                    entry = pending.pop(event.stream_id, None)
-                    if entry is None:
-                        continue
-                    shim, shim_id, service, method = entry
-                    if isinstance(event, Oversized):
-                        shim.answer(
-                            shim_id,
-                            service,
-                            method,
-                            Code.RESOURCE_EXHAUSTED,
-                            "response exceeds maximum message size",
-                        )
-                    elif event.msg_type == _RESPONSE:
-                        shim.relay(shim_id, service, method, event.data)
-                    else:
-                        pending[event.stream_id] = entry  # not the answer: keep waiting
+                for answer in streams.receive(chunk):
+                    entry = pending.pop(answer.stream_id, None)
+                    if entry is not None:
+                        shim, shim_id, service, method = entry
+                        shim.relay(shim_id, service, method, answer.data)
         except (ConnectionError, OSError) as exc:
             why = f"{type(exc).__name__}: {exc}"
         except asyncio.CancelledError:

@@ -1,4 +1,5 @@
-"""ttrpc client: many concurrent calls on one connection, odd increasing stream ids."""
+"""ttrpc client: many concurrent calls on one connection (adaptor.ttrpc.streams keeps the
+stream rules)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,12 @@ from collections.abc import Sequence
 
 from google.protobuf.message import DecodeError
 
-from .codec import (
-    MAX_DATA_LENGTH,
-    FrameDecoder,
-    MessageType,
-    Oversized,
-    encode_frame,
-    encode_request,
-)
+from .codec import encode_request
 from .connection import READ_CHUNK, close_writer, open_tcp, open_unix
 from .gen import ttrpc_pb2
 from .status import Code, TtrpcError
+from .streams import ClientStreams
 
-_MAX_STREAM_ID = (1 << 32) - 1
 _Result = tuple[Code, str, bytes]
 
 
@@ -31,7 +25,7 @@ class Client:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
-        self._next_stream_id = 1
+        self._streams = ClientStreams()
         self._pending: dict[int, asyncio.Future[_Result]] = {}
         self._error: TtrpcError | None = None
         self._read_task = asyncio.get_running_loop().create_task(
@@ -70,19 +64,11 @@ class Client:
         if self._error is not None:
             raise self._error
         data = encode_request(service, method, payload, timeout_nano, metadata)
-        if len(data) > MAX_DATA_LENGTH:
-            raise TtrpcError(
-                Code.RESOURCE_EXHAUSTED,
-                f"message length {len(data)} exceed maximum message size of {MAX_DATA_LENGTH}",
-            )
-        stream_id = self._next_stream_id
-        if stream_id > _MAX_STREAM_ID:
-            raise TtrpcError(Code.UNAVAILABLE, "stream ids exhausted on this connection")
-        self._next_stream_id += 2
+        stream_id = self._streams.call(data)
         future: asyncio.Future[_Result] = asyncio.get_running_loop().create_future()
         self._pending[stream_id] = future
         try:
-            self._writer.write(encode_frame(stream_id, MessageType.REQUEST, data))
+            self._writer.write(self._streams.data_to_send())
             await self._writer.drain()
             if timeout_nano > 0:
                 deadline = asyncio.timeout(timeout_nano / 1e9)
@@ -99,28 +85,23 @@ class Client:
             raise TtrpcError(Code.UNAVAILABLE, f"connection lost: {exc}") from exc
         finally:
             self._pending.pop(stream_id, None)
+            self._streams.forget(stream_id)
         if code != Code.OK:
             raise TtrpcError(code, message)
         return body
 
     async def _read_loop(self) -> None:
-        decoder = FrameDecoder()
+        streams = self._streams
         why = "connection closed"
         try:
             while True:
                 data = await self._reader.read(READ_CHUNK)
                 if not data:
                     break
-                for event in decoder.feed(data):
-                    future = self._pending.get(event.stream_id)
-                    if future is None or future.done():
-                        continue  # a call that gave up (deadline, cancel)
-                    if isinstance(event, Oversized):
-                        future.set_result(
-                            (Code.RESOURCE_EXHAUSTED, "response exceeds maximum message size", b"")
-                        )
-                    elif event.msg_type == MessageType.RESPONSE:
-                        future.set_result(_parse_response(event.data))
+                for answer in streams.receive(data):
+                    future = self._pending.get(answer.stream_id)
+                    if future is not None and not future.done():
+                        future.set_result(_parse_response(answer.data))
         except (ConnectionError, OSError) as exc:
             why = f"connection lost: {exc}"
         finally:

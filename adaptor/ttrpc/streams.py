@@ -21,6 +21,11 @@ each rule is written once, here, in the order a frame meets them:
 Refusals are sent by the machine itself (see `data_to_send`); the `Refused` event tells the
 caller which stream was refused and why. `export` and `resume` move a connection's position to
 another process (a hand-off) with its streams still open.
+
+The calling side (our client, and the proxy's connection to the pod VM) keeps the mirror rules in
+`ClientStreams`: its ids are odd and increasing until they run out, a request over the size limit
+is never sent, each call gets one answer (an oversized one becomes RESOURCE_EXHAUSTED), and
+frames for streams nobody waits on are dropped.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from .codec import (
     encode_frame,
     encode_response,
 )
-from .status import Code
+from .status import Code, TtrpcError
 
 R = TypeVar("R")
 
@@ -48,6 +53,8 @@ ODD_IDS = "StreamID must be odd for client initiated streams"
 REUSED_ID = "StreamID cannot be re-used and must increment"
 CLOSE_WITH_DATA = "data close message cannot include data"
 RESPONSE_TOO_LARGE = "response exceeds maximum message size"
+IDS_EXHAUSTED = "stream ids exhausted on this connection"
+MAX_STREAM_ID = (1 << 32) - 1
 
 
 def oversized_message(length: int) -> str:
@@ -224,3 +231,70 @@ class ServerStreams(Generic[R]):
             stream_id, MessageType.RESPONSE, encode_response(b"", code, message)
         )
         events.append(Refused(stream_id, code, message))
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The Response that ends a call: its data as received, or a RESOURCE_EXHAUSTED status in
+    place of one over the size limit."""
+
+    stream_id: int
+    data: bytes
+
+
+class ClientStreams:
+    """One calling connection's streams: the next id, the calls waiting for an answer."""
+
+    __slots__ = ("_decoder", "_next_id", "_open", "_out")
+
+    def __init__(self, *, first_stream_id: int = 1) -> None:
+        self._decoder = FrameDecoder()
+        self._next_id = first_stream_id
+        self._open: set[int] = set()
+        self._out = bytearray()
+
+    @property
+    def in_flight(self) -> int:
+        """Calls sent and not answered (nor forgotten) yet."""
+        return len(self._open)
+
+    def call(self, data: bytes) -> int:
+        """Queue a Request frame with `data` on a new stream; its id. TtrpcError, with nothing
+        queued, when `data` is over the size limit (RESOURCE_EXHAUSTED) or the connection's ids
+        are used up (UNAVAILABLE: the caller opens a new connection)."""
+        if len(data) > MAX_DATA_LENGTH:
+            raise TtrpcError(Code.RESOURCE_EXHAUSTED, oversized_message(len(data)))
+        stream_id = self._next_id
+        if stream_id > MAX_STREAM_ID:
+            raise TtrpcError(Code.UNAVAILABLE, IDS_EXHAUSTED)
+        self._next_id = stream_id + 2
+        self._open.add(stream_id)
+        self._out += encode_frame(stream_id, MessageType.REQUEST, data)
+        return stream_id
+
+    def forget(self, stream_id: int) -> None:
+        """A call given up on (deadline, cancelled): its answer, if one comes, is dropped."""
+        self._open.discard(stream_id)
+
+    def receive(self, data: bytes) -> list[Answer]:
+        """Take received bytes; return the answers they complete."""
+        answers: list[Answer] = []
+        for frame in self._decoder.feed(data):
+            stream_id = frame.stream_id
+            if stream_id not in self._open:
+                continue
+            if not isinstance(frame, Frame):
+                body = encode_response(b"", Code.RESOURCE_EXHAUSTED, RESPONSE_TOO_LARGE)
+            elif frame.msg_type == MessageType.RESPONSE:
+                body = frame.data
+            else:
+                continue  # not the answer (Data on a unary call, a type unknown here)
+            self._open.discard(stream_id)
+            answers.append(Answer(stream_id, body))
+        return answers
+
+    def data_to_send(self) -> bytes:
+        """The Request frames queued since the last call, in order."""
+        out = bytes(self._out)
+        self._out.clear()
+        return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -17,13 +18,17 @@ from adaptor.ttrpc.codec import (
     peek_call,
 )
 from adaptor.ttrpc.gen import ttrpc_pb2
-from adaptor.ttrpc.status import Code
+from adaptor.ttrpc.status import Code, TtrpcError
 from adaptor.ttrpc.streams import (
     CLOSE_WITH_DATA,
+    IDS_EXHAUSTED,
+    MAX_STREAM_ID,
     ODD_IDS,
     RESPONSE_TOO_LARGE,
     REUSED_ID,
+    Answer,
     Call,
+    ClientStreams,
     Event,
     Refused,
     ServerStreams,
@@ -231,3 +236,84 @@ def test_any_split_of_the_bytes_gives_the_same_events(
     # byte by byte, for the frames that are small enough
     if len(stream) < 400:
         assert run([stream[i : i + 1] for i in range(len(stream))]) == run([stream])
+
+
+# --- the calling side ----------------------------------------------------------------------------
+
+
+def response(
+    stream_id: int, data: bytes = b"\x0a\x00", msg_type: int = MessageType.RESPONSE
+) -> bytes:
+    return encode_frame(stream_id, msg_type, data)
+
+
+def test_calls_take_odd_increasing_ids_and_get_one_answer_each() -> None:
+    streams = ClientStreams()
+    assert [streams.call(CHECK) for _ in range(3)] == [1, 3, 5]
+    assert streams.data_to_send() == request(1) + request(3) + request(5)
+    frames = (
+        response(3, b"three")
+        + response(3, b"again")  # answered already
+        + response(7)  # never asked
+        + response(1, b"data", MessageType.DATA)  # not the answer: still waiting
+        + response(1, b"one")
+    )
+    assert streams.receive(frames) == [Answer(3, b"three"), Answer(1, b"one")]
+    assert streams.in_flight == 1
+    streams.forget(5)  # given up: its late answer is dropped
+    assert streams.receive(response(5)) == [] and streams.in_flight == 0
+
+
+def test_an_oversized_answer_ends_its_call_with_resource_exhausted() -> None:
+    streams = ClientStreams()
+    streams.call(CHECK)
+    streams.call(CHECK)
+    answers = streams.receive(oversized(3, MessageType.RESPONSE) + response(1))
+    assert [a.stream_id for a in answers] == [3, 1]
+    status = ttrpc_pb2.Response.FromString(answers[0].data).status
+    assert (status.code, status.message) == (Code.RESOURCE_EXHAUSTED, RESPONSE_TOO_LARGE)
+
+
+def test_a_request_over_the_limit_is_never_sent() -> None:
+    streams = ClientStreams()
+    with pytest.raises(TtrpcError) as info:
+        streams.call(b"x" * (MAX_DATA_LENGTH + 1))
+    assert (info.value.code, info.value.message) == (
+        Code.RESOURCE_EXHAUSTED,
+        oversized_message(MAX_DATA_LENGTH + 1),
+    )
+    assert streams.data_to_send() == b"" and streams.in_flight == 0
+    assert streams.call(b"x" * MAX_DATA_LENGTH) == 1  # the id was not used up
+
+
+def test_ids_run_out() -> None:
+    streams = ClientStreams(first_stream_id=MAX_STREAM_ID)
+    assert streams.call(CHECK) == MAX_STREAM_ID
+    with pytest.raises(TtrpcError) as info:
+        streams.call(CHECK)
+    assert (info.value.code, info.value.message) == (Code.UNAVAILABLE, IDS_EXHAUSTED)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 9), st.sampled_from([1, 2, 2, 3, 7, -1])), min_size=1, max_size=8
+    ),
+    st.lists(st.integers(0, MAX_DATA_LENGTH * 2), max_size=6),
+)
+def test_any_split_of_the_answers_gives_the_same_answers(
+    specs: list[tuple[int, int]], cuts: list[int]
+) -> None:
+    stream = b"".join(
+        oversized(sid, MessageType.RESPONSE) if t < 0 else response(sid, b"r%d" % sid, t)
+        for sid, t in specs
+    )
+    points = sorted({min(c, len(stream)) for c in cuts} | {len(stream) // 2})
+    chunks = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+
+    def answers(chunks: list[bytes]) -> list[Answer]:
+        streams = ClientStreams()
+        for _ in range(5):
+            streams.call(CHECK)  # ids 1, 3, 5, 7, 9
+        return [a for chunk in chunks for a in streams.receive(chunk)]
+
+    assert answers(chunks) == answers([stream])
