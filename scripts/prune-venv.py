@@ -1,61 +1,149 @@
-"""Remove from an installed virtual environment what peerpods never imports (the image build).
+"""Remove from an installed virtual environment what peerpods never uses (the image build).
 
-The dependencies bring more than peerpods uses: the Kubernetes client's asyncio twin
-(`kubernetes.aio`, about 70 MB, with aiohttp under it), the Azure SDKs' asyncio clients, and
-botocore's models of some 400 AWS services when peerpods calls EC2 alone. Each removal is named
-below with the reason it is safe; a path that is not there is skipped (an extra not installed).
+The dependencies bring more than peerpods uses: the Azure SDKs' asyncio clients, botocore's
+models of some 400 AWS services when peerpods calls EC2, Service Quotas and the credential
+services, google-cloud-compute's clients of some 130 Compute Engine APIs when peerpods calls
+four, test folders, and debug information in compiled extensions (uvloop's alone is 12 MB).
+Each removal is named below with the reason it is safe; a path that is not there is skipped (an
+extra not installed). Run it with the environment's own python: what it changed is imported
+afterwards, and a failed import fails the build rather than the image.
 
-    python3 scripts/prune-venv.py /opt/peerpods/lib/python3.*/site-packages
+    /opt/peerpods/bin/python scripts/prune-venv.py /opt/peerpods/lib/python3.*/site-packages
 """
 
 from __future__ import annotations
 
+import ast
+import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
-# Packages imported by nothing peerpods runs (kubernetes.aio and what only it needs).
+# Packages imported by nothing peerpods runs.
 UNUSED = (
-    "kubernetes/aio",  # the asyncio client; peerpods uses kubernetes.client
-    "aiohttp",
-    "aiohttp_retry",
-    "aiohappyeyeballs",
-    "aiosignal",
-    "frozenlist",
-    "multidict",
-    "propcache",
-    "yarl",
     "azure/mgmt/compute/aio",  # the asyncio clients; providers.clouds.azure uses the others
     "azure/mgmt/network/aio",
     "azure/identity/aio",
     "grpc_tools",  # protoc: a build tool, never a runtime import
+    "google/cloud/compute",  # google-cloud-compute's alias of compute_v1, which peerpods imports
 )
-# The botocore service models providers.clouds.aws reaches (EC2; STS and SSO for credentials).
-BOTOCORE_SERVICES = frozenset({"ec2", "sts", "sso", "sso-oidc", "pricing"})
+# The botocore service models providers.clouds.aws reaches: EC2, Service Quotas (account quotas),
+# the Price List API, and STS and SSO for the credential chain (web identity, SSO profiles).
+BOTOCORE_SERVICES = frozenset({"ec2", "service-quotas", "pricing", "sts", "sso", "sso-oidc"})
+# The Compute Engine clients providers.clouds (gcp, quotas, loaders.gcp) creates; the services
+# these import (their operation pollers) are kept with them.
+COMPUTE_V1 = "google/cloud/compute_v1"
+COMPUTE_SERVICES = frozenset({"instances", "regions", "machine_types", "accelerator_types"})
+SERVICE_IMPORT = re.compile(r"compute_v1\.services(?:\.| import )(\w+)")
+# A compiled extension with debug information carries this section name.
+DEBUG_SECTION = b".debug_info"
 
 
-def prune(site: Path) -> int:
-    """Remove what peerpods never imports under `site`; the bytes removed."""
-    removed = 0
+def prune(site: Path) -> tuple[int, list[str]]:
+    """Remove what peerpods never uses under `site`: the bytes removed, and the modules to import
+    again to show that what is left still loads."""
+    before = _size(site)
     targets = [site / name for name in UNUSED]
     data = site / "botocore" / "data"
     if data.is_dir():
         targets += [p for p in data.iterdir() if p.is_dir() and p.name not in BOTOCORE_SERVICES]
     targets += list(site.glob("*/tests")) + list(site.glob("*/*/tests"))
     for path in targets:
-        if not path.is_dir():
+        if path.is_dir():
+            shutil.rmtree(path)
+    check: list[str] = []
+    if (site / COMPUTE_V1 / "services").is_dir():
+        prune_compute_services(site / COMPUTE_V1, COMPUTE_SERVICES)
+        check.append("google.cloud.compute_v1")
+    check += strip_debug_information(site)
+    return before - _size(site), check
+
+
+def _size(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def prune_compute_services(package: Path, keep: frozenset[str]) -> set[str]:
+    """Remove the clients of the Compute Engine APIs not in `keep` (nor imported by those kept)
+    and their names from the package's __init__; the services kept."""
+    services = package / "services"
+    kept, pending = set(), [name for name in keep if (services / name).is_dir()]
+    while pending:
+        name = pending.pop()
+        if name in kept:
             continue
-        removed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-        shutil.rmtree(path)
-    return removed
+        kept.add(name)
+        for source in (services / name).rglob("*.py"):
+            pending.extend(SERVICE_IMPORT.findall(source.read_text()))
+    gone = {p.name for p in services.iterdir() if p.is_dir() and p.name not in kept}
+    gone.discard("__pycache__")
+    for name in gone:
+        shutil.rmtree(services / name)
+    init = package / "__init__.py"
+    init.write_text(_without_services(init.read_text(), gone))
+    shutil.rmtree(package / "__pycache__", ignore_errors=True)  # the old __init__'s bytecode
+    return kept
+
+
+def _without_services(source: str, gone: set[str]) -> str:
+    """The package __init__ without the imports of the removed services, their client names in
+    __all__, and their entries in the lazy-import set."""
+    lines = source.splitlines(keepends=True)
+    drop: set[int] = set()
+    names: set[str] = set()
+    for node in ast.parse(source).body:
+        module = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 1
+            and module.startswith("services.")
+            and module.split(".")[1] in gone
+        ):
+            drop.update(range(node.lineno - 1, node.end_lineno or node.lineno))
+            names.update(alias.asname or alias.name for alias in node.names)
+    quoted = {f'"{name}",' for name in names}
+    quoted |= {f'"google.cloud.compute_v1.services.{name}",' for name in gone}
+    kept = [line for i, line in enumerate(lines) if i not in drop and line.strip() not in quoted]
+    result = "".join(kept)
+    compile(result, "compute_v1/__init__.py", "exec")  # still Python, or stop here
+    return result
+
+
+def strip_debug_information(site: Path) -> list[str]:
+    """Strip compiled extensions that carry debug information (when `strip` is installed); the
+    modules stripped, to be imported again."""
+    strip = shutil.which("strip")
+    if strip is None:
+        print("prune-venv: no strip; extensions keep their debug information", file=sys.stderr)
+        return []
+    modules = []
+    for path in sorted(site.rglob("*.so")):
+        if ".libs" in path.parent.name or DEBUG_SECTION not in path.read_bytes():
+            continue  # vendored libraries (patched by auditwheel) are left as they are
+        subprocess.run([strip, "--strip-unneeded", str(path)], check=True)
+        parts = path.relative_to(site).parts
+        modules.append(".".join((*parts[:-1], parts[-1].split(".", 1)[0])))
+    return modules
+
+
+def check_imports(modules: list[str]) -> None:
+    """Import each module in a fresh interpreter (this one's: the environment pruned)."""
+    for module in modules:
+        done = subprocess.run(
+            [sys.executable, "-c", f"import {module}"], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"prune-venv: {module} no longer imports:\n{done.stderr[-2000:]}")
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or not Path(argv[1]).is_dir():
         print("usage: prune-venv.py SITE-PACKAGES", file=sys.stderr)
         return 2
-    removed = prune(Path(argv[1]))
-    print(f"prune-venv: {removed / 2**20:.0f} MiB removed")
+    removed, modules = prune(Path(argv[1]))
+    check_imports(modules)
+    print(f"prune-venv: {removed / 2**20:.0f} MiB removed; {len(modules)} modules import")
     return 0
 
 
