@@ -336,8 +336,10 @@ class KubeClient:
     """GET and PATCH on the API server of one KubeConfig, answers as JSON objects."""
 
     def __init__(
-        self, config: KubeConfig, timeout_seconds: float = 10.0, connections: int = 4
+        self, config: KubeConfig, timeout_seconds: float = 10.0, connections: int = 16
     ) -> None:
+        # `connections` kept open for reuse: as many as threads that call at once (the webhook
+        # looks up from up to 16); one more is opened when needed, and closed after its call.
         self.config = config
         self.timeout_seconds = timeout_seconds
         tls: dict[str, Any] = {}
