@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from adaptor.cdi import load_spec
+from adaptor.cli.main import main
 from adaptor.podvm.layout import APF_KEY, Layout, LayoutDocument
 from adaptor.podvm.prepare import Options, Result, prepare
 from tests.cdi.conftest import oracle  # noqa: F401  (the Go CDI library, for these tests too)
@@ -66,6 +67,21 @@ class PodVM:
             options = _replace(options, key, value)
         fake_nvml.install(self.machine)
         return prepare(options, fake_nvml, out=self.lines.append)
+
+    def prepare_cli(self, *extra: str) -> int:
+        """`peerpods podvm prepare` on the fake NVML with this VM's paths; its exit status."""
+        o = self.options
+        paths = {
+            "--apf-json": o.apf_path,
+            "--devices-json": o.legacy_path,
+            "--cdi-dir": o.cdi_dir,
+            "--status-file": o.status_path,
+            "--state-dir": o.state_dir,
+            "--root": o.root,
+        }
+        argv = ["podvm", "prepare", "--nvml-module", "tests.podvm.fake_nvml"]
+        argv += [part for flag, path in paths.items() for part in (flag, str(path))]
+        return main([*argv, *extra])
 
     def status(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(self.options.status_path.read_text())

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from adaptor.cli.main import main
 from adaptor.podvm.layout import LayoutError, load_json
 
 DEEP = '{"peerpods-devices": ' + "[" * 100_000 + "]" * 100_000 + "}"
@@ -17,30 +16,6 @@ INFINITE = (
 )
 NAN_ELSEWHERE = '{"pod-network": {"mtu": NaN}, "peerpods-devices": {"v": 2}}'
 LEGACY_INFINITE = '{"v": 1, "mig": [[{"profile": "1g.10gb", "start": -Infinity}]]}'
-
-
-def _prepare(vm: Any, *extra: str) -> int:
-    return main(
-        [
-            "podvm",
-            "prepare",
-            "--nvml-module",
-            "tests.podvm.fake_nvml",
-            "--apf-json",
-            str(vm.options.apf_path),
-            "--devices-json",
-            str(vm.options.legacy_path),
-            "--cdi-dir",
-            str(vm.options.cdi_dir),
-            "--status-file",
-            str(vm.options.status_path),
-            "--state-dir",
-            str(vm.options.state_dir),
-            "--root",
-            str(vm.root),
-            *extra,
-        ]
-    )
 
 
 @pytest.mark.parametrize(
@@ -66,7 +41,7 @@ def test_hostile_json_is_exit_2_with_one_line(
         vm.options.apf_path.write_text(apf)
     if legacy is not None:
         vm.options.legacy_path.write_text(legacy)
-    code = _prepare(vm)
+    code = vm.prepare_cli()
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and message in err, err
     assert "Traceback" not in err

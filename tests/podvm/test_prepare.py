@@ -140,41 +140,13 @@ def test_a_layout_held_by_a_process_fails_the_overlapped_devices_only(make_vm: A
     assert "4 of 6 planned devices could not be created: peerpods.io/gpu=gpu1-mig0" in vm.lines[-1]
 
 
-def _prepare_cli(apf_json: Path, *flags: str) -> int:
-    """`peerpods podvm prepare` on the fake NVML with `apf_json` and `flags`; its exit status."""
-    return main(
-        [
-            "podvm",
-            "prepare",
-            "--nvml-module",
-            "tests.podvm.fake_nvml",
-            "--apf-json",
-            str(apf_json),
-            *flags,
-        ]
-    )
-
-
 def test_a_layout_the_gpu_refuses_fails_with_the_reason_through_the_cli(
     make_vm: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     vm = make_vm()
     vm.machine.refuse[(1, 4)] = fake_nvml.NVML_ERROR_INSUFFICIENT_RESOURCES
     vm.send(MIXED)
-    o = vm.options
-    code = _prepare_cli(
-        o.apf_path,
-        "--devices-json",
-        str(o.legacy_path),
-        "--cdi-dir",
-        str(o.cdi_dir),
-        "--status-file",
-        str(o.status_path),
-        "--state-dir",
-        str(o.state_dir),
-        "--root",
-        str(o.root),
-    )
+    code = vm.prepare_cli()
     out, err = capsys.readouterr()
     assert code == 1
     assert err.count("\n") == 1
@@ -424,15 +396,7 @@ def test_a_bad_layout_is_one_line_and_changes_nothing(
     vm = make_vm()
     vm.options.apf_path.parent.mkdir(parents=True, exist_ok=True)
     vm.options.apf_path.write_text(content)
-    code = _prepare_cli(
-        vm.options.apf_path,
-        "--cdi-dir",
-        str(vm.options.cdi_dir),
-        "--status-file",
-        str(vm.options.status_path),
-        "--root",
-        str(vm.root),
-    )
+    code = vm.prepare_cli()
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and message in err, err
     assert vm.machine.calls == [] and not vm.options.cdi_dir.exists()
