@@ -19,22 +19,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     validate = sub.add_parser("validate", help="load spec files strictly; report every error")
     validate.add_argument("files", nargs="+", metavar="FILE")
     listing = sub.add_parser("list", help="devices of spec dirs (later dirs win)")
-    listing.add_argument(
-        "--spec-dir",
-        action="append",
-        required=True,
-        metavar="DIR",
-        help="a CDI spec dir; repeat, lowest priority first",
-    )
+    _spec_dirs(listing)
     listing.add_argument("--output", choices=["names", "json"], default="names")
     apply = sub.add_parser("apply", help="apply devices to an OCI config.json, print the result")
-    apply.add_argument(
-        "--spec-dir",
-        action="append",
-        required=True,
-        metavar="DIR",
-        help="a CDI spec dir; repeat, lowest priority first",
-    )
+    _spec_dirs(apply)
     apply.add_argument(
         "--oci",
         required=True,
@@ -48,6 +36,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "them from this machine's /dev (what edits mode does)",
     )
     apply.add_argument("devices", nargs="+", metavar="DEVICE", help="vendor/class=name")
+
+
+def _spec_dirs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--spec-dir",
+        action="append",
+        required=True,
+        metavar="DIR",
+        help="a CDI spec dir; repeat, lowest priority first",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
