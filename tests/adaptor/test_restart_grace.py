@@ -220,7 +220,7 @@ async def test_owed_stopping_state_reaches_the_store_for_the_reaper(node: Node) 
     node.provider.fail_delete = True
     with pytest.raises(ProviderError):
         await manager.stop_vm("sb")
-    stop = manager._stops["sb"]
+    stop = manager.table.stops["sb"]
     assert stop.task is not None
     stop.task.cancel()  # the teardown ends without its VM deleted (as at shutdown)
     await asyncio.gather(stop.task, return_exceptions=True)

@@ -66,7 +66,7 @@ def manager(root: Path, store: StateStore, pool: VmPool, worker: str) -> Sandbox
 
 async def close(m: SandboxManager) -> None:
     await m.close(0)
-    hook = m._pod_network
+    hook = m.table.pod_network
     assert isinstance(hook, SandboxPodNetwork)
     await hook.podnet.close()
 

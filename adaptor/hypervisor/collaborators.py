@@ -1,0 +1,108 @@
+"""What the sandbox lifecycle needs of the rest of the daemon, as types: its settings, the agent
+proxy of a sandbox, the planner StartVM asks, and the hooks that add steps to a start and a stop.
+The daemon (adaptor.node) supplies the real ones; tests supply fakes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from adaptor.planning.placement import Plan
+from adaptor.settings import SandboxSettings
+from adaptor.state import SandboxRecord
+from providers.core.base import Instance
+from providers.core.contract import VMIntent
+
+
+class ManagerConfig(SandboxSettings):
+    """The daemon settings the lifecycle needs: the sandbox section (pods dir, forwarder port,
+    StartVM's and StopVM's limits) and the lifecycle's own tuning below."""
+
+    # Backoff between retries of a VM delete that failed (doubling up to the cap); the same
+    # backoff retries the state writes a full disk refused.
+    delete_retry_seconds: float = 1.0
+    delete_retry_max_seconds: float = 30.0
+
+
+class AgentProxyHandle(Protocol):
+    """What the manager needs of a sandbox's agent proxy."""
+
+    async def start(self) -> None:
+        """Listen on the agent socket."""
+        ...
+
+    async def connect(self, timeout_seconds: float) -> None:
+        """Dial the pod VM forwarder, retrying until the timeout."""
+        ...
+
+    async def stop(self) -> None:
+        """Close the agent socket and the upstream connection."""
+        ...
+
+    @property
+    def shims(self) -> int:
+        """Shim connections open now."""
+        ...
+
+    async def wait_for_shim(self) -> None:
+        """Until a shim has connected to the agent socket since `start`."""
+        ...
+
+
+# (sandbox record, agent socket path, forwarder host, forwarder port) -> an unstarted proxy
+ProxyFactory = Callable[[SandboxRecord, str, str, int], AgentProxyHandle]
+
+
+class Planner(Protocol):
+    """What StartVM needs of placement (adaptor.planning.placement.Placement is the one)."""
+
+    async def plan(self, intent: VMIntent, sandbox_id: str) -> Plan:
+        """The typed plan: candidates best first, reserved against the quota pool."""
+        ...
+
+    def release(self, sandbox_id: str) -> None:
+        """Forget the sandbox's reservation (its start failed, or it stopped)."""
+        ...
+
+    def user_data_for(self, record: SandboxRecord, plan: Plan) -> str:
+        """The pod VM's user data for the sandbox and its plan."""
+        ...
+
+
+class PodNetworkHook(Protocol):
+    """The pod network (adaptor.podnet.SandboxPodNetwork); its strings go in `pod_network`."""
+
+    async def created(self, sandbox_id: str, netns: str) -> str: ...
+
+    async def forget(self, sandbox_id: str, pod_network: str) -> None: ...
+
+    async def prepare(self, record: SandboxRecord, instance: Instance) -> str: ...
+
+    async def started(self, record: SandboxRecord, instance: Instance) -> str: ...
+
+    async def stop(self, record: SandboxRecord) -> str: ...
+
+    async def recovered(self, record: SandboxRecord) -> str: ...
+
+    @staticmethod
+    def failed_teardown(record: SandboxRecord, error: str) -> str: ...
+
+
+class SandboxHook:
+    """A step added to StartVM and StopVM; every method here does nothing.
+
+    `vm_created` runs once the VM exists and is recorded, before the forwarder is dialled (an
+    error fails the start, which then deletes the VM and calls `vm_stopping`); `vm_stopping`
+    runs at StopVM (and when a started VM is torn down) after the proxy stopped and before the
+    VM is deleted, and must be idempotent (it may run again after a restart); `sandbox_gone`
+    runs once the sandbox is forgotten. Hooks run in the order given.
+    """
+
+    async def vm_created(self, record: SandboxRecord) -> None:
+        """After the VM exists (record.instance is set)."""
+
+    async def vm_stopping(self, record: SandboxRecord) -> None:
+        """Before the VM is deleted."""
+
+    async def sandbox_gone(self, sandbox_id: str) -> None:
+        """After the sandbox is forgotten."""
