@@ -10,12 +10,18 @@ one StopVM each, concurrently.
 
 Printed, for the adaptor process: RSS and open file descriptors with every sandbox running (and
 before the first), CPU per sandbox lifecycle (create, start, stop: the adaptor's user+system
-time over the run, divided by the sandboxes), StartVM as the shim saw it and StartVM's own share
+time over the run, divided by the sandboxes; moto runs as a process of its own, and its CPU is
+printed apart), that CPU by thread, the EC2 calls per lifecycle, StartVM as the shim saw it and
+StartVM's own share
 (its time less the provider's VM create, measured inside the adaptor) at p50/p99 with the
 tunnel setup's part of it; and after: sandbox records, VNI leases, VMs and tunnel parts left
 (each must be 0). Goals: RSS <= 400 MiB, CPU <= 20 ms per lifecycle.
 
-    sudo python tests/bench/scale.py [--sandboxes 1000]
+    sudo python tests/bench/scale.py [--sandboxes 1000] [--profile adaptor.pstat]
+
+`--profile` writes the adaptor's CPU profile over every thread (yappi, installed apart; it slows
+the adaptor several times over, so the figures of such a run are not the adaptor's own):
+`python -m pstats adaptor.pstat`.
 """
 
 from __future__ import annotations
@@ -31,18 +37,21 @@ import argparse
 import asyncio
 import contextlib
 import contextvars
+import importlib
 import json
 import os
 import resource
+import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 AGENT_PORT_FILE = "agent-port"
 STATS_FILE = "worker-stats.json"
+PROFILE_FILE = "worker.pstat"
 MOTO_PORT = 5050  # inside the worker netns: its own loopback
 DRAIN_SECONDS = 600.0  # for the VM deletes an OK StopVM left running to finish
 
@@ -57,6 +66,7 @@ class _StartTimes:
     start: list[float] = field(default_factory=list)
     own: list[float] = field(default_factory=list)
     tunnel: list[float] = field(default_factory=list)
+    calls: dict[str, int] = field(default_factory=dict)  # EC2 operation -> calls
     current: contextvars.ContextVar[list[float] | None] = field(
         default_factory=lambda: contextvars.ContextVar("provider_time", default=None)
     )
@@ -75,14 +85,29 @@ def _timed(
     return wrapper
 
 
+def _start_owner() -> Any:
+    """The class whose `start_vm` runs a StartVM: the sandbox manager's start part where it has
+    one (adaptor.hypervisor.start), else the manager itself."""
+    with contextlib.suppress(ModuleNotFoundError, AttributeError):
+        return importlib.import_module("adaptor.hypervisor.start").Starts
+    from adaptor.hypervisor.sandboxes import SandboxManager
+
+    return SandboxManager
+
+
 def _instrument(times: _StartTimes) -> None:
     """Wrap StartVM, the provider's create and the tunnel setup with timers (bench only)."""
-    from adaptor.hypervisor.sandboxes import SandboxManager
     from adaptor.podnet import PodNet
     from providers.clouds.aws import AwsProvider
 
-    start_vm = SandboxManager.start_vm
+    starts = _start_owner()
+    start_vm = starts.start_vm
     create = AwsProvider.create
+    call = AwsProvider._call
+
+    async def counted_call(self: Any, what: str, method: str, **kwargs: Any) -> Any:
+        times.calls[method] = times.calls.get(method, 0) + 1
+        return await call(self, what, method, **kwargs)
 
     async def timed_start(self: Any, sandbox_id: str) -> None:
         spent: list[float] = []
@@ -101,12 +126,13 @@ def _instrument(times: _StartTimes) -> None:
         if spent is not None:
             spent.append(took)
 
-    SandboxManager.start_vm = timed_start  # type: ignore[method-assign]
-    AwsProvider.create = _timed(create, provider_time)  # type: ignore[method-assign]
-    PodNet.setup = _timed(PodNet.setup, times.tunnel.append)  # type: ignore[method-assign]
+    starts.start_vm = timed_start
+    AwsProvider.create = _timed(create, provider_time)  # type: ignore[method-assign, assignment]
+    PodNet.setup = _timed(PodNet.setup, times.tunnel.append)  # type: ignore[method-assign, assignment]
+    AwsProvider._call = counted_call  # type: ignore[method-assign]
 
 
-def worker(root: Path, agent_port: int) -> None:
+def worker(root: Path, agent_port: int, profile: bool) -> None:
     """The adaptor: `serve` on moto with pod networking, timing what StartVM spends."""
     from adaptor.node.daemon import serve
     from adaptor.runtime.logs import configure
@@ -138,10 +164,24 @@ def worker(root: Path, agent_port: int) -> None:
         shutdown_grace_seconds=5,
         shutdown_drain_seconds=5,
     )
-    asyncio.run(serve(settings, provider=provider, resolve_endpoint=resolve))
-    (root / STATS_FILE).write_text(
-        json.dumps({"start": times.start, "own": times.own, "tunnel": times.tunnel})
-    )
+    with _profiled(root / PROFILE_FILE) if profile else contextlib.nullcontext():
+        asyncio.run(serve(settings, provider=provider, resolve_endpoint=resolve))
+    stats = {"start": times.start, "own": times.own, "tunnel": times.tunnel, "calls": times.calls}
+    (root / STATS_FILE).write_text(json.dumps(stats))
+
+
+@contextlib.contextmanager
+def _profiled(path: Path) -> Iterator[None]:
+    """CPU time by function over every thread of the adaptor (yappi's CPU clock)."""
+    import yappi  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+    yappi.set_clock_type("cpu")
+    yappi.start(builtins=True)
+    try:
+        yield
+    finally:
+        yappi.stop()
+        yappi.get_func_stats().save(str(path), type="pstat")
 
 
 # --- the node ---------------------------------------------------------------------------------
@@ -154,6 +194,31 @@ def _proc_stat(pid: int) -> tuple[float, float, int]:
     rss = int(fields[21]) * resource.getpagesize() / 2**20
     fds = len(os.listdir(f"/proc/{pid}/fd"))
     return cpu, rss, fds
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds by thread name (a pool's numbered threads summed under its prefix)."""
+    found: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            head, tail = (task / "stat").read_text().rsplit(")", 1)
+            name = head.split("(", 1)[1].rstrip("0123456789").rstrip("_-")
+            fields = tail.split()
+            cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            found[name] = found.get(name, 0.0) + cpu
+    return found
+
+
+def _child(command: str) -> int | None:
+    """This process's child whose command line holds `command`."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == os.getpid() and command in (entry / "cmdline").read_text():
+                return int(entry.name)
+    return None
 
 
 def _add_pod(topo: Any, i: int) -> str:
@@ -178,7 +243,7 @@ def ms(values: list[float]) -> str:
     return f"p50 {statistics.median(values) * 1e3:.1f} ms, p99 {pct(values, 0.99) * 1e3:.1f} ms"
 
 
-async def node(sandboxes: int) -> int:
+async def node(sandboxes: int, profile: Path | None) -> int:
     from tests.adaptor.daemon_proc import ANNOTATIONS, ServeProcess
     from tests.podnet.leftovers import kernel_leftovers, nothing_left
     from tests.podnet.test_restart_no_leak import agents, bound, live_vms, moto_in
@@ -189,7 +254,8 @@ async def node(sandboxes: int) -> int:
         agent_port: int = 0
 
         def argv(self) -> list[str]:
-            return [sys.executable, __file__, "--worker", str(self.root), str(self.agent_port)]
+            argv = [sys.executable, __file__, "--worker", str(self.root), str(self.agent_port)]
+            return argv + (["--profile", "-"] if profile else [])
 
     topo = await asyncio.to_thread(lambda: Topology().build())
     root = Path(tempfile.mkdtemp(prefix="pp-scale-"))
@@ -207,7 +273,10 @@ async def node(sandboxes: int) -> int:
                 await proc.start()
                 assert proc.process is not None
                 pid = proc.process.pid
+                moto = _child("moto.server")
+                moto0 = _proc_stat(moto)[0] if moto else 0.0
                 cpu0, rss0, fds0 = _proc_stat(pid)
+                threads0 = _thread_cpu(pid)
                 shims = [
                     ShimEmulator(
                         proc.socket,
@@ -244,11 +313,15 @@ async def node(sandboxes: int) -> int:
                     await asyncio.sleep(1)
                 drained = time.perf_counter() - began
                 cpu1, rss_after, fds_after = _proc_stat(pid)
+                threads1 = _thread_cpu(pid)
+                moto1 = _proc_stat(moto)[0] if moto else 0.0
                 records = len(proc.rows("SELECT id FROM sandboxes"))
                 leases = len(proc.rows("SELECT * FROM leases"))
                 vms = await asyncio.to_thread(live_vms, topo.worker)
                 await proc.terminate(60)
         stats = json.loads((root / STATS_FILE).read_text())
+        if profile:
+            await asyncio.to_thread(shutil.copyfile, root / PROFILE_FILE, profile)
         left = await asyncio.to_thread(kernel_leftovers, topo.worker, pods)
     finally:
         await asyncio.to_thread(topo.close)
@@ -262,7 +335,19 @@ async def node(sandboxes: int) -> int:
     print(f"adaptor RSS          {rss0:.0f} MiB idle, {rss_up:.0f} MiB with all running, "
           f"{rss_after:.0f} MiB after")  # fmt: skip
     print(f"adaptor open fds     {fds0} idle, {fds_up} with all running, {fds_after} after")
-    print(f"adaptor CPU          {cpu_per:.1f} ms per sandbox lifecycle (create, start, stop)")
+    print(f"adaptor CPU          {cpu_per:.1f} ms per sandbox lifecycle (create, start, stop)"
+          f"{' (profiled)' if profile else ''}")  # fmt: skip
+    by_thread = {n: c - threads0.get(n, 0.0) for n, c in threads1.items()}
+    print("  by thread          " + ", ".join(
+        f"{name} {spent / sandboxes * 1e3:.1f} ms"
+        for name, spent in sorted(by_thread.items(), key=lambda kv: -kv[1]) if spent > 0
+    ))  # fmt: skip
+    calls = stats["calls"]
+    print(f"EC2 calls            {sum(calls.values()) / sandboxes:.2f} per lifecycle: " + ", ".join(
+        f"{method} {n / sandboxes:.2f}" for method, n in sorted(calls.items())
+    ))  # fmt: skip
+    print(f"moto CPU             {(moto1 - moto0) / sandboxes * 1e3:.1f} ms per lifecycle "
+          "(its own process, not the adaptor's)")  # fmt: skip
     print(f"StartVM (shim)       {ms(started_at)}")
     print(f"StartVM own share    {ms(stats['own'])} (less the provider's VM create)")
     print(f"  tunnel setup       {ms(stats['tunnel'])}")
@@ -275,10 +360,11 @@ async def node(sandboxes: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sandboxes", type=int, default=1000)
+    parser.add_argument("--profile", type=Path, help="write the adaptor's CPU profile (pstat)")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(Path(args.worker[0]), int(args.worker[1]))
+        worker(Path(args.worker[0]), int(args.worker[1]), args.profile is not None)
         return
     if os.geteuid() != 0:
         raise SystemExit("scale.py needs root (network namespaces)")
@@ -289,7 +375,8 @@ def main() -> None:
     with contextlib.suppress(ValueError):
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
-    sys.exit(asyncio.run(node(args.sandboxes)))
+    profile = args.profile.resolve() if args.profile else None
+    sys.exit(asyncio.run(node(args.sandboxes, profile)))
 
 
 if __name__ == "__main__":
