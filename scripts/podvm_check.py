@@ -21,7 +21,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from adaptor.cdi import Spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,7 +89,6 @@ def check_profiles(nvml: Any, gpu: Any, out: list[str]) -> bool:
 
 def check_whole_gpu_spec(nvml: Any, gpus: list[Any], root: Path, ctk: str, out: list[str]) -> bool:
     """Our whole-GPU spec vs nvidia-ctk's; True when every node we bind is one nvidia-ctk binds."""
-    from adaptor.cdi import load_spec
     from adaptor.podvm.host import Host
     from adaptor.podvm.spec import build_specs
     from adaptor.podvm.status import DeviceRecord
@@ -113,6 +115,19 @@ def check_whole_gpu_spec(nvml: Any, gpus: list[Any], root: Path, ctk: str, out: 
     if not ctk:
         out.append("nvidia-ctk not installed: whole-GPU spec not compared")
         return True
+    theirs = _ctk_spec(ctk, out)
+    if theirs is None:
+        return False
+    ok = _compare_gpus(spec, theirs, whole, out)
+    _compare_common(spec, theirs, out)
+    return ok
+
+
+def _ctk_spec(ctk: str, out: list[str]) -> Spec | None:
+    """The spec `nvidia-ctk cdi generate` writes for this machine (None, said in `out`, when it
+    fails)."""
+    from adaptor.cdi import load_spec
+
     with tempfile.TemporaryDirectory(prefix="podvm-check-") as tmp:
         target = Path(tmp) / "nvidia.json"
         run = subprocess.run(
@@ -131,8 +146,12 @@ def check_whole_gpu_spec(nvml: Any, gpus: list[Any], root: Path, ctk: str, out: 
         )
         if run.returncode != 0:
             out.append(f"nvidia-ctk cdi generate failed: {run.stderr.strip()[-300:]}")
-            return False
-        theirs = load_spec(str(target))
+            return None
+        return load_spec(str(target))
+
+
+def _compare_gpus(spec: Spec, theirs: Spec, whole: list[Any], out: list[str]) -> bool:
+    """Each whole GPU's nodes, ours against nvidia-ctk's; True when we bind none it does not."""
     ok = True
     for g in whole:
         mine = {n.path for n in spec.device(f"gpu{g.index}").edits.device_nodes}  # type: ignore[union-attr]
@@ -150,6 +169,11 @@ def check_whole_gpu_spec(nvml: Any, gpus: list[Any], root: Path, ctk: str, out: 
         if missing:
             out.append(f"GPU {g.index}: we bind {missing}, nvidia-ctk does not")
             ok = False
+    return ok
+
+
+def _compare_common(spec: Spec, theirs: Spec, out: list[str]) -> None:
+    """What the two specs give every device: control nodes, driver mounts, hooks."""
     for what, a, b in (
         (
             "common nodes",
@@ -170,7 +194,6 @@ def check_whole_gpu_spec(nvml: Any, gpus: list[Any], root: Path, ctk: str, out: 
         out.append(
             f"{what}: only ours {sorted(a - b) or '-'}; only nvidia-ctk's {sorted(b - a) or '-'}"
         )
-    return ok
 
 
 def main(argv: list[str] | None = None, lib: Any = None) -> int:
