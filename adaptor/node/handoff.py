@@ -4,11 +4,14 @@ The running daemon listens on `<pods-dir>/.handoff` (mode 0600, and only a peer 
 is answered). A successor connects and says Hello. The predecessor stops all but its agent
 proxies (`Predecessor.detach`: no new hypervisor call, in-flight ones answered, its state store
 closed and unlocked) and says Released. The successor opens the store, builds its parts and says
-Ready. Only then the predecessor stops its proxies (`Predecessor.freeze`: shim-side calls
-drained to the ones safe to repeat) and sends an Offer with the listening hypervisor socket,
-every listening agent socket and every shim connection as SCM_RIGHTS file descriptors. The
-successor serves them, dials the pod VMs afresh and acks; the predecessor closes its copies and
-exits. No shim connection is ever closed: both processes hold it while it moves.
+Ready, once it has dialled each running sandbox's pod VM afresh (`Predialed`: a TLS session
+cannot move between processes, so the successor needs its own connections, and dialled before
+Ready they cost the shims no pause). Only then the predecessor stops its proxies
+(`Predecessor.freeze`: shim-side calls drained to the ones safe to repeat) and sends an Offer
+with the listening hypervisor socket, every listening agent socket and every shim connection as
+SCM_RIGHTS file descriptors. The successor serves them over its connections and acks; the
+predecessor closes its copies and exits. No shim connection is ever closed: both processes hold
+it while it moves.
 
 If the successor breaks off after Released, the predecessor cannot go back (its store and
 hypervisor socket are given up): it exits, which costs what a crash costs (docs/upgrade.md).
@@ -25,14 +28,18 @@ import logging
 import os
 import socket
 import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from adaptor.hypervisor import AgentProxyHandle, ProxyFactory
 from adaptor.proxy import AgentProxy
 from adaptor.proxy.moved import MovedCall, MovedProxy, MovedShim
+from adaptor.state import SandboxRecord, SandboxState
 from adaptor.ttrpc.codec import DecoderState
 from adaptor.ttrpc.connection import bind_unix, unlink_socket
+from providers.core.base import Instance
 from providers.core.errors import PeerpodsError
 
 from .handoff_wire import (
@@ -59,6 +66,9 @@ FD_BATCH = 200  # descriptors per message (the kernel takes at most 253)
 HELLO_SECONDS = 10.0  # a connected successor says Hello within this
 OFFER_SECONDS = 120.0  # the predecessor drains its calls, then offers, within this
 ACK_SECONDS = 60.0  # the successor serves everything and acks within this
+# The successor's dials before Ready, all side by side. The predecessor's hypervisor socket
+# takes no call meanwhile, so this is short: a pod VM not reached in time is dialled later.
+PREDIAL_SECONDS = 2.0
 
 
 class HandoffClosed(HandoffError):
@@ -89,6 +99,7 @@ class Inherited:
     hypervisor: socket.socket
     proxies: dict[str, MovedProxy]
     predecessor_pid: int
+    predialed: Predialed | None = None
     _channel: socket.socket | None = field(default=None, repr=False)
 
     async def adopt(self, sandbox_id: str, proxy: object) -> bool:
@@ -107,12 +118,15 @@ class Inherited:
             raise
         return True
 
-    def close_unclaimed(self) -> list[str]:
-        """Close the sockets no sandbox took (its record is no longer running); their ids."""
+    async def close_unclaimed(self) -> list[str]:
+        """Close the sockets no sandbox took (its record is no longer running), and stop the
+        proxies dialled for them; their ids."""
         ids = sorted(self.proxies)
         for moved in self.proxies.values():
             moved.close()
         self.proxies.clear()
+        if self.predialed is not None:
+            await self.predialed.stop_unused()
         return ids
 
     async def ack(self, ok: bool, error: str = "") -> None:
@@ -130,7 +144,9 @@ class Inherited:
     def close(self) -> None:
         """Close everything still held (a take-over that failed half way)."""
         self.hypervisor.close()
-        self.close_unclaimed()
+        for moved in self.proxies.values():
+            moved.close()
+        self.proxies.clear()
         if self._channel is not None:
             self._channel.close()
             self._channel = None
@@ -153,17 +169,92 @@ async def inherit(take_over: bool | None, pods_dir: Path, lock_file: Path) -> Se
     return Session(await asyncio.to_thread(_begin, handoff_path(pods_dir)))
 
 
+class Predialed:
+    """Agent proxies a successor makes and dials before it says Ready; the sandbox manager's
+    proxy factory then returns them, connected, so the calls moved to them are sent at once."""
+
+    def __init__(self, factory: ProxyFactory) -> None:
+        self._factory = factory
+        self._proxies: dict[str, tuple[str, AgentProxyHandle]] = {}
+
+    def make(
+        self, record: SandboxRecord, socket_path: str, host: str, port: int
+    ) -> AgentProxyHandle:
+        """The manager's proxy factory: the dialled proxy of `record` when there is one."""
+        made = self._proxies.pop(record.id, None)
+        if made is not None and made[0] == socket_path:
+            return made[1]
+        if made is not None:
+            self._proxies[record.id] = made  # another socket: stopped with the unused ones
+        return self._factory(record, socket_path, host, port)
+
+    async def dial(
+        self,
+        records: Iterable[SandboxRecord],
+        endpoint: Callable[[Instance], tuple[str, int]],
+        seconds: float = PREDIAL_SECONDS,
+    ) -> int:
+        """Make a proxy for each running sandbox and dial its pod VM, side by side, for at most
+        `seconds`; how many are connected."""
+        for record in records:
+            if record.state is SandboxState.RUNNING and record.instance is not None:
+                host, port = endpoint(record.instance)
+                proxy = self._factory(record, record.agent_socket, host, port)
+                self._proxies[record.id] = (record.agent_socket, proxy)
+
+        async def one(proxy: AgentProxyHandle) -> bool:
+            try:
+                await proxy.connect(seconds)
+            except Exception as exc:  # dialled again when served: the take-over goes on
+                log.info("hand-off: a pod VM was not reached before the take-over: %s", exc)
+                return False
+            return True
+
+        connected = await asyncio.gather(*(one(p) for _s, p in self._proxies.values()))
+        return sum(connected)
+
+    async def stop_unused(self) -> None:
+        """Stop the proxies no sandbox took (its record changed meanwhile)."""
+        unused = [proxy for _socket, proxy in self._proxies.values()]
+        self._proxies.clear()
+        await asyncio.gather(*(proxy.stop() for proxy in unused), return_exceptions=True)
+
+
 class Session:
     """A successor's side of a hand-off between Released and the Offer."""
 
     def __init__(self, channel: socket.socket) -> None:
         self._channel: socket.socket | None = channel
+        self._predialed: Predialed | None = None
 
-    async def receive(self) -> Inherited:
-        """Say Ready and take the sockets (the shims wait from Ready until they are served)."""
+    def predialing(self, factory: ProxyFactory) -> ProxyFactory:
+        """The proxy factory to give the sandbox manager: `receive` dials its proxies first."""
+        self._predialed = Predialed(factory)
+        return self._predialed.make
+
+    async def receive(
+        self,
+        records: Iterable[SandboxRecord] = (),
+        endpoint: Callable[[Instance], tuple[str, int]] | None = None,
+    ) -> Inherited:
+        """Dial the running sandboxes' pod VMs (with `predialing` and an `endpoint`), say Ready
+        and take the sockets (the shims wait from Ready until they are served)."""
         channel, self._channel = self._channel, None
         assert channel is not None, "received already"
-        inherited = await asyncio.to_thread(_receive_offer, channel)
+        if self._predialed is not None and endpoint is not None:
+            try:
+                dialled = await self._predialed.dial(records, endpoint)
+            except BaseException:
+                channel.close()
+                raise
+            log.info("hand-off: %d pod VM(s) dialled before taking over", dialled)
+        try:
+            inherited = await asyncio.to_thread(_receive_offer, channel)
+        except BaseException:
+            if self._predialed is not None:
+                await self._predialed.stop_unused()
+            raise
+        inherited.predialed = self._predialed
         log.info(
             "hand-off: took over from pid %d: %d sandbox(es), %d shim connection(s)",
             inherited.predecessor_pid,
