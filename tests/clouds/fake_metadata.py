@@ -10,6 +10,7 @@ import secrets
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -35,60 +36,72 @@ class FakeMetadata:
             "instance/zone": "projects/123456/zones/europe-west4-a",
             "instance/network-interfaces/0/network": "projects/123456/networks/gpu-vpc",
         }
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _record(self) -> None:
-                fake.requests.append(
-                    (self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
-                )
-
-            def do_PUT(self) -> None:
-                self._record()
-                if fake.cloud == "aws" and self.path == "/latest/api/token":
-                    if not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
-                        return self._send(400, "")
-                    return self._send(200, fake.token)
-                self._send(404, "")
-
-            def do_GET(self) -> None:
-                self._record()
-                if fake.cloud == "aws":
-                    if self.headers.get("X-aws-ec2-metadata-token") != fake.token:
-                        return self._send(401, "")
-                    key = self.path.removeprefix("/latest/meta-data/")
-                    if key in fake.aws:
-                        return self._send(200, fake.aws[key])
-                elif fake.cloud == "azure":
-                    if self.headers.get("Metadata") != "true":
-                        return self._send(400, '{"error": "Bad request"}')
-                    if self.path == "/metadata/instance/compute?api-version=2021-02-01":
-                        return self._send(200, json.dumps(fake.azure))
-                elif fake.cloud == "gcp":
-                    if self.headers.get("Metadata-Flavor") != "Google":
-                        return self._send(403, "")
-                    key = self.path.removeprefix("/computeMetadata/v1/")
-                    if key in fake.gcp:
-                        return self._send(200, fake.gcp[key])
-                self._send(404, "")
-
-            def _send(self, code: int, body: str) -> None:
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def put(self, path: str, headers: Message[str, str]) -> tuple[int, str]:
+        """AWS hands out a session token to a PUT that asks for a lifetime."""
+        if self.cloud == "aws" and path == "/latest/api/token":
+            if not headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                return 400, ""
+            return 200, self.token
+        return 404, ""
+
+    def get(self, path: str, headers: Message[str, str]) -> tuple[int, str]:
+        """A read, refused as the real service refuses one without its header."""
+        if self.cloud == "aws":
+            if headers.get("X-aws-ec2-metadata-token") != self.token:
+                return 401, ""
+            key = path.removeprefix("/latest/meta-data/")
+            if key in self.aws:
+                return 200, self.aws[key]
+        elif self.cloud == "azure":
+            if headers.get("Metadata") != "true":
+                return 400, '{"error": "Bad request"}'
+            if path == "/metadata/instance/compute?api-version=2021-02-01":
+                return 200, json.dumps(self.azure)
+        elif self.cloud == "gcp":
+            if headers.get("Metadata-Flavor") != "Google":
+                return 403, ""
+            key = path.removeprefix("/computeMetadata/v1/")
+            if key in self.gcp:
+                return 200, self.gcp[key]
+        return 404, ""
+
+
+def _handler(fake: FakeMetadata) -> type[BaseHTTPRequestHandler]:
+    """The request handler of `fake`'s server: records each request, answers as `fake` says."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def _record(self) -> None:
+            fake.requests.append(
+                (self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
+            )
+
+        def do_PUT(self) -> None:
+            self._record()
+            self._send(*fake.put(self.path, self.headers))
+
+        def do_GET(self) -> None:
+            self._record()
+            self._send(*fake.get(self.path, self.headers))
+
+        def _send(self, code: int, body: str) -> None:
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return Handler
 
 
 @contextmanager
