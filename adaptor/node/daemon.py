@@ -43,15 +43,14 @@ from adaptor.node.readiness import Readiness
 from adaptor.node.settings import ServeSettings
 from adaptor.node.wiring import (
     ForgetDevices,
-    build_placement,
-    catalog_for,
     container_hooks,
     count_capacity_fallback,
     count_proxy_call,
+    placement_for,
     stored_json_checks,
+    user_data_builder,
 )
 from adaptor.planning.placement import Placement
-from adaptor.planning.userdata import PodVmUserData
 from adaptor.planning.vmpolicy import VmPolicy
 from adaptor.podnet import PodNet, PodNetSettings, SandboxPodNetwork
 from adaptor.proxy import AgentProxy, CreateContainerHook
@@ -66,7 +65,7 @@ from providers.clouds import registry, sdk
 from providers.clouds.retry import observe_capacity_fallbacks
 from providers.clouds.settings import CloudSettings
 from providers.core.base import Instance, Provider
-from providers.core.catalog import CLOUDS, Catalog
+from providers.core.catalog import CLOUDS
 from providers.core.contract import GPU_QUOTA_RESOURCE, MIG_QUOTA_RESOURCE
 from providers.core.errors import PeerpodsError
 from providers.core.markets import Inspectable
@@ -206,16 +205,10 @@ class Daemon:
         background loops, the status API, the hypervisor socket, then the node's capacity."""
         settings = self.settings
         # Provider and catalog first: a bad provider setting fails before anything is written.
-        provider, catalog = await self._provider_and_catalog()
+        provider, placement = await self._provider_and_placement()
         store = await self._open_store()
-        placement = self._placement or build_placement(
-            provider,
-            catalog,
-            self._cdi,
-            gpu_quota=settings.gpu_quota,
-            store=store,
-            account_quota_refresh_seconds=settings.account_quota_refresh_seconds,
-        )
+        placement.use_quota(settings.gpu_quota, store)
+        placement.use_account_quota(provider, settings.account_quota_refresh_seconds)
         self._unobserve = observe_capacity_fallbacks(count_capacity_fallback)
         tls, pki = await asyncio.to_thread(agent_tls_context, settings)
         proxy_factory = self._proxy_factory or agent_proxy_factory(
@@ -230,8 +223,8 @@ class Daemon:
         if self._taking is not None:  # a take-over dials the pod VMs before the sockets move
             proxy_factory = self._taking.predialing(proxy_factory)
         podnet = await self._start_pod_network(store)
-        # the pod VM's user data (static and local VMs are configured by whoever made them)
-        user_data = PodVmUserData(provider.name, pki, settings.pods_dir)
+        if provider.name in CLOUDS and placement.user_data is None:
+            placement.user_data = user_data_builder(provider.name, pki, settings.pods_dir)
         self.manager = SandboxManager(
             ManagerConfig.of(settings),
             store,
@@ -243,7 +236,6 @@ class Daemon:
             vm_policy=VmPolicy(
                 frozenset(settings.allowed_machine_types), frozenset(settings.allowed_images)
             ).check,
-            user_data=user_data.build if provider.name in CLOUDS else None,
             on_abandoned=self.abandoned.add,
         )
         await self._recover(self.manager)
@@ -255,10 +247,9 @@ class Daemon:
             "serving hypervisor.Hypervisor on %s (provider %s)", settings.socket, provider.name
         )
 
-    async def _provider_and_catalog(self) -> tuple[Provider, Catalog | None]:
+    async def _provider_and_placement(self) -> tuple[Provider, Placement]:
         """The provider (built in a thread: a cloud provider may ask the node's instance
-        metadata service) and the catalog its placement selects from (none to load when the
-        placement was given)."""
+        metadata service) and its placement over the catalog."""
         settings = self.settings
         provider = self._provider
         if provider is None:
@@ -272,10 +263,12 @@ class Daemon:
                     owner_id=settings.owner_id or f"peerpods-{socket.gethostname()}",
                 ),
             )
-        if self._placement is not None:
-            return provider, self._placement.catalog
-        catalog = await asyncio.to_thread(catalog_for, provider, settings.catalog_dir)
-        return provider, catalog
+        placement = self._placement
+        if placement is None:
+            placement = await asyncio.to_thread(
+                placement_for, provider, self._cdi, settings.catalog_dir
+            )
+        return provider, placement
 
     async def _open_store(self) -> StateStore:
         """The state store, once a predecessor (on a take-over) has let go of it and no live
