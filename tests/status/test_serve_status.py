@@ -73,6 +73,46 @@ def create_container(name: str) -> bytes:
     return request.SerializeToString()
 
 
+async def _create_one_refused_one_accepted(socket: str) -> None:
+    """The pod VM refuses the evaluator's device (failed, with the agent's reason) and takes the
+    trainer's."""
+    refused = await go_call(
+        socket,
+        "grpc.AgentService",
+        "CreateContainer",
+        create_container("evaluator"),
+        metadata=[("x-fail", "5:CDI device peerpods.io/gpu=gpu1 not found")],
+        call_timeout="10s",
+    )
+    assert refused["code"] == 5
+    accepted = await go_call(
+        socket,
+        "grpc.AgentService",
+        "CreateContainer",
+        create_container("trainer"),
+        call_timeout="10s",
+    )
+    assert accepted["code"] == 0
+
+
+async def _check_metrics_count_the_sandbox_and_its_calls(http: httpx.AsyncClient) -> None:
+    """One running sandbox, one refused and one accepted CreateContainer, one VM created."""
+    metrics = {f.name: f for f in text_string_to_metric_families((await http.get("/metrics")).text)}
+    running = {s.labels["state"]: s.value for s in metrics["peerpods_sandboxes"].samples}
+    assert running["running"] == 1
+    calls = {
+        (s.labels["method"], s.labels["code"]): s.value
+        for s in metrics["peerpods_proxy_calls"].samples
+        if s.name.endswith("_total")
+    }
+    assert calls[("grpc.AgentService/CreateContainer", "5")] == 1
+    assert calls[("grpc.AgentService/CreateContainer", "0")] == 1
+    created_hist = [
+        s for s in metrics["peerpods_vm_create_seconds"].samples if s.name.endswith("_count")
+    ]
+    assert created_hist[0].value == 1
+
+
 async def test_states_and_devices_follow_the_sandbox(serve: tuple[ServeProcess, GoServer]) -> None:
     proc, pod_vm = serve
     assert proc.status_url.startswith("http://127.0.0.1:")
@@ -91,24 +131,7 @@ async def test_states_and_devices_follow_the_sandbox(serve: tuple[ServeProcess, 
         assert (view["state"], view["vm_id"]) == ("running", pod_vm.address)
         assert view["containers"] == {}
 
-        # The pod VM refuses the evaluator's device: failed, with the agent's reason.
-        refused = await go_call(
-            socket,
-            "grpc.AgentService",
-            "CreateContainer",
-            create_container("evaluator"),
-            metadata=[("x-fail", "5:CDI device peerpods.io/gpu=gpu1 not found")],
-            call_timeout="10s",
-        )
-        assert refused["code"] == 5
-        accepted = await go_call(
-            socket,
-            "grpc.AgentService",
-            "CreateContainer",
-            create_container("trainer"),
-            call_timeout="10s",
-        )
-        assert accepted["code"] == 0
+        await _create_one_refused_one_accepted(socket)
         containers = (await http.get(f"/v1/sandboxes/{SID}")).json()["containers"]
         assert containers["trainer"] == {
             "devices": ["peerpods.io/gpu=gpu0"],
@@ -120,22 +143,7 @@ async def test_states_and_devices_follow_the_sandbox(serve: tuple[ServeProcess, 
         assert "NOT_FOUND" in containers["evaluator"]["reason"]
         assert "peerpods.io/gpu=gpu1 not found" in containers["evaluator"]["reason"]
 
-        metrics = {
-            f.name: f for f in text_string_to_metric_families((await http.get("/metrics")).text)
-        }
-        running = {s.labels["state"]: s.value for s in metrics["peerpods_sandboxes"].samples}
-        assert running["running"] == 1
-        calls = {
-            (s.labels["method"], s.labels["code"]): s.value
-            for s in metrics["peerpods_proxy_calls"].samples
-            if s.name.endswith("_total")
-        }
-        assert calls[("grpc.AgentService/CreateContainer", "5")] == 1
-        assert calls[("grpc.AgentService/CreateContainer", "0")] == 1
-        created_hist = [
-            s for s in metrics["peerpods_vm_create_seconds"].samples if s.name.endswith("_count")
-        ]
-        assert created_hist[0].value == 1
+        await _check_metrics_count_the_sandbox_and_its_calls(http)
 
         assert (await proc.stop_vm(SID))["code"] == 0, proc.log()
         gone = await http.get(f"/v1/sandboxes/{SID}")
