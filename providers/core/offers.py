@@ -36,8 +36,10 @@ _RULES: tuple[tuple[str, re.Pattern[str], Offer], ...] = tuple(
         ("aws", r"^p6e-gb200\.", Offer(("capacity-block",))),
         # P5e: no On-Demand term in the EC2 Price List (Capacity Blocks for ML and Spot only)
         ("aws", r"^p5e\.", Offer(("spot", "capacity-block"))),
-        # A4X (GB200), A4 (B200) and A3 Ultra (H200): reservations, Flex-start and Spot
-        ("gcp", r"^a4x-highgpu-", Offer(_RESERVED_SPOT_FLEX)),
+        # A4X (GB200): reservations only (AI Hypercomputer consumption options: Flex-start and
+        # Spot take any GPU machine except A4X)
+        ("gcp", r"^a4x-highgpu-", Offer(("reservation",))),
+        # A4 (B200) and A3 Ultra (H200): reservations, Flex-start and Spot
         ("gcp", r"^a4-highgpu-", Offer(_RESERVED_SPOT_FLEX)),
         ("gcp", r"^a3-ultragpu-", Offer(_RESERVED_SPOT_FLEX)),
         # A3 High with 1, 2 or 4 GPUs: Spot and Flex-start only

@@ -34,7 +34,9 @@ def _select(cloud: str, **fields: Any) -> str:
     [
         ("aws", "p6e-gb200.36xlarge", ("capacity-block",), False),
         ("aws", "p5.48xlarge", ("on-demand", "spot"), False),
-        ("gcp", "a4x-highgpu-4g", ("spot", "flex-start", "reservation"), False),
+        ("aws", "p5e.48xlarge", ("spot", "capacity-block"), False),
+        # AI Hypercomputer consumption options: Flex-start and Spot take any GPU machine except A4X
+        ("gcp", "a4x-highgpu-4g", ("reservation",), False),
         ("gcp", "a4-highgpu-8g", ("spot", "flex-start", "reservation"), False),
         ("gcp", "a3-ultragpu-8g", ("spot", "flex-start", "reservation"), False),
         ("gcp", "a3-highgpu-1g", ("spot", "flex-start"), False),
@@ -77,6 +79,14 @@ def test_gcp_b200_and_h200_are_spot_or_reserved_never_on_demand() -> None:
         assert _select("gcp", reservation="my-reservation", **ask).startswith(
             ("a4-", "a3-ultragpu-")
         )
+
+
+def test_gcp_gb200_is_reserved_only_never_spot() -> None:
+    gb200 = {"gpus": 4, "gpu_models": ("gb200",), "arch": "arm64"}
+    for provisioning in ("on-demand", "spot"):
+        with pytest.raises(NoMatch, match="not sold " + provisioning):
+            _select("gcp", provisioning=provisioning, **gb200)
+    assert _select("gcp", reservation="my-reservation", **gb200) == "a4x-highgpu-4g"
 
 
 def test_a_confidential_size_only_for_a_pod_that_asks() -> None:
