@@ -55,6 +55,13 @@ CLOSE_WITH_DATA = "data close message cannot include data"
 RESPONSE_TOO_LARGE = "response exceeds maximum message size"
 IDS_EXHAUSTED = "stream ids exhausted on this connection"
 MAX_STREAM_ID = (1 << 32) - 1
+# plain ints for the per-frame tests (enum operators cost a Python call each)
+_REQUEST = int(MessageType.REQUEST)
+_RESPONSE = int(MessageType.RESPONSE)
+_DATA = int(MessageType.DATA)
+_REMOTE_OPEN = int(Flags.REMOTE_OPEN)
+_REMOTE_CLOSED = int(Flags.REMOTE_CLOSED)
+_NO_DATA = int(Flags.NO_DATA)
 
 
 def oversized_message(length: int) -> str:
@@ -62,7 +69,7 @@ def oversized_message(length: int) -> str:
     return f"message length {length} exceed maximum message size of {MAX_DATA_LENGTH}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Call(Generic[R]):
     """A new stream: the Request frame's data and what `decode` made of it. `streaming` is set
     when the client's side stays open (Data frames follow)."""
@@ -73,7 +80,7 @@ class Call(Generic[R]):
     streaming: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StreamData:
     """A Data frame on a stream whose client side is open; `data` is None for a `no data`
     frame; `closed` when the client will send nothing more on it."""
@@ -83,7 +90,7 @@ class StreamData:
     closed: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Refused:
     """A frame answered with a status by the machine itself (already queued to send)."""
 
@@ -117,7 +124,7 @@ class ServerStreams(Generic[R]):
         self._last_id = last_stream_id
         self._open: set[int] = set(open_ids)  # streams not answered yet
         self._input_open: set[int] = set()  # of those, streams whose client side is open
-        self._out = bytearray()
+        self._out: list[bytes] = []  # frames, each its own buffer
 
     @classmethod
     def resume(
@@ -165,9 +172,9 @@ class ServerStreams(Generic[R]):
                     Code.RESOURCE_EXHAUSTED,
                     oversized_message(frame.length),
                 )
-            elif frame.msg_type == MessageType.REQUEST:
+            elif frame.msg_type == _REQUEST:
                 self._request(events, frame)
-            elif frame.msg_type == MessageType.DATA:
+            elif frame.msg_type == _DATA:
                 self._data(events, frame)
         return events
 
@@ -180,14 +187,16 @@ class ServerStreams(Generic[R]):
         self._input_open.discard(stream_id)
         if len(data) > MAX_DATA_LENGTH:
             data = encode_response(b"", Code.RESOURCE_EXHAUSTED, RESPONSE_TOO_LARGE)
-        self._out += encode_frame(stream_id, MessageType.RESPONSE, data)
+        self._out.append(encode_frame(stream_id, _RESPONSE, data))
         return True
 
     def data_to_send(self) -> bytes:
         """The frames queued since the last call (refusals and responses), in order."""
-        out = bytes(self._out)
-        self._out.clear()
-        return out
+        out = self._out
+        if not out:
+            return b""
+        self._out = []
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def _request(self, events: list[Event[R]], frame: Frame) -> None:
         stream_id = frame.stream_id
@@ -206,7 +215,7 @@ class ServerStreams(Generic[R]):
             return
         self._last_id = stream_id
         self._open.add(stream_id)
-        streaming = bool(frame.flags & Flags.REMOTE_OPEN)
+        streaming = bool(frame.flags & _REMOTE_OPEN)
         if streaming:
             self._input_open.add(stream_id)
         events.append(Call(stream_id, frame.data, request, streaming))
@@ -215,7 +224,7 @@ class ServerStreams(Generic[R]):
         stream_id = frame.stream_id
         if stream_id not in self._input_open:
             return
-        closed = bool(frame.flags & Flags.REMOTE_CLOSED)
+        closed = bool(frame.flags & _REMOTE_CLOSED)
         if closed and frame.data:
             self._input_open.discard(stream_id)
             self._open.discard(stream_id)
@@ -223,17 +232,16 @@ class ServerStreams(Generic[R]):
             return
         if closed:
             self._input_open.discard(stream_id)
-        data = None if frame.flags & Flags.NO_DATA or closed else frame.data
+        data = None if frame.flags & _NO_DATA or closed else frame.data
         events.append(StreamData(stream_id, data, closed))
 
     def _refuse(self, events: list[Event[R]], stream_id: int, code: Code, message: str) -> None:
-        self._out += encode_frame(
-            stream_id, MessageType.RESPONSE, encode_response(b"", code, message)
-        )
+        refusal = encode_response(b"", code, message)
+        self._out.append(encode_frame(stream_id, _RESPONSE, refusal))
         events.append(Refused(stream_id, code, message))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Answer:
     """The Response that ends a call: its data as received, or a RESOURCE_EXHAUSTED status in
     place of one over the size limit."""
@@ -251,7 +259,7 @@ class ClientStreams:
         self._decoder = FrameDecoder()
         self._next_id = first_stream_id
         self._open: set[int] = set()
-        self._out = bytearray()
+        self._out: list[bytes] = []  # frames, each its own buffer
 
     @property
     def in_flight(self) -> int:
@@ -269,7 +277,7 @@ class ClientStreams:
             raise TtrpcError(Code.UNAVAILABLE, IDS_EXHAUSTED)
         self._next_id = stream_id + 2
         self._open.add(stream_id)
-        self._out += encode_frame(stream_id, MessageType.REQUEST, data)
+        self._out.append(encode_frame(stream_id, _REQUEST, data))
         return stream_id
 
     def forget(self, stream_id: int) -> None:
@@ -285,7 +293,7 @@ class ClientStreams:
                 continue
             if not isinstance(frame, Frame):
                 body = encode_response(b"", Code.RESOURCE_EXHAUSTED, RESPONSE_TOO_LARGE)
-            elif frame.msg_type == MessageType.RESPONSE:
+            elif frame.msg_type == _RESPONSE:
                 body = frame.data
             else:
                 continue  # not the answer (Data on a unary call, a type unknown here)
@@ -295,6 +303,8 @@ class ClientStreams:
 
     def data_to_send(self) -> bytes:
         """The Request frames queued since the last call, in order."""
-        out = bytes(self._out)
-        self._out.clear()
-        return out
+        out = self._out
+        if not out:
+            return b""
+        self._out = []
+        return out[0] if len(out) == 1 else b"".join(out)
