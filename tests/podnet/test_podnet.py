@@ -137,6 +137,11 @@ async def test_concurrent_allocations_never_share(store: StateStore) -> None:
         await podnet.close()
 
 
+def _add_permanent_neighbour(pod: str, ip: str, mac: str) -> None:
+    with _netns.iproute(pod) as ipr:
+        ipr.neigh("add", dst=ip, lladdr=mac, ifindex=link_index(ipr, "eth0"), state=0x80)
+
+
 async def test_apf_json_is_caa_schema_with_subnets_and_neighbours(
     topo: Topology, store: StateStore
 ) -> None:
@@ -146,18 +151,7 @@ async def test_apf_json_is_caa_schema_with_subnets_and_neighbours(
     podnet = PodNet(settings, store, host_netns=topo.worker)
     try:
         pod, ip = await asyncio.to_thread(topo.add_pod, "32:b9:59:6b:f0:d5")
-
-        def neighbour() -> None:
-            with _netns.iproute(pod) as ipr:
-                ipr.neigh(
-                    "add",
-                    dst="10.128.0.77",
-                    lladdr="aa:bb:cc:dd:ee:ff",
-                    ifindex=link_index(ipr, "eth0"),
-                    state=0x80,
-                )
-
-        await asyncio.to_thread(neighbour)
+        await asyncio.to_thread(_add_permanent_neighbour, pod, "10.128.0.77", "aa:bb:cc:dd:ee:ff")
         tunnel = await podnet.inspect("sb", pod)
         assert tunnel is not None
         config = apf(tunnel)

@@ -10,7 +10,7 @@ import random
 from pathlib import Path
 
 from adaptor.hypervisor import SandboxManager, StartAborted
-from adaptor.podnet import VNI_POOL, PodNet, PodNetSettings, _netns, _tunnel
+from adaptor.podnet import VNI_POOL, PodNet, PodNetSettings, Tunnel, _netns, _tunnel
 from adaptor.podnet._sweep import device_tag
 from adaptor.state import StateStore
 from providers.core.base import Instance, VMSpec
@@ -95,6 +95,25 @@ async def test_many_sandboxes_started_and_stopped_at_once(topo: Topology, tmp_pa
     assert not any(counts.values()), counts
 
 
+async def _orphan_foreign_and_live(
+    topo: Topology, podnet: PodNet, pods: tuple[str, str, str], remotes: tuple[str, ...]
+) -> tuple[Tunnel, Tunnel, Tunnel]:
+    """Three tunnels: one of ours whose VNI lease is lost (a killed daemon's), CAA's (no device
+    tag, its lease lost too) and a live one with its lease."""
+    orphan_pod, caa_pod, live_pod = pods
+    tunnels = [await podnet.inspect(f"sb{i}", p) for i, p in enumerate((orphan_pod, caa_pod))]
+    orphan, caa = (t for t in tunnels if t is not None)
+    tag = device_tag(topo.worker)
+    await asyncio.to_thread(_tunnel.setup, topo.worker, orphan_pod, orphan.network, remotes[0], tag)
+    await asyncio.to_thread(_tunnel.setup, topo.worker, caa_pod, caa.network, remotes[1], 0)
+    for vni in (orphan.vni, caa.vni):
+        await podnet.release_vni(vni)  # as lost as a killed daemon's
+    live = await podnet.inspect("live", live_pod)
+    assert live is not None
+    await podnet.setup(live, (remotes[2],))
+    return orphan, caa, live
+
+
 async def test_sweep_removes_untracked_parts_of_ours_and_keeps_foreign_ones(
     topo: Topology, tmp_path: Path
 ) -> None:
@@ -108,18 +127,9 @@ async def test_sweep_removes_untracked_parts_of_ours_and_keeps_foreign_ones(
     store = await StateStore.open(tmp_path / "state")
     podnet = PodNet(own_range(), store, host_netns=topo.worker)
     try:
-        tunnels = [await podnet.inspect(f"sb{i}", p) for i, p in enumerate((orphan_pod, caa_pod))]
-        orphan, caa = (t for t in tunnels if t is not None)
-        tag = device_tag(topo.worker)
-        await asyncio.to_thread(
-            _tunnel.setup, topo.worker, orphan_pod, orphan.network, vms[0][2], tag
-        )
-        await asyncio.to_thread(_tunnel.setup, topo.worker, caa_pod, caa.network, vms[1][2], 0)
-        for vni in (orphan.vni, caa.vni):
-            await podnet.release_vni(vni)  # as lost as a killed daemon's
-        live = await podnet.inspect("live", live_pod)
-        assert live is not None
-        await podnet.setup(live, (vms[2][2],))
+        pods = (orphan_pod, caa_pod, live_pod)
+        remotes = tuple(vm[2] for vm in vms)
+        orphan, caa, live = await _orphan_foreign_and_live(topo, podnet, pods, remotes)
         before = await asyncio.to_thread(kernel_leftovers, topo.worker, [orphan_pod])
         assert before["vxlan devices"] == 1 and before["NOTRACK rules"] == 6
 
