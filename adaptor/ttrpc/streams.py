@@ -21,8 +21,8 @@ each rule is written once, here, in the order a frame meets them:
 Refusals are sent by the machine itself (see `data_to_send`); the `Refused` event tells the
 caller which stream was refused and why. A refusal answers the frame, not the stream: a call
 already in flight on a re-used id still gets its own Response, as from Go's server; only the
-refusal of a close that carries data ends its stream. `export` and `resume` move a connection's position to
-another process (a hand-off) with its streams still open.
+refusal of a close that carries data ends its stream. `export` and `resume` move a
+connection's position to another process (a hand-off) with its streams still open.
 
 The calling side (our client, and the proxy's connection to the pod VM) keeps the mirror rules in
 `ClientStreams`: its ids are odd and increasing until they run out, a request over the size limit
