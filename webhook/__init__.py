@@ -6,10 +6,11 @@ Layers import one way: wire schema (`_reviews`), pure admission logic (`_resourc
 
 from webhook._admission import ANSWER_OF_FAULT, Admission
 from webhook._capacity import CAPACITY_ANNOTATION, CapacityPolicy, parse_namespace_policy
-from webhook._devices import POST_BOOT_ATTRIBUTES, DeviceSpace, VirtualDevice
+from webhook._catalog_view import CatalogView
+from webhook._devices import POST_BOOT_ATTRIBUTES, DeviceSpace, SelectorLimits, VirtualDevice
 from webhook._dra import ClaimDenied
 from webhook._kube import KubeResolver
-from webhook._mutate import MutationResult, PodIntent, Settings, device_space, mutate_pod
+from webhook._mutate import MutationResult, PodIntent, Settings, mutate_pod
 from webhook._patch import diff
 from webhook._policy import VmChoices
 from webhook._resolver import LookupFailed, MemoryResolver, ObjectNotFound, Resolver
@@ -23,6 +24,7 @@ __all__ = [
     "POST_BOOT_ATTRIBUTES",
     "Admission",
     "CapacityPolicy",
+    "CatalogView",
     "ClaimDenied",
     "DeviceSpace",
     "KubeResolver",
@@ -35,6 +37,7 @@ __all__ = [
     "Resolver",
     "SealKeyError",
     "SealKeys",
+    "SelectorLimits",
     "ServerConfig",
     "Settings",
     "TlsFiles",
@@ -42,7 +45,6 @@ __all__ = [
     "VmChoices",
     "WebhookServer",
     "build_app",
-    "device_space",
     "diff",
     "load_seal_keys",
     "mutate_pod",

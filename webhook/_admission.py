@@ -7,15 +7,18 @@ be admitted is a normal review response with `allowed: false`, a code and a mess
 `review` is `parse` then `decide`; the server calls them apart so that a pod whose admission
 evaluates DRA selectors (`needs_selectors`) waits in its own queue, never in front of plain pods.
 Selectors of one admission are bounded together by `cel_timeout_seconds` and evaluated by
-`cel_runner` (the server's worker processes; None: in this thread). A peer pod's UPDATE may not
-touch its contract annotations, and its VM image and initdata are removed at CREATE unless
-`vm_choices` allows them (`_policy.py`).
+`cel_runner` (the server's worker processes; None: in this thread): the `SelectorLimits` each
+decision passes down. What is derived from the catalog (its selector, device space and the ranks
+of DRA requests) is the `CatalogView` this admission holds for the catalog in use. A peer pod's
+UPDATE may not touch its contract annotations, and its VM image and initdata are removed at
+CREATE unless `vm_choices` allows them (`_policy.py`).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,7 +28,8 @@ from pydantic import ValidationError
 from providers.core.catalog import Catalog
 from providers.core.contract import SEAL, seal, sealed
 from providers.core.errors import Fault, InvalidRequest, PeerpodsError
-from webhook._devices import SelectorRunner, selector_limits
+from webhook._catalog_view import CatalogView
+from webhook._devices import SelectorLimits, SelectorRunner
 from webhook._metrics import observe
 from webhook._mutate import Settings, is_sealed, mutate_pod
 from webhook._patch import diff
@@ -72,6 +76,19 @@ class Admission:
         self.cel_timeout_seconds = cel_timeout_seconds
         self.cel_runner = cel_runner
         self.vm_choices = vm_choices or VmChoices()
+        self._view: CatalogView | None = None
+        self._view_lock = threading.Lock()
+
+    def view(self) -> CatalogView | None:
+        """The view of the catalog the source gives now (None: no catalog), built once per
+        catalog: a reloaded catalog gets a new one, and the old one goes with it."""
+        catalog = self.catalog()
+        if catalog is None:
+            return None
+        with self._view_lock:
+            if self._view is None or self._view.catalog is not catalog:
+                self._view = CatalogView(catalog)
+            return self._view
 
     def review(self, body: bytes) -> dict[str, Any]:
         """The response review for a request body; InvalidRequest when it is not a review."""
@@ -120,16 +137,17 @@ class Admission:
             message = "a review of a pod with DRA claims must name its namespace"
             return response(uid, allowed=False, code=400, message=message)
         try:
-            with selector_limits(
+            limits = SelectorLimits.starting(
                 self.cel_runner, self.cel_timeout_seconds, request.namespace, arrived
-            ):
-                result = mutate_pod(
-                    pod,
-                    resolver=self.resolver,
-                    catalog=self.catalog(),
-                    settings=self.settings,
-                    namespace=request.namespace,
-                )
+            )
+            result = mutate_pod(
+                pod,
+                resolver=self.resolver,
+                catalog=self.view(),
+                settings=self.settings,
+                namespace=request.namespace,
+                limits=limits,
+            )
         except PeerpodsError as exc:
             code, level, prefix = ANSWER_OF_FAULT[exc.fault]
             log.log(level, "denied pod %s/%s: %s", request.namespace, name, exc)

@@ -125,7 +125,7 @@ class _Worker:
 
 
 class CelWorkers:
-    """A small pool of CEL worker processes; a `SelectorRunner` for `selector_limits`."""
+    """A small pool of CEL worker processes; the `SelectorRunner` of `SelectorLimits`."""
 
     def __init__(
         self, processes: int = 2, method: str = "forkserver", share: int | None = None

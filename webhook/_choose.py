@@ -14,8 +14,9 @@ subrequest's, price only deciding within one subrequest. A subrequest whose devi
 types the pod cannot run on (another architecture, not sold the way the pod buys, confidential)
 falls through to the next.
 
-Each request's rank is remembered per catalog (the same pods recur: every replica of a
-Deployment), so a repeated admission costs the building of its requests, not their selection.
+Each request's rank comes from the catalog's view (`webhook._catalog_view`), which remembers it:
+the same pods recur (every replica of a Deployment), so a repeated admission costs the building
+of its requests, not their selection.
 
 Many requests with many alternatives each are not enumerated: past `EXHAUSTIVE` combinations one
 request at a time is improved with the others held (a pass in request order), which finds the
@@ -25,58 +26,23 @@ cheapest alternative of each independent request.
 from __future__ import annotations
 
 import itertools
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from providers.core.catalog import Catalog
-from providers.core.errors import InvalidRequest, NoMatch
+from providers.core.errors import InvalidRequest
 from providers.core.request import InstanceRequest
-from providers.core.selection import select
-from webhook._devices import DeviceSpace
+from webhook._catalog_view import CatalogView, Rank
 from webhook._dra import ClaimDenied, ClaimUnit, Translation
 
 __all__ = ["EXHAUSTIVE", "choose"]
 
 EXHAUSTIVE = 64
 
-Rank = tuple[float, int, int, int, int, int, str]
 Key = tuple[tuple[int, ...], Rank | None]  # firstAvailable tiers per request, then the rank
-
-_REMEMBERED = 4096  # request ranks kept per catalog, least recently used dropped first
-_ranks: dict[int, tuple[weakref.ref[Catalog], OrderedDict[str, Rank | None]]] = {}
-_lock = threading.Lock()
-
-
-def _rank(catalog: Catalog, request: InstanceRequest) -> Rank | None:
-    """The rank of the type selection picks for `request` (None: no type), remembered."""
-    key = request.model_dump_json()
-    with _lock:
-        found = _ranks.get(id(catalog))
-        if found is None or found[0]() is not catalog:
-            ident = id(catalog)
-            found = (weakref.ref(catalog, lambda _r: _ranks.pop(ident, None)), OrderedDict())
-            _ranks[ident] = found
-        memo = found[1]
-        if key in memo:
-            memo.move_to_end(key)
-            return memo[key]
-    try:
-        rank: Rank | None = select(catalog, request).selected.rank
-    except NoMatch:
-        rank = None
-    with _lock:
-        memo[key] = rank
-        if len(memo) > _REMEMBERED:
-            memo.popitem(last=False)
-    return rank
 
 
 def choose(
     translation: Translation,
-    space: DeviceSpace,
-    catalog: Catalog,
+    view: CatalogView,
     request_for: Callable[[list[ClaimUnit]], InstanceRequest],
 ) -> list[ClaimUnit]:
     """The claim units of the best combination (ClaimDenied/InvalidRequest if none is valid).
@@ -84,6 +50,7 @@ def choose(
     `request_for` turns the pod's claim units into the selection request (with the pod's own
     extended resources and CPU/memory); it raises InvalidRequest for a contradictory pod.
     """
+    space = view.space
     if all(len(r.alternatives) == 1 for r in translation.requests):
         return translation.first_valid(space)
     cache: dict[tuple[int, ...], tuple[Key, list[ClaimUnit]] | Exception] = {}
@@ -101,7 +68,7 @@ def choose(
             result = exc
         else:
             tiers = tuple(u.tier for u in chosen)
-            result = ((tiers, _rank(catalog, request)), units)
+            result = ((tiers, view.rank(request)), units)
         cache[picks] = result
         return result
 

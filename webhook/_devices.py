@@ -20,21 +20,20 @@ could never be matched reliably), while a presence test (`'uuid' in ...`) sees i
 
 Selectors are written by tenants, so they are bounded: each evaluation is metered
 (`_cel.COST_LIMIT` per device), all evaluations of one admission share a wall-clock deadline
-(`selector_limits`), and the webhook server runs them in worker processes it can kill
-(`_celworker.py`). Results are cached per expression, least recently used dropped first.
+(the `SelectorLimits` the admission passes to `DeviceSpace.match`), and the webhook server runs
+them in worker processes it can kill (`_celworker.py`). Results are cached per expression, least
+recently used dropped first.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import logging
 import re
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
@@ -119,36 +118,31 @@ SelectorRunner = Callable[["DeviceSpace", str, "float | None", str], Outcome]
 
 @dataclass(frozen=True)
 class SelectorLimits:
+    """How one admission's selectors are evaluated: by `runner` (None: in this thread), all of
+    them by `deadline` (None: no limit), and whose share of the workers they take (`tenant`)."""
+
     runner: SelectorRunner | None = None
     seconds: float = 0.0  # the wall-clock limit, as configured (for messages)
     deadline: float | None = None  # time.monotonic() by which every selector must be done
     tenant: str = ""
 
+    @classmethod
+    def starting(
+        cls,
+        runner: SelectorRunner | None,
+        seconds: float,
+        tenant: str = "",
+        started: float | None = None,
+    ) -> SelectorLimits:
+        """The limits of one admission of `tenant`: every selector done within `seconds` of
+        `started` (a time.monotonic() value, default now: the server passes the request's
+        arrival, so time spent queueing counts); 0 seconds: no limit."""
+        begun = time.monotonic() if started is None else started
+        deadline = begun + seconds if seconds > 0 else None
+        return cls(runner, seconds, deadline, tenant)
 
-_NO_LIMITS = SelectorLimits()
-_LIMITS: contextvars.ContextVar[SelectorLimits | None] = contextvars.ContextVar(
-    "cel_limits", default=None
-)
 
-
-@contextlib.contextmanager
-def selector_limits(
-    runner: SelectorRunner | None,
-    seconds: float,
-    tenant: str = "",
-    started: float | None = None,
-) -> Iterator[None]:
-    """Within the block (one admission of `tenant`), selectors are evaluated by `runner` (None:
-    in this process), and all of them must be done within `seconds` of `started` (a
-    time.monotonic() value, default now: the server passes the request's arrival, so time spent
-    queueing counts) or the pod is denied; 0 seconds: no limit."""
-    begun = time.monotonic() if started is None else started
-    deadline = begun + seconds if seconds > 0 else None
-    token = _LIMITS.set(SelectorLimits(runner, seconds, deadline, tenant))
-    try:
-        yield
-    finally:
-        _LIMITS.reset(token)
+NO_LIMITS = SelectorLimits()
 
 
 def _short(expression: str, limit: int = 120) -> str:
@@ -375,9 +369,8 @@ class DeviceSpace:
         return Outcome(frozenset(accepted), first_error, errors=tuple(errors))
 
     def _one(
-        self, label: str, expression: str, candidates: frozenset[str]
+        self, label: str, expression: str, candidates: frozenset[str], limits: SelectorLimits
     ) -> tuple[frozenset[str], str]:
-        limits = _LIMITS.get() or _NO_LIMITS
         outcome = self._shared(expression, limits.deadline)
         if outcome is None:
             with self._lock:
@@ -449,14 +442,17 @@ class DeviceSpace:
             return None  # the other admission's load or share, not this one's: evaluate here
         return found  # a time-out too: the same expression, as slow for this admission
 
-    def match(self, selectors: list[tuple[str, str]]) -> tuple[Match, str]:
+    def match(
+        self, selectors: list[tuple[str, str]], limits: SelectorLimits = NO_LIMITS
+    ) -> tuple[Match, str]:
         """Devices accepted by every selector, given as (where it stands, expression), and the
-        first evaluation failure seen (if any). Messages name a selector by where it stands,
-        never by its text: a review may name a namespace its sender does not own."""
+        first evaluation failure seen (if any), evaluated under the admission's `limits`.
+        Messages name a selector by where it stands, never by its text: a review may name a
+        namespace its sender does not own."""
         ids = frozenset(d.id for d in self.devices)
         error = ""
         for label, expression in selectors:
-            accepted, err = self._one(label, expression, ids)
+            accepted, err = self._one(label, expression, ids, limits)
             ids &= accepted
             error = error or err
         return Match(tuple(d for d in self.devices if d.id in ids)), error

@@ -39,7 +39,15 @@ from providers.core.errors import InvalidRequest
 from providers.core.mig import pack, profiles_for
 from providers.core.quantity import to_mib
 from providers.core.skus import product_key
-from webhook._devices import DRIVER, POST_BOOT_ATTRIBUTES, DeviceSpace, Match, VirtualDevice
+from webhook._devices import (
+    DRIVER,
+    NO_LIMITS,
+    POST_BOOT_ATTRIBUTES,
+    DeviceSpace,
+    Match,
+    SelectorLimits,
+    VirtualDevice,
+)
 from webhook._resolver import Resolver
 
 # the contract's limit on a unit id (DeviceUnit.id's max_length)
@@ -246,10 +254,17 @@ def _mig_alternatives(devices: Sequence[VirtualDevice], count: int) -> list[Clai
 
 
 class _Translator:
-    def __init__(self, space: DeviceSpace, resolver: Resolver, machine_gpus: int | None) -> None:
+    def __init__(
+        self,
+        space: DeviceSpace,
+        resolver: Resolver,
+        machine_gpus: int | None,
+        limits: SelectorLimits,
+    ) -> None:
         self.space = space
         self.resolver = resolver
         self.machine_gpus = machine_gpus
+        self.limits = limits
         self.warnings: list[str] = []
 
     def option(self, opt: Mapping[str, Any], where: str) -> list[ClaimUnit] | str:
@@ -259,7 +274,7 @@ class _Translator:
         class_spec = device_class.get("spec") or {}
         selectors = _selectors(class_spec.get("selectors"), f"DeviceClass {class_name}")
         selectors += _selectors(opt.get("selectors"), where)
-        match, error = self.space.match(selectors)
+        match, error = self.space.match(selectors, self.limits)
         if not match.devices:
             detail = f" ({error})" if error else ""
             return f"no catalog device matches DeviceClass {class_name} and the selectors{detail}"
@@ -409,13 +424,14 @@ def translate(
     resolver: Resolver,
     space: DeviceSpace,
     machine_gpus: int | None = None,
+    limits: SelectorLimits = NO_LIMITS,
 ) -> Translation:
     """Every pod claim's requests with their alternatives (ClaimDenied, ObjectNotFound or
-    LookupFailed on failure)."""
+    LookupFailed on failure); the selectors are evaluated under the admission's `limits`."""
     entries = (pod.get("spec") or {}).get("resourceClaims") or []
     if not isinstance(entries, list):
         raise InvalidRequest("spec.resourceClaims is not a list")
-    translator = _Translator(space, resolver, machine_gpus)
+    translator = _Translator(space, resolver, machine_gpus, limits)
     out = Translation()
     for entry in entries:
         if not isinstance(entry, dict):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -55,8 +54,9 @@ from providers.core.errors import InvalidRequest, NoMatch
 from providers.core.request import InstanceRequest
 from webhook._asks import request_digest
 from webhook._capacity import CapacityPolicy
+from webhook._catalog_view import CatalogView
 from webhook._choose import choose
-from webhook._devices import DeviceSpace
+from webhook._devices import NO_LIMITS, SelectorLimits
 from webhook._dra import ClaimUnit, translate
 from webhook._extended import container_units, is_device_resource
 from webhook._patch import Op, diff
@@ -76,10 +76,6 @@ __all__ = [
 
 Pod = dict[str, Any]
 _STRIPPED = ("cpu", "memory")
-# The seal key when none is configured: this process's own (a reinvocation reaches the process
-# that sealed the pod only by chance, so `peerpods webhook` reads one from its own Secret,
-# webhook._sealkeys).
-_PROCESS_KEY = os.urandom(32)
 
 
 @dataclass(frozen=True)
@@ -94,8 +90,10 @@ class Settings:
     impossible: Literal["deny", "warn"] = "deny"
     # The capacity type (Spot or on-demand) of a pod, by its annotation and its namespace.
     capacity: CapacityPolicy = field(default_factory=CapacityPolicy)
-    # The key of the seal over the contract keys (every replica must share it).
-    seal_key: bytes = field(default=_PROCESS_KEY, repr=False)
+    # The key of the seal over the contract keys (every replica must share it: `peerpods
+    # webhook` reads it from its own Secret, webhook._sealkeys). Unset: a random key of this
+    # Settings object alone, so only what admits through the same object recognises its seals.
+    seal_key: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
     # Other keys whose seals are still recognised (a rotation's previous or next key).
     accepted_seal_keys: tuple[bytes, ...] = field(default=(), repr=False)
 
@@ -137,23 +135,6 @@ class MutationResult:
     @property
     def changed(self) -> bool:
         return bool(self.patch)
-
-
-_spaces: dict[int, tuple[Catalog, DeviceSpace]] = {}
-_spaces_lock = threading.Lock()
-
-
-def device_space(catalog: Catalog) -> DeviceSpace:
-    """The virtual devices of a catalog, built once per catalog object (a few kept)."""
-    found = _spaces.get(id(catalog))
-    if found is not None and found[0] is catalog:
-        return found[1]
-    space = DeviceSpace(catalog)
-    with _spaces_lock:
-        if len(_spaces) >= 8:
-            _spaces.pop(next(iter(_spaces)))
-        _spaces[id(catalog)] = (catalog, space)
-    return space
 
 
 def _annotations(pod: Pod) -> dict[str, str]:
@@ -364,10 +345,11 @@ def _translate(
     pod: Pod,
     namespace: str,
     resolver: Resolver,
-    catalog: Catalog | None,
+    view: CatalogView | None,
     machine_type: str,
     warnings: list[str],
     capacity: CapacityType = CapacityType.ON_DEMAND,
+    limits: SelectorLimits = NO_LIMITS,
 ) -> tuple[PodIntent, ContainerPlan]:
     init, app = container_lists(pod)
     resources = pod_resources(pod)
@@ -377,16 +359,16 @@ def _translate(
     claims: list[ClaimUnit] = []
     all_models: frozenset[str] = frozenset()
     if pod["spec"].get("resourceClaims"):
-        if catalog is None:
+        if view is None:
             raise InvalidRequest("DRA claims need a catalog (--provider/--region) to match against")
-        space = device_space(catalog)
+        space = view.space
         all_models = space.models
         machine_gpus = None
         if machine_type:
-            chosen = catalog.by_name().get(machine_type)
+            chosen = view.catalog.by_name().get(machine_type)
             if chosen is not None and chosen.gpu is not None:
                 machine_gpus = chosen.gpu.count
-        translation = translate(pod, namespace, resolver, space, machine_gpus)
+        translation = translate(pod, namespace, resolver, space, machine_gpus, limits)
         known = space.models
 
         def request_for(units: list[ClaimUnit]) -> InstanceRequest:
@@ -394,7 +376,7 @@ def _translate(
             vm = PodIntent(resources.vcpus, resources.memory_mib, gpu, machine_type, capacity)
             return vm.request()  # DRA alternatives of a Spot pod rank by Spot prices
 
-        claims = choose(translation, space, catalog, request_for)
+        claims = choose(translation, view, request_for)
         warnings.extend(translation.warnings)
     gpu = _vm_gpu(init, app, per_container, claims, all_models)
     by_claim: dict[str, list[ClaimUnit]] = {}
@@ -449,16 +431,14 @@ def _contract(intent: PodIntent, plan: ContainerPlan) -> dict[str, str]:
 
 
 def _check_possible(
-    intent: PodIntent, catalog: Catalog | None, settings: Settings, warnings: list[str]
+    intent: PodIntent, view: CatalogView | None, settings: Settings, warnings: list[str]
 ) -> None:
-    if catalog is None or not (not intent.gpu.empty or intent.machine_type):
+    if view is None or not (not intent.gpu.empty or intent.machine_type):
         return
-    from providers.core.selection import select
-
     try:
-        select(catalog, intent.request()).selected  # noqa: B018 - raises NoMatch
+        view.selector.select(intent.request()).selected  # noqa: B018 - raises NoMatch
     except NoMatch as exc:
-        where = f"{catalog.cloud} {catalog.region}"
+        where = f"{view.catalog.cloud} {view.catalog.region}"
         message = f"no instance type in the {where} catalog can serve this pod: {exc}"
         if settings.impossible == "deny":
             raise NoMatch(message, exc.reasons, exc.stage) from None
@@ -481,12 +461,18 @@ def mutate_pod(
     pod: Pod,
     *,
     resolver: Resolver | None = None,
-    catalog: Catalog | None = None,
+    catalog: Catalog | CatalogView | None = None,
     settings: Settings | None = None,
     namespace: str = "",
+    limits: SelectorLimits = NO_LIMITS,
 ) -> MutationResult:
-    """Admit one pod: the patch to apply and the pod it makes (raises to deny; see module doc)."""
+    """Admit one pod: the patch to apply and the pod it makes (raises to deny; see module doc).
+
+    `catalog`: a `CatalogView` reuses what was derived from its catalog (the admission's); a bare
+    catalog gets a view of this call alone. `limits`: how the pod's DRA selectors are evaluated.
+    """
     settings = settings or Settings()
+    view = CatalogView(catalog) if isinstance(catalog, Catalog) else catalog
     if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
         raise InvalidRequest("not a pod: no spec")
     runtime_class = pod["spec"].get("runtimeClassName")
@@ -517,7 +503,14 @@ def mutate_pod(
     else:
         refuse_hugepages(pod)
         intent, plan = _translate(
-            pod, namespace, resolver or MemoryResolver(), catalog, machine_type, warnings, capacity
+            pod,
+            namespace,
+            resolver or MemoryResolver(),
+            view,
+            machine_type,
+            warnings,
+            capacity,
+            limits,
         )
         intent = replace(intent, capacity_type=capacity)
         if _asks_confidential(annotations):
@@ -525,7 +518,7 @@ def mutate_pod(
         kept = {k: v for k, v in kept.items() if k not in OWNED_KEYS}
         kept.update(_contract(intent, plan))
         strip_node_resources(mutated["spec"], quota_units(intent.gpu))
-    _check_possible(intent, catalog, settings, warnings)
+    _check_possible(intent, view, settings, warnings)
     kept.pop(SEAL, None)
     if any(k in OWNED_KEYS for k in kept):
         kept[SEAL] = seal(settings.seal_key, namespace, kept, request_digest(mutated))

@@ -48,7 +48,6 @@ from providers.core.errors import InvalidRequest, PeerpodsError
 from webhook._admission import Admission
 from webhook._celworker import CelWorkers
 from webhook._devices import DeviceSpace
-from webhook._mutate import device_space
 from webhook._reviews import AdmissionReview, response
 
 IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -530,11 +529,11 @@ class WebhookServer:
     def _warm_space(self) -> DeviceSpace | None:
         """The catalog's device space, for the CEL workers to build before the first pod."""
         try:
-            catalog = self.admission.catalog()
+            view = self.admission.view()
         except PeerpodsError as exc:
             log.warning("CEL workers not warmed: %s", exc)
             return None
-        return device_space(catalog) if catalog is not None else None
+        return view.space if view is not None else None
 
     def bind(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET

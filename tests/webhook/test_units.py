@@ -117,7 +117,8 @@ def test_virtual_devices_follow_the_catalog(catalog: Catalog) -> None:
 def test_mutate_pod_with_in_memory_objects(catalog: Catalog) -> None:
     docs = [d for d in yaml.safe_load_all((EXAMPLES / "dra-pod.yaml").read_text()) if d]
     pod = next(d for d in docs if d["kind"] == "Pod")
-    result = mutate_pod(pod, resolver=MemoryResolver(docs), catalog=catalog, settings=Settings())
+    settings = Settings()  # its seal key: the reinvocation below is recognised under it
+    result = mutate_pod(pod, resolver=MemoryResolver(docs), catalog=catalog, settings=settings)
     assert result.intent is not None and result.intent.gpu.models == ("h100-80gb",)
     assert result.intent.vcpus == 16 and result.intent.memory_mib == 64 * 1024
     assert jsonpatch.apply_patch(pod, result.patch) == result.pod
@@ -125,8 +126,10 @@ def test_mutate_pod_with_in_memory_objects(catalog: Catalog) -> None:
     assert plan == result.plan
     assert plan.containers == {"trainer": ("claim-shared-gpu-gpu",),
                                "profiler": ("claim-shared-gpu-gpu",)}  # fmt: skip
-    again = mutate_pod(result.pod, resolver=MemoryResolver(), catalog=catalog)
+    again = mutate_pod(result.pod, resolver=MemoryResolver(), catalog=catalog, settings=settings)
     assert again.patch == [] and again.intent == result.intent
+    stranger = mutate_pod(result.pod, resolver=MemoryResolver(docs), catalog=catalog)
+    assert stranger.patch != []  # another Settings' own key does not recognise the seal
 
 
 def test_warn_mode_admits_impossible_requests(catalog: Catalog) -> None:
