@@ -144,60 +144,12 @@ async def lifecycle(pods: int, seconds: float, rounds: int) -> dict[str, object]
             try:
                 inspect, setup, teardown = Timed(), Timed(), Timed()
                 base_setup, base_teardown = Timed(), Timed()
-                ours, theirs = [], []
-                for i in range(pods):
-                    new, old = 2 * i, 2 * i + 1
-                    inspected = await inspect.run(
-                        lambda n=new: podnet.inspect(f"sb{n}", pod_list[n][0])
-                    )
-                    assert isinstance(inspected, Tunnel)
-                    ready = await setup.run(
-                        lambda t=inspected, n=new: podnet.setup(t, (vm_list[n][2],))
-                    )
-                    assert isinstance(ready, Tunnel)
-                    ours.append(ready)
-                    other = await podnet.inspect(f"sb{old}", pod_list[old][0])
-                    assert other is not None
-                    remote = vm_list[old][2]
-                    await base_setup.run(
-                        lambda t=other, r=remote: asyncio.to_thread(
-                            baseline.setup, topo.worker, t.netns, t.network, r
-                        )
-                    )
-                    theirs.append(other.evolve(remote=remote))
-                # Throughput: the peer to pod 0's IP through its tunnel, and to a pod that has no
-                # tunnel over its plain veth (same bridge, same MTU), alternating, medians.
-                vm0, podns0, vm0_ip = vm_list[0]
-                await asyncio.to_thread(podvm_setup, vm0, podns0, apf(ours[0]))
-                plain, plain_ip = await asyncio.to_thread(topo.add_pod)
-                veth_runs, tunnel_runs, underlay_runs = [], [], []
-                for _ in range(rounds):
-                    underlay_runs.append(
-                        await asyncio.to_thread(throughput_gbps, vm0, vm0_ip, topo.worker, seconds)
-                    )
-                    veth_runs.append(
-                        await asyncio.to_thread(
-                            throughput_gbps, plain, plain_ip, topo.peer, seconds
-                        )
-                    )
-                    tunnel_runs.append(
-                        await asyncio.to_thread(
-                            throughput_gbps, podns0, pod_list[0][1], topo.peer, seconds
-                        )
-                    )
-                figures["veth"] = statistics.median(veth_runs)
-                figures["tunnel"] = statistics.median(tunnel_runs)
-                figures["underlay"] = statistics.median(underlay_runs)
+                ours, theirs = await _start_both_ways(
+                    topo, podnet, pod_list, vm_list, pods, (inspect, setup, base_setup)
+                )
+                figures |= await _throughput(topo, pod_list, vm_list, ours[0], seconds, rounds)
                 figures["offloads"] = await asyncio.to_thread(offloads, pod_list[0][0], "vxlan1")
-                for mine, other in zip(ours, theirs, strict=True):
-                    await teardown.run(lambda t=mine: podnet.teardown(t))
-                    await base_teardown.run(
-                        lambda t=other: asyncio.to_thread(
-                            baseline.teardown, topo.worker, t.netns, t.network, t.remote
-                        )
-                    )
-                    await podnet.release_vni(mine.vni)
-                    await podnet.release_vni(other.vni)
+                await _stop_both_ways(topo, podnet, ours, theirs, (teardown, base_teardown))
                 counts = await asyncio.to_thread(
                     kernel_leftovers, topo.worker, [p for p, _ip in pod_list]
                 )
@@ -214,6 +166,87 @@ async def lifecycle(pods: int, seconds: float, rounds: int) -> dict[str, object]
     finally:
         await asyncio.to_thread(topo.close)
     return figures
+
+
+async def _start_both_ways(
+    topo: Topology,
+    podnet: PodNet,
+    pod_list: list[tuple[str, str]],
+    vm_list: list[tuple[str, str, str]],
+    pods: int,
+    timers: tuple[Timed, Timed, Timed],
+) -> tuple[list[Tunnel], list[Tunnel]]:
+    """`pods` tunnels set up by PodNet and as many by the baseline, alternating, each timed."""
+    inspect, setup, base_setup = timers
+    ours, theirs = [], []
+    for i in range(pods):
+        new, old = 2 * i, 2 * i + 1
+        inspected = await inspect.run(lambda n=new: podnet.inspect(f"sb{n}", pod_list[n][0]))
+        assert isinstance(inspected, Tunnel)
+        ready = await setup.run(lambda t=inspected, n=new: podnet.setup(t, (vm_list[n][2],)))
+        assert isinstance(ready, Tunnel)
+        ours.append(ready)
+        other = await podnet.inspect(f"sb{old}", pod_list[old][0])
+        assert other is not None
+        remote = vm_list[old][2]
+        await base_setup.run(
+            lambda t=other, r=remote: asyncio.to_thread(
+                baseline.setup, topo.worker, t.netns, t.network, r
+            )
+        )
+        theirs.append(other.evolve(remote=remote))
+    return ours, theirs
+
+
+async def _throughput(
+    topo: Topology,
+    pod_list: list[tuple[str, str]],
+    vm_list: list[tuple[str, str, str]],
+    first: Tunnel,
+    seconds: float,
+    rounds: int,
+) -> dict[str, object]:
+    """Throughput: the peer to pod 0's IP through its tunnel, and to a pod that has no tunnel
+    over its plain veth (same bridge, same MTU), and the underlay, alternating, medians."""
+    vm0, podns0, vm0_ip = vm_list[0]
+    await asyncio.to_thread(podvm_setup, vm0, podns0, apf(first))
+    plain, plain_ip = await asyncio.to_thread(topo.add_pod)
+    veth_runs, tunnel_runs, underlay_runs = [], [], []
+    for _ in range(rounds):
+        underlay_runs.append(
+            await asyncio.to_thread(throughput_gbps, vm0, vm0_ip, topo.worker, seconds)
+        )
+        veth_runs.append(
+            await asyncio.to_thread(throughput_gbps, plain, plain_ip, topo.peer, seconds)
+        )
+        tunnel_runs.append(
+            await asyncio.to_thread(throughput_gbps, podns0, pod_list[0][1], topo.peer, seconds)
+        )
+    return {
+        "veth": statistics.median(veth_runs),
+        "tunnel": statistics.median(tunnel_runs),
+        "underlay": statistics.median(underlay_runs),
+    }
+
+
+async def _stop_both_ways(
+    topo: Topology,
+    podnet: PodNet,
+    ours: list[Tunnel],
+    theirs: list[Tunnel],
+    timers: tuple[Timed, Timed],
+) -> None:
+    """Every tunnel torn down, ours by PodNet and the baseline's by it, each timed."""
+    teardown, base_teardown = timers
+    for mine, other in zip(ours, theirs, strict=True):
+        await teardown.run(lambda t=mine: podnet.teardown(t))
+        await base_teardown.run(
+            lambda t=other: asyncio.to_thread(
+                baseline.teardown, topo.worker, t.netns, t.network, t.remote
+            )
+        )
+        await podnet.release_vni(mine.vni)
+        await podnet.release_vni(other.vni)
 
 
 async def race(count: int) -> dict[str, int]:
