@@ -164,7 +164,7 @@ class _Endpoints:
 
     async def quota(self, request: Request) -> Response:
         found = self.account_quota() if self.account_quota is not None else None
-        return JSONResponse({"account": found.to_json() if found is not None else None})
+        return JSONResponse({"account": found.to_dict() if found is not None else None})
 
     async def healthz(self, request: Request) -> Response:
         return PlainTextResponse("ok")

@@ -115,7 +115,7 @@ class AccountQuota:
                 return f"{limit} exhausted: {t.name} needs {_n(need)} more"
         return ""
 
-    def to_json(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, object]:
         """What the status API shows: each limit with its usage, and what could not be read."""
         return {
             "cloud": self.cloud,
