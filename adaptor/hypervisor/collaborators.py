@@ -1,6 +1,6 @@
 """What the sandbox lifecycle needs of the rest of the daemon, as types: its settings, the agent
-proxy of a sandbox, the planner StartVM asks, and the hooks that add steps to a start and a stop.
-The daemon (adaptor.node) supplies the real ones; tests supply fakes."""
+proxy of a sandbox, the planner and the user data StartVM asks, and the hooks that add steps to
+a start and a stop. The daemon (adaptor.node) supplies the real ones; tests supply fakes."""
 
 from __future__ import annotations
 
@@ -64,9 +64,10 @@ class Planner(Protocol):
         """Forget the sandbox's reservation (its start failed, or it stopped)."""
         ...
 
-    def user_data_for(self, record: SandboxRecord, plan: Plan) -> str:
-        """The pod VM's user data for the sandbox and its plan."""
-        ...
+
+# The pod VM's user data for a sandbox and its plan (adaptor.planning.userdata.PodVmUserData's
+# `build`); a daemon without one (static, local providers) gives the VM none.
+UserDataBuilder = Callable[[SandboxRecord, Plan], str]
 
 
 class PodNetworkHook(Protocol):

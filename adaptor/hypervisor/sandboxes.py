@@ -30,6 +30,7 @@ from adaptor.hypervisor.collaborators import (
     PodNetworkHook,
     ProxyFactory,
     SandboxHook,
+    UserDataBuilder,
 )
 from adaptor.hypervisor.errors import (
     SandboxBusy,
@@ -63,6 +64,7 @@ class SandboxManager:
         hooks: Sequence[SandboxHook] = (),
         pod_network: PodNetworkHook | None = None,
         vm_policy: Callable[[VMIntent], None] | None = None,
+        user_data: UserDataBuilder | None = None,
         on_abandoned: Callable[[SandboxRecord, str], None] | None = None,
     ) -> None:
         self.table = SandboxTable(
@@ -74,6 +76,7 @@ class SandboxManager:
             hooks=hooks,
             pod_network=pod_network,
             vm_policy=vm_policy,
+            user_data=user_data,
         )
         self.teardowns = Teardowns(self.table, on_abandoned)
         self.starts = Starts(self.table, self.teardowns)
@@ -146,6 +149,7 @@ __all__ = [
     "ShuttingDown",
     "StartAborted",
     "StartTimeout",
+    "UserDataBuilder",
     "answer_within",
     "check_sandbox_id",
     "failure_category",

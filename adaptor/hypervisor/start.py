@@ -183,7 +183,8 @@ class Starts:
         record = await table.store.put(record.evolve(state=SandboxState.STARTING, reason=""))
         started = time.monotonic()
         try:
-            spec = plan.vm_spec(table.placement.user_data_for(record, plan))
+            user_data = table.user_data(record, plan) if table.user_data is not None else ""
+            spec = plan.vm_spec(user_data)
             instance = await table.provider.create(spec)
         except BaseException as exc:
             table.placement.release(record.id)

@@ -24,6 +24,7 @@ from adaptor.hypervisor.collaborators import (
     PodNetworkHook,
     ProxyFactory,
     SandboxHook,
+    UserDataBuilder,
 )
 from adaptor.hypervisor.errors import SandboxNotFound, ShuttingDown, check_sandbox_id
 from adaptor.runtime.logs import bind_sandbox
@@ -65,11 +66,13 @@ class SandboxTable:
         hooks: Sequence[SandboxHook] = (),
         pod_network: PodNetworkHook | None = None,
         vm_policy: Callable[[VMIntent], None] | None = None,
+        user_data: UserDataBuilder | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.provider = provider
         self.placement = placement
+        self.user_data = user_data
         self.hooks = tuple(hooks)
         self.pod_network = pod_network
         # the node's own limits on a pod's VM choices (adaptor.planning.vmpolicy),

@@ -43,14 +43,15 @@ from adaptor.node.readiness import Readiness
 from adaptor.node.settings import ServeSettings
 from adaptor.node.wiring import (
     ForgetDevices,
+    build_placement,
+    catalog_for,
     container_hooks,
     count_capacity_fallback,
     count_proxy_call,
-    placement_for,
     stored_json_checks,
-    user_data_builder,
 )
 from adaptor.planning.placement import Placement
+from adaptor.planning.userdata import PodVmUserData
 from adaptor.planning.vmpolicy import VmPolicy
 from adaptor.podnet import PodNet, PodNetSettings, SandboxPodNetwork
 from adaptor.proxy import AgentProxy, CreateContainerHook
@@ -61,11 +62,11 @@ from adaptor.status import AbandonedBook, DeviceBook, build_app
 from adaptor.status.app import refresh_sandbox_gauge
 from adaptor.status.server import StatusServer
 from adaptor.ttrpc.server import Server
-from providers.clouds import registry, sdk
-from providers.clouds.retry import observe_capacity_fallbacks
+from providers.clouds import registry
+from providers.clouds.sdk import CloudCalls
 from providers.clouds.settings import CloudSettings
 from providers.core.base import Instance, Provider
-from providers.core.catalog import CLOUDS
+from providers.core.catalog import CLOUDS, Catalog
 from providers.core.contract import GPU_QUOTA_RESOURCE, MIG_QUOTA_RESOURCE
 from providers.core.errors import PeerpodsError
 from providers.core.markets import Inspectable
@@ -170,7 +171,8 @@ class Daemon:
         self.devices = DeviceBook()
         self.abandoned = AbandonedBook()
         self.status: StatusServer | None = None
-        self._unobserve: Callable[[], None] | None = None
+        # the cloud provider's SDK pool and background deletes (built with the provider)
+        self._calls: CloudCalls | None = None
         self._lock_fd: int | None = None
         self.store: StateStore | None = None
         self.manager: SandboxManager | None = None
@@ -205,11 +207,16 @@ class Daemon:
         background loops, the status API, the hypervisor socket, then the node's capacity."""
         settings = self.settings
         # Provider and catalog first: a bad provider setting fails before anything is written.
-        provider, placement = await self._provider_and_placement()
+        provider, catalog = await self._provider_and_catalog()
         store = await self._open_store()
-        placement.use_quota(settings.gpu_quota, store)
-        placement.use_account_quota(provider, settings.account_quota_refresh_seconds)
-        self._unobserve = observe_capacity_fallbacks(count_capacity_fallback)
+        placement = self._placement or build_placement(
+            provider,
+            catalog,
+            self._cdi,
+            gpu_quota=settings.gpu_quota,
+            store=store,
+            account_quota_refresh_seconds=settings.account_quota_refresh_seconds,
+        )
         tls, pki = await asyncio.to_thread(agent_tls_context, settings)
         proxy_factory = self._proxy_factory or agent_proxy_factory(
             tls,
@@ -223,8 +230,8 @@ class Daemon:
         if self._taking is not None:  # a take-over dials the pod VMs before the sockets move
             proxy_factory = self._taking.predialing(proxy_factory)
         podnet = await self._start_pod_network(store)
-        if provider.name in CLOUDS and placement.user_data is None:
-            placement.user_data = user_data_builder(provider.name, pki, settings.pods_dir)
+        # the pod VM's user data (static and local VMs are configured by whoever made them)
+        user_data = PodVmUserData(provider.name, pki, settings.pods_dir)
         self.manager = SandboxManager(
             ManagerConfig.of(settings),
             store,
@@ -236,6 +243,7 @@ class Daemon:
             vm_policy=VmPolicy(
                 frozenset(settings.allowed_machine_types), frozenset(settings.allowed_images)
             ).check,
+            user_data=user_data.build if provider.name in CLOUDS else None,
             on_abandoned=self.abandoned.add,
         )
         await self._recover(self.manager)
@@ -247,12 +255,14 @@ class Daemon:
             "serving hypervisor.Hypervisor on %s (provider %s)", settings.socket, provider.name
         )
 
-    async def _provider_and_placement(self) -> tuple[Provider, Placement]:
+    async def _provider_and_catalog(self) -> tuple[Provider, Catalog | None]:
         """The provider (built in a thread: a cloud provider may ask the node's instance
-        metadata service) and its placement over the catalog."""
+        metadata service) and the catalog its placement selects from (none to load when the
+        placement was given)."""
         settings = self.settings
         provider = self._provider
         if provider is None:
+            self._calls = CloudCalls(on_fallback=count_capacity_fallback)
             provider = await asyncio.to_thread(
                 registry.create,
                 settings.provider,
@@ -261,14 +271,13 @@ class Daemon:
                     leases=_StoreLeases(self),
                     settings=self._provider_settings,
                     owner_id=settings.owner_id or f"peerpods-{socket.gethostname()}",
+                    calls=self._calls,
                 ),
             )
-        placement = self._placement
-        if placement is None:
-            placement = await asyncio.to_thread(
-                placement_for, provider, self._cdi, settings.catalog_dir
-            )
-        return provider, placement
+        if self._placement is not None:
+            return provider, self._placement.catalog
+        catalog = await asyncio.to_thread(catalog_for, provider, settings.catalog_dir)
+        return provider, catalog
 
     async def _open_store(self) -> StateStore:
         """The state store, once a predecessor (on a take-over) has let go of it and no live
@@ -502,14 +511,13 @@ class Daemon:
         if self.catalogs is not None:
             await self.catalogs.stop()
             self.catalogs = None
-        if self._unobserve is not None:
-            self._unobserve()
-            self._unobserve = None
         if self.manager is not None:
             await _graceful(self.manager.close, grace)
             self.manager = None
         # The cloud SDK calls' pool and the deletes of failed creates it runs in the background.
-        await _graceful(sdk.shutdown, grace)
+        if self._calls is not None:
+            await _graceful(self._calls.shutdown, grace)
+            self._calls = None
         if self.podnet is not None:
             await self.podnet.close()
             self.podnet = None

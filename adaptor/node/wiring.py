@@ -1,10 +1,9 @@
 """How the daemon's parts meet: the device book observing CreateContainer outcomes, the proxy's
-metrics, the catalog and placement of a provider. Kept apart from `daemon.py` so each piece can be
-tested as a plain function."""
+metrics, the catalog of a provider and the placement built whole over it. Kept apart from
+`daemon.py` so each piece can be tested as a plain function."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -12,19 +11,20 @@ from pathlib import Path
 from adaptor.devices import CdiConfig, DevicePlan, make_hook
 from adaptor.devices.hook import OutcomeObserver
 from adaptor.hypervisor.sandboxes import SandboxHook
-from adaptor.planning import userdata
-from adaptor.planning.placement import Placement, Plan
-from adaptor.planning.userdata import GpuSetup, PodVMConfig
-from adaptor.podnet import Tunnel, pod_network_section, write_apf_copy
-from adaptor.podvm.layout import LayoutDocument
+from adaptor.planning.placement import (
+    Placement,
+    account_quota_cache,
+    quota_pool,
+    store_holdings,
+)
+from adaptor.podnet import Tunnel
 from adaptor.proxy import Completion, CreateContainerHook
-from adaptor.proxy.pki import AdaptorPKI
 from adaptor.runtime import metrics
-from adaptor.state import SandboxRecord
+from adaptor.state import SandboxRecord, StateStore
 from adaptor.status import DeviceBook, DeviceState
 from adaptor.ttrpc import Code
 from providers.core.base import Provider
-from providers.core.catalog import CLOUDS
+from providers.core.catalog import CLOUDS, Catalog
 from providers.core.errors import CatalogError
 
 log = logging.getLogger(__name__)
@@ -83,68 +83,70 @@ def count_proxy_call(service: str, method: str, code: int) -> None:
     metrics.PROXY_CALLS.labels(method=f"{service}/{method}", code=str(code)).inc()
 
 
-def placement_for(provider: Provider, cdi: CdiConfig, catalog_dir: str = "") -> Placement:
-    """Selection as the provider declares it (region, zones, allowed types, default type) over
-    its catalog (none for static and local): the bundled snapshot of its region, or, for a
-    region without one, the cloud's own listing. Blocking IO."""
+def catalog_for(provider: Provider, catalog_dir: str = "") -> Catalog | None:
+    """The catalog selection runs over (none for static and local): the bundled snapshot of the
+    provider's region (or the one under `catalog_dir`), or, for a region without one, the
+    cloud's own listing. Blocking IO."""
     if provider.name not in CLOUDS:
-        return Placement.for_provider(provider, None, cdi.naming)
+        return None
     from providers.core.snapshots import load_catalog
 
     region = provider.region
     directory = Path(catalog_dir) if catalog_dir else None
     try:
-        catalog = load_catalog(provider.name, region, catalog_dir=directory)
+        return load_catalog(provider.name, region, catalog_dir=directory)
     except CatalogError as missing:
         log.info("%s; reading the %s catalog of %s from its API", missing, provider.name, region)
         try:
-            catalog = load_catalog(provider.name, region, live=True)
+            return load_catalog(provider.name, region, live=True)
         except CatalogError as exc:
             raise CatalogError(
                 f"cannot select instance types for {provider.name} {region}: {missing}; "
                 f"and the live listing failed: {exc}"
             ) from None
-    return Placement.for_provider(provider, catalog, cdi.naming)
 
 
-def user_data_builder(
-    cloud: str, pki: AdaptorPKI | None, pods_dir: Path | None = None
-) -> Callable[[SandboxRecord, Plan], str]:
-    """The pod VM's user data: apf.json with the pod network (CAA's `pod-network`), a server
-    certificate from the adaptor's CA (when agent TLS is on) and the device layout for each GPU
-    model the candidates may land on. With `pods_dir`, the operator's copy of the apf.json is
-    kept at <pods-dir>/<id>/apf.json (mode 0600), as CAA keeps one."""
+def build_placement(
+    provider: Provider,
+    catalog: Catalog | None,
+    cdi: CdiConfig,
+    *,
+    gpu_quota: str = "",
+    store: StateStore | None = None,
+    account_quota_refresh_seconds: float = 0.0,
+) -> Placement:
+    """The placement `serve` plans with, whole: selection as the provider declares it (region,
+    zones, allowed types, default type) over `catalog`, the `--gpu-quota` pool counting the
+    store's sandboxes, and the cloud account's quotas read every `account_quota_refresh_seconds`
+    (0: never)."""
+    holdings = store_holdings(store) if store is not None else None
+    return Placement.for_provider(
+        provider,
+        catalog,
+        cdi.naming,
+        quota=quota_pool(gpu_quota, catalog, holdings),
+        account_quota=account_quota_cache(provider, catalog, account_quota_refresh_seconds),
+    )
 
-    def build(record: SandboxRecord, plan: Plan) -> str:
-        pair = pki.issue_server(record.id) if pki is not None else None
-        plans = plan.devices_by_model()
-        setups = [GpuSetup.from_plan(devices) for devices in plans.values()]
-        extra = tuple(
-            (
-                f"/run/peerpod/devices.{setup.model}.json",
-                json.dumps(setup.to_json(), sort_keys=True),
-            )
-            for setup in setups[1:]
-        )
-        config = PodVMConfig(
-            pod_namespace=record.pod_namespace,
-            pod_name=record.pod_name,
-            tls_server_cert=pair.cert_pem if pair else "",
-            tls_server_key=pair.key_pem if pair else "",
-            tls_client_ca=pki.ca_pem if pki is not None else "",
-            pod_network=pod_network_section(record),
-            gpu=setups[0] if setups else None,
-            device_layouts=LayoutDocument.from_plans(plans.values()).to_dict() if plans else None,
-            extra_files=extra,
-        )
-        built = userdata.build(cloud, config)
-        if config.pod_network is None:
-            log.info("sandbox %s: pod VM gets pod-network null", record.id)
-        if pods_dir is not None:
-            write_apf_copy(pods_dir, record.id, config.apf_json())
-        return built
 
-    return build
+def placement_for(
+    provider: Provider,
+    cdi: CdiConfig,
+    catalog_dir: str = "",
+    *,
+    gpu_quota: str = "",
+    store: StateStore | None = None,
+    account_quota_refresh_seconds: float = 0.0,
+) -> Placement:
+    """`build_placement` over the provider's catalog (`catalog_for`). Blocking IO."""
+    return build_placement(
+        provider,
+        catalog_for(provider, catalog_dir),
+        cdi,
+        gpu_quota=gpu_quota,
+        store=store,
+        account_quota_refresh_seconds=account_quota_refresh_seconds,
+    )
 
 
 class ForgetDevices(SandboxHook):

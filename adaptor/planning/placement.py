@@ -19,12 +19,12 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from adaptor.devices import CdiNaming, DevicePlan, plan_devices
 from adaptor.runtime import metrics
-from adaptor.state import SandboxRecord, StateStore
+from adaptor.state import StateStore
 from providers.core.account_quota import AccountQuotaCache
 from providers.core.base import Accelerator, Instance, Provider, VMCandidate, VMSpec
 from providers.core.catalog import Catalog, GpuSpec, InstanceType
@@ -160,14 +160,13 @@ class Plan:
         return plans
 
 
-# The pod VM's user data for a sandbox and its plan (apf.json with the pod network, TLS material,
-# device layouts), built by the daemon.
-UserDataBuilder = Callable[[SandboxRecord, Plan], str]
-
-
 @dataclass
 class Placement:
-    """Selection, quota and device planning over one catalog (None: a provider without one)."""
+    """Selection, quota and device planning over one catalog (None: a provider without one).
+
+    Built whole, once (`for_provider`, or the constructor): its quota pool and the account's
+    quotas are given, never added later. Only its catalog follows a rewritten snapshot file
+    (adaptor.node.catalogs)."""
 
     catalog: Catalog | None = None
     allowed: tuple[str, ...] = ()  # instance type globs (fnmatch); empty: any
@@ -182,7 +181,6 @@ class Placement:
     reservation: str = ""
     naming: CdiNaming = field(default_factory=CdiNaming)
     quota: QuotaPool | None = None
-    user_data: UserDataBuilder | None = None
     # the cloud account's own quotas, shared by every node (None: not read); the per-node pool
     # above stays the floor
     account_quota: AccountQuotaCache | None = None
@@ -191,9 +189,16 @@ class Placement:
 
     @classmethod
     def for_provider(
-        cls, provider: Provider, catalog: Catalog | None, naming: CdiNaming | None = None
+        cls,
+        provider: Provider,
+        catalog: Catalog | None,
+        naming: CdiNaming | None = None,
+        *,
+        quota: QuotaPool | None = None,
+        account_quota: AccountQuotaCache | None = None,
     ) -> Placement:
-        """Selection as the provider declares it: its allow list, zones and default type."""
+        """Selection as the provider declares it (its allow list, zones and default type), with
+        the node's GPU quota pool and the cloud account's quotas, if any."""
         return cls(
             catalog=catalog,
             allowed=tuple(provider.allowed_types),
@@ -202,6 +207,8 @@ class Placement:
             max_candidates=getattr(provider, "max_candidate_types", MAX_CANDIDATES),
             reservation=getattr(provider, "capacity_reservation", ""),
             naming=naming or CdiNaming(),
+            quota=quota,
+            account_quota=account_quota,
         )
 
     # --- selection -------------------------------------------------------------------------------
@@ -316,27 +323,22 @@ class Placement:
         if self.quota is not None:
             self.quota.release(sandbox_id)
 
-    def use_account_quota(self, provider: Provider, refresh_seconds: float) -> None:
-        """Read the cloud account's quotas (where the provider's API offers them) at most every
-        `refresh_seconds` (0: never), ranking candidates over one last."""
-        from providers.clouds.quotas import account_reader
-
-        reader = account_reader(provider, self.catalog) if refresh_seconds > 0 else None
-        self.account_quota = AccountQuotaCache(reader, refresh_seconds) if reader else None
-
-    def use_quota(self, spec: str, store: StateStore) -> None:
-        """Enable a `--gpu-quota` spec ("" leaves the pool off), counting the store's sandboxes."""
-        self.quota = quota_pool(spec, self.catalog, store_holdings(store))
-
-    def user_data_for(self, record: SandboxRecord, plan: Plan) -> str:
-        """The pod VM's user data ("" when the daemon gives none: static and local)."""
-        return self.user_data(record, plan) if self.user_data is not None else ""
-
 
 def quota_pool(spec: str, catalog: Catalog | None, holdings: Holdings | None) -> QuotaPool | None:
     """The GPU quota pool of a `--gpu-quota` spec (None for ""), counting `holdings`' VMs."""
     limits = parse_quota(spec)
     return QuotaPool(limits, catalog, holdings) if limits else None
+
+
+def account_quota_cache(
+    provider: Provider, catalog: Catalog | None, refresh_seconds: float
+) -> AccountQuotaCache | None:
+    """The cloud account's quotas (where the provider's API offers them), read at most every
+    `refresh_seconds` (0: never); None where there is nothing to read."""
+    from providers.clouds.quotas import account_reader
+
+    reader = account_reader(provider, catalog) if refresh_seconds > 0 else None
+    return AccountQuotaCache(reader, refresh_seconds) if reader else None
 
 
 def allowed(name: str, patterns: Sequence[str]) -> bool:

@@ -11,19 +11,30 @@ older, nameless form) is still written for cloud-init images with an older pod V
 Each cloud's size limit is the provider registry's (`providers.clouds.registry.limit_of`: AWS
 16 KiB raw, Azure 64 KiB of base64, GCP 256 KiB per metadata value). Going over is a clear
 InvalidRequest before any cloud call, never a cloud-side failure.
+
+`PodVmUserData` is StartVM's collaborator for it: one per daemon, bound to the cloud, the
+adaptor's CA and the pods dir, asked once per StartVM for the sandbox and its plan.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from adaptor.podvm.layout import APF_KEY
+from adaptor.planning.placement import Plan
+from adaptor.podnet import pod_network_section, write_apf_copy
+from adaptor.podvm.layout import APF_KEY, LayoutDocument
+from adaptor.proxy.pki import AdaptorPKI
+from adaptor.state import SandboxRecord
 from providers.clouds import registry
+
+log = logging.getLogger(__name__)
 
 APF_PATH = "/run/peerpod/apf.json"
 DEVICES_PATH = "/run/peerpod/devices.json"
@@ -156,3 +167,50 @@ def build(cloud: str, config: PodVMConfig) -> str:
     user_data = render(config)
     check_size(cloud, user_data)
     return user_data
+
+
+@dataclass(frozen=True)
+class PodVmUserData:
+    """The pod VM's user data for one cloud: apf.json with the pod network (CAA's
+    `pod-network`), a server certificate from the adaptor's CA (when agent TLS is on) and the
+    device layout for each GPU model the candidates may land on. With `pods_dir`, the operator's
+    copy of the apf.json is kept at <pods-dir>/<id>/apf.json (mode 0600), as CAA keeps one."""
+
+    cloud: str
+    pki: AdaptorPKI | None = None
+    pods_dir: Path | None = None
+
+    def build(self, record: SandboxRecord, plan: Plan) -> str:
+        """The checked `#cloud-config` for the sandbox's VM."""
+        config = self.config(record, plan)
+        built = build(self.cloud, config)
+        if config.pod_network is None:
+            log.info("sandbox %s: pod VM gets pod-network null", record.id)
+        if self.pods_dir is not None:
+            write_apf_copy(self.pods_dir, record.id, config.apf_json())
+        return built
+
+    def config(self, record: SandboxRecord, plan: Plan) -> PodVMConfig:
+        """What the VM is told: TLS material, pod network, the device layouts by GPU model."""
+        pki = self.pki
+        pair = pki.issue_server(record.id) if pki is not None else None
+        plans = plan.devices_by_model()
+        setups = [GpuSetup.from_plan(devices) for devices in plans.values()]
+        extra = tuple(
+            (
+                f"/run/peerpod/devices.{setup.model}.json",
+                json.dumps(setup.to_json(), sort_keys=True),
+            )
+            for setup in setups[1:]
+        )
+        return PodVMConfig(
+            pod_namespace=record.pod_namespace,
+            pod_name=record.pod_name,
+            tls_server_cert=pair.cert_pem if pair else "",
+            tls_server_key=pair.key_pem if pair else "",
+            tls_client_ca=pki.ca_pem if pki is not None else "",
+            pod_network=pod_network_section(record),
+            gpu=setups[0] if setups else None,
+            device_layouts=LayoutDocument.from_plans(plans.values()).to_dict() if plans else None,
+            extra_files=extra,
+        )

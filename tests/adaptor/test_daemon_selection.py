@@ -11,7 +11,6 @@ import pytest
 
 from adaptor.devices import DevicePlan
 from adaptor.node.daemon import Daemon
-from adaptor.planning.placement import Placement
 from adaptor.ttrpc import Client, Code, TtrpcError
 from adaptor.ttrpc.gen import agent_pb2, ttrpc_pb2
 from adaptor.ttrpc.gen import hypervisor_pb2 as pb
@@ -43,8 +42,8 @@ async def daemon(root: Path) -> AsyncIterator[tuple[Daemon, FakeProvider, GoServ
         settings = daemon_settings(
             root, proxy_timeout_seconds=5, shutdown_grace_seconds=1, gpu_quota="h100=8"
         )
-        placement = Placement(catalog=load_snapshot("aws", "us-east-1"))
-        daemon = Daemon(settings, provider=provider, resolve_endpoint=resolve, placement=placement)
+        catalog = load_snapshot("aws", "us-east-1")
+        daemon = Daemon(settings, provider=provider, resolve_endpoint=resolve, catalog=catalog)
         await daemon.start()
         try:
             yield daemon, provider, pod_vm

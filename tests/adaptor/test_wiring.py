@@ -12,8 +12,9 @@ import yaml
 from moto import mock_aws
 
 from adaptor.devices import CdiConfig, CdiNaming
-from adaptor.node.wiring import placement_for, user_data_builder
+from adaptor.node.wiring import placement_for
 from adaptor.planning.placement import Placement
+from adaptor.planning.userdata import PodVmUserData
 from adaptor.proxy.pki import AdaptorPKI
 from adaptor.state import SandboxRecord
 from providers.clouds.aws import AwsConfig, AwsProvider
@@ -147,7 +148,7 @@ async def test_user_data_carries_the_forwarder_tls_and_the_planned_mig_layout(
     wanted = contract.parse_vm_annotations(annotations)
     plan = await placement.plan(wanted, "sb-ud")
     record = SandboxRecord(id="sb-ud", pod_namespace="default", pod_name="pod-a")
-    text = user_data_builder("aws", pki)(record, plan)
+    text = PodVmUserData("aws", pki).build(record, plan)
 
     assert text.startswith("#cloud-config\n")
     files = {f["path"]: f["content"] for f in yaml.safe_load(text)["write_files"]}
@@ -203,7 +204,7 @@ async def test_user_data_carries_the_pod_network_and_keeps_an_operator_copy(
     pki = AdaptorPKI.load_or_create(tmp_path / "state")
     plan = await placement.plan(contract.parse_vm_annotations(ANNOTATIONS), "sb-net")
     pods = tmp_path / "pods"
-    build = user_data_builder("aws", pki, pods)
+    build = PodVmUserData("aws", pki, pods).build
     with_net = SandboxRecord(
         id="sb-net",
         pod_namespace="default",

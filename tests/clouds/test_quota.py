@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from adaptor.cli.main import main
-from adaptor.planning.placement import Placement, PlanCandidate
+from adaptor.planning.placement import Placement, PlanCandidate, quota_pool, store_holdings
 from adaptor.state import SandboxRecord, SandboxState, StateStore
 from providers.core.base import Instance
 from providers.core.catalog import Catalog
@@ -265,10 +265,9 @@ async def test_placement_counts_the_state_store(aws: Catalog, tmp_path: Path) ->
         await store.put(SandboxRecord("old", "ns", "p", state=SandboxState.RUNNING, instance=vm))
         await store.put(SandboxRecord("gone", "ns", "p", state=SandboxState.FAILED))
         await store.put(SandboxRecord("new", "ns", "p"))
-        placement = Placement(catalog=aws)
-        placement.use_quota("", store)
-        assert placement.quota is None
-        placement.use_quota("h100=9", store)
+        holdings = store_holdings(store)
+        assert quota_pool("", aws, holdings) is None
+        placement = Placement(catalog=aws, quota=quota_pool("h100=9", aws, holdings))
         assert placement.quota is not None
         plan = await placement.plan(intent(1, "h100"), "new")
         assert names(plan.candidates) == ("p5.4xlarge",)

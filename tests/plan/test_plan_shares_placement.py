@@ -33,7 +33,7 @@ GPU_POD = load_documents((ROOT / "config" / "examples" / "gpu-pod.yaml").read_te
 def serve_placement(
     store: StateStore, *, allowed: tuple[str, ...], zones: tuple[str, ...], quota: str
 ) -> Placement:
-    """The Placement as `serve` builds it (node wiring, then the store's GPU quota)."""
+    """The Placement as `serve` builds it (node wiring, with the store's GPU quota)."""
     provider = AwsProvider(
         AwsConfig(
             region="us-east-1",
@@ -43,9 +43,8 @@ def serve_placement(
         ),
         "owner-plan-test",
     )
-    placement = placement_for(provider, CdiConfig("annotations", CdiNaming(), None))
-    placement.use_quota(quota, store)
-    return placement
+    cdi = CdiConfig("annotations", CdiNaming(), None)
+    return placement_for(provider, cdi, gpu_quota=quota, store=store)
 
 
 CASES = [

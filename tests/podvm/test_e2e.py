@@ -14,8 +14,8 @@ import yaml
 
 from adaptor.cli.main import main
 from adaptor.devices.rewrite import rewrite_create_container
-from adaptor.node.wiring import user_data_builder
 from adaptor.planning.placement import Placement
+from adaptor.planning.userdata import PodVmUserData
 from adaptor.podvm.layout import APF_KEY
 from adaptor.state import SandboxRecord
 from adaptor.ttrpc.gen import agent_pb2
@@ -99,7 +99,7 @@ async def test_a_mixed_mig_pod_gets_exactly_its_planned_devices(
     first = plan.candidates[0].instance_type
     assert first == "p5.4xlarge"
     record = SandboxRecord(id="sb-e2e", pod_namespace="default", pod_name="mixed-mig")
-    user_data = user_data_builder("aws", None)(record, plan)
+    user_data = PodVmUserData("aws").build(record, plan)
     stored = plan.devices_for(Instance("i-1", "vm-1", ("10.0.0.9",), first))
     assert [m.name for m in stored.mig] == report["devices"]["mig"]
 
