@@ -104,14 +104,31 @@ class Refused:
 Event = Call[R] | StreamData | Refused
 
 
-class ServerStreams(Generic[R]):
+class _Outgoing:
+    """The frames a machine queued for its connection, taken by whoever writes to it."""
+
+    __slots__ = ("_out",)
+
+    def __init__(self) -> None:
+        self._out: list[bytes] = []  # frames, each its own buffer
+
+    def data_to_send(self) -> bytes:
+        """The frames queued since the last call, in order (one alone is not copied)."""
+        out = self._out
+        if not out:
+            return b""
+        self._out = []
+        return out[0] if len(out) == 1 else b"".join(out)
+
+
+class ServerStreams(_Outgoing, Generic[R]):
     """One serving connection's streams: which are open, the highest id used, the frame decoder.
 
     `decode` turns a Request frame's data into what the caller routes on (a full Request, or
     only service and method); it raises MalformedMessage for data that does not parse.
     """
 
-    __slots__ = ("_decode", "_decoder", "_input_open", "_last_id", "_open", "_out")
+    __slots__ = ("_decode", "_decoder", "_input_open", "_last_id", "_open")
 
     def __init__(
         self,
@@ -126,7 +143,7 @@ class ServerStreams(Generic[R]):
         self._last_id = last_stream_id
         self._open: set[int] = set(open_ids)  # streams not answered yet
         self._input_open: set[int] = set()  # of those, streams whose client side is open
-        self._out: list[bytes] = []  # frames, each its own buffer
+        super().__init__()
 
     @classmethod
     def resume(
@@ -192,14 +209,6 @@ class ServerStreams(Generic[R]):
         self._out.append(encode_frame(stream_id, _RESPONSE, data))
         return True
 
-    def data_to_send(self) -> bytes:
-        """The frames queued since the last call (refusals and responses), in order."""
-        out = self._out
-        if not out:
-            return b""
-        self._out = []
-        return out[0] if len(out) == 1 else b"".join(out)
-
     def _request(self, events: list[Event[R]], frame: Frame) -> None:
         stream_id = frame.stream_id
         try:
@@ -252,16 +261,16 @@ class Answer:
     data: bytes
 
 
-class ClientStreams:
+class ClientStreams(_Outgoing):
     """One calling connection's streams: the next id, the calls waiting for an answer."""
 
-    __slots__ = ("_decoder", "_next_id", "_open", "_out")
+    __slots__ = ("_decoder", "_next_id", "_open")
 
     def __init__(self, *, first_stream_id: int = 1) -> None:
         self._decoder = FrameDecoder()
         self._next_id = first_stream_id
         self._open: set[int] = set()
-        self._out: list[bytes] = []  # frames, each its own buffer
+        super().__init__()
 
     @property
     def in_flight(self) -> int:
@@ -302,11 +311,3 @@ class ClientStreams:
             self._open.discard(stream_id)
             answers.append(Answer(stream_id, body))
         return answers
-
-    def data_to_send(self) -> bytes:
-        """The Request frames queued since the last call, in order."""
-        out = self._out
-        if not out:
-            return b""
-        self._out = []
-        return out[0] if len(out) == 1 else b"".join(out)
