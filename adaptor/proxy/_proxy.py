@@ -517,13 +517,23 @@ class _Upstream:
 
     async def finish(self, limit_seconds: float) -> None:
         """Before a hand-off: half-close, and relay the answers already on their way until the
-        pod VM closes too (a plain connection only: a TLS one cannot half-close)."""
+        pod VM closes too. TLS has no half-close of its own, so under TLS the TCP connection's
+        write side is shut (no close_notify): the forwarder sees its input end all the same."""
         self.moving = True
-        if self.closed or not self._writer.can_write_eof():
+        if self.closed:
             return
         with contextlib.suppress(TimeoutError, ConnectionError, OSError):
-            self._writer.write_eof()
             async with asyncio.timeout(limit_seconds):
+                if self._writer.can_write_eof():
+                    self._writer.write_eof()
+                else:
+                    await self._writer.drain()  # every request sent, then the TCP half-close
+                    raw = self._writer.get_extra_info("socket")
+                    if raw is None:
+                        return
+                    # asyncio's socket wrapper refuses shutdown(); a duplicate shuts the same one
+                    with socket.socket(fileno=os.dup(raw.fileno())) as duplicate:
+                        duplicate.shutdown(socket.SHUT_WR)
                 await asyncio.shield(self._task)
 
     async def close(self) -> None:
