@@ -6,6 +6,10 @@ each RunInstances carries a ClientToken derived from the sandbox and placement, 
 create finds the VM instead of launching a second. botocore's own retries are off: one bounded,
 jittered retry policy (providers.clouds.retry) owns them and reports what it tried.
 
+The lookups of many sandboxes at once (is a sandbox's VM already there, is a VM running yet, is
+it still alive) share DescribeInstances calls (providers.clouds.coalesce): an SDK call costs the
+adaptor milliseconds of CPU whatever it carries, and the account's API rate is bounded.
+
 Spot VMs (VMSpec.capacity_type) are one-time Spot requests whose interruption behaviour is
 terminate, so a preempted VM bills nothing more; `inspect` tells the adaptor a VM is gone and
 `purge` removes what a lost VM may leave (volumes tagged with its sandbox).
@@ -23,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from providers.clouds import registry
+from providers.clouds.coalesce import Coalescer
 from providers.clouds.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
-from providers.clouds.sdk import discard, sdk_call
+from providers.clouds.sdk import CloudCalls
 from providers.clouds.settings import AwsSettings
 from providers.core.base import (
     TAG_OWNER,
@@ -82,6 +87,8 @@ NOT_FOUND_CODES = frozenset(
     {"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed", "InvalidVolume.NotFound"}
 )
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
+# Sandboxes or instances one shared DescribeInstances asks for (the values of one filter).
+LOOKUP_BATCH = 100
 # One-time Spot, terminated (never stopped or hibernated) when EC2 takes the capacity back.
 SPOT_MARKET_OPTIONS = {
     "MarketType": "spot",
@@ -145,8 +152,13 @@ def map_error(exc: BaseException, what: str) -> ProviderError:
 
 
 def make_client(config: AwsConfig) -> Any:
-    """An EC2 client with botocore retries off (our policy retries) and explicit timeouts."""
+    """An EC2 client with botocore retries off (our policy retries) and explicit timeouts.
+
+    Its answers' timestamps stay text: nothing here reads one, and parsing each (LaunchTime, the
+    attach times of every volume and interface) costs more CPU than the rest of a VM's fields.
+    """
     import boto3
+    import botocore.session
     from botocore.config import Config
 
     botocfg = Config(
@@ -158,7 +170,9 @@ def make_client(config: AwsConfig) -> Any:
     kwargs: dict[str, Any] = {"region_name": config.region, "config": botocfg}
     if config.endpoint_url:
         kwargs["endpoint_url"] = config.endpoint_url
-    return boto3.session.Session().client("ec2", **kwargs)
+    core = botocore.session.get_session()
+    core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
+    return boto3.session.Session(botocore_session=core).client("ec2", **kwargs)
 
 
 def client_token(sandbox_id: str, placement: Site, spot: bool = False) -> str:
@@ -197,6 +211,7 @@ class AwsProvider:
         *,
         client: Any = None,
         resolve: Resolver = identity,
+        calls: CloudCalls | None = None,
     ) -> None:
         if not owner_id:
             raise InvalidRequest("aws provider: an owner id is required")
@@ -204,8 +219,12 @@ class AwsProvider:
         self.owner_id = owner_id
         self.client = client if client is not None else make_client(config)
         self.resolve = resolve
+        self.calls = calls or CloudCalls()  # the daemon lends its own
         self._subnet_zones: dict[str, str] | None = None
         self._root_devices: dict[str, str] = {}
+        # sandbox id -> its live instance; instance id -> the instance (any state)
+        self._by_sandbox = Coalescer(self._find_many, LOOKUP_BATCH)
+        self._by_id = Coalescer(self._describe_many, LOOKUP_BATCH)
 
     # --- what selection needs ----------------------------------------------------------------
 
@@ -236,7 +255,7 @@ class AwsProvider:
         return self.config.instance_type
 
     async def _call(self, what: str, method: str, **kwargs: Any) -> Any:
-        return await sdk_call(what, map_error, getattr(self.client, method), **kwargs)
+        return await self.calls.call(what, map_error, getattr(self.client, method), **kwargs)
 
     async def _root_device(self, image: str) -> str:
         """The AMI's root device name (resizing the root volume names it), asked once."""
@@ -335,7 +354,9 @@ class AwsProvider:
             async def one(placement: Site) -> Instance:
                 return await attempt(placement, spot)
 
-            return await create_with_fallback(what, order, one, self.config.policy, self.name)
+            return await create_with_fallback(
+                what, order, one, self.config.policy, self.name, self.calls.on_fallback
+            )
 
         return await create_in_markets(what, spec.capacity_type, in_market)
 
@@ -345,25 +366,21 @@ class AwsProvider:
             return await self._wait_running(what, instance_id)
         except BaseException:
             policy = self.config.policy
-            await discard(f"{what}: {instance_id}", lambda: self.delete(instance_id), policy)
+            await self.calls.discard(
+                f"{what}: {instance_id}", lambda: self.delete(instance_id), policy
+            )
             raise
 
     async def _wait_running(self, what: str, instance_id: str) -> Instance:
         deadline = time.monotonic() + self.config.ready_timeout_seconds
         while True:
             try:
-                out = await self._call(
-                    f"{what}: describe {instance_id}",
-                    "describe_instances",
-                    InstanceIds=[instance_id],
-                )
+                raw = await self._by_id.get(instance_id)
             except (InstanceNotFound, TransientError) as exc:
-                # Eventual consistency: a fresh instance may not be visible yet.
-                log.debug("%s: %s not visible yet: %s", what, instance_id, exc)
+                log.debug("%s: %s not visible: %s", what, instance_id, exc)
             else:
-                found = [i for r in out["Reservations"] for i in r["Instances"]]
-                if found:
-                    raw = found[0]
+                # None: eventual consistency, a fresh instance may not be visible yet
+                if raw is not None:
                     state = raw["State"]["Name"]
                     if state == "running" and self._addresses(raw):
                         return self.resolve(self._instance(raw))
@@ -418,8 +435,34 @@ class AwsProvider:
                 return found
 
     async def _find(self, sandbox_id: str) -> dict[str, Any] | None:
-        found = await self._describe_owned([{"Name": f"tag:{TAG_SANDBOX}", "Values": [sandbox_id]}])
-        return found[0] if found else None
+        """The live instance already launched for `sandbox_id`, if any."""
+        return await self._by_sandbox.get(sandbox_id)
+
+    async def _find_many(self, sandbox_ids: list[str]) -> dict[str, dict[str, Any]]:
+        found = await self._describe_owned([{"Name": f"tag:{TAG_SANDBOX}", "Values": sandbox_ids}])
+        owned: dict[str, dict[str, Any]] = {}
+        for raw in found:
+            tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+            owned.setdefault(tags.get(TAG_SANDBOX, ""), raw)
+        return owned
+
+    async def _describe_many(self, instance_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """Instances by id, in any state; an id EC2 does not know (yet) is absent, not an error
+        (by a filter, not InstanceIds, so one unknown id does not fail the others' lookup)."""
+        filters = [{"Name": "instance-id", "Values": instance_ids}]
+        found: dict[str, dict[str, Any]] = {}
+        token = ""
+        while True:
+            kwargs: dict[str, Any] = {"Filters": filters, "MaxResults": 1000}
+            if token:
+                kwargs["NextToken"] = token
+            out = await self._call("describe instances", "describe_instances", **kwargs)
+            for reservation in out["Reservations"]:
+                for raw in reservation["Instances"]:
+                    found[raw["InstanceId"]] = raw
+            token = out.get("NextToken", "")
+            if not token:
+                return found
 
     async def delete(self, instance_id: str) -> None:
         async def once() -> None:
@@ -442,18 +485,11 @@ class AwsProvider:
 
     async def _state(self, instance_id: str) -> tuple[str, str]:
         """(state, EC2's reason for it); ("gone", ...) when EC2 no longer knows the instance."""
-        gone = ("gone", f"EC2 instance {instance_id} no longer exists")
-        try:
-            out = await self._call(
-                f"inspect {instance_id}", "describe_instances", InstanceIds=[instance_id]
-            )
-        except InstanceNotFound:
-            return gone
-        found = [i for r in out["Reservations"] for i in r["Instances"]]
-        if not found:
-            return gone
-        state = str(found[0].get("State", {}).get("Name", ""))
-        reason = found[0].get("StateReason", {})
+        raw = await self._by_id.get(instance_id)
+        if raw is None:
+            return "gone", f"EC2 instance {instance_id} no longer exists"
+        state = str(raw.get("State", {}).get("Name", ""))
+        reason = raw.get("StateReason", {})
         said = str(reason.get("Message") or reason.get("Code") or "no reason given")
         return state, f"EC2 instance {instance_id} is {state}: {said}"
 
@@ -522,7 +558,10 @@ def config_from_settings(settings: AwsSettings) -> AwsConfig:
 
 
 def from_settings(
-    settings: AwsSettings, owner_id: str, resolve: Resolver = identity
+    settings: AwsSettings,
+    owner_id: str,
+    resolve: Resolver = identity,
+    calls: CloudCalls | None = None,
 ) -> AwsProvider:
     """The provider `peerpods serve --provider aws` runs."""
     from providers.clouds.metadata import complete_aws
@@ -537,4 +576,4 @@ def from_settings(
             "aws provider: no pod VM image (set --aws-image-id or --pod-vm-image, "
             "env PEERPODS_POD_VM_IMAGE)"
         )
-    return AwsProvider(config, owner_id, resolve=resolve)
+    return AwsProvider(config, owner_id, resolve=resolve, calls=calls)

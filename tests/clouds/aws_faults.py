@@ -44,6 +44,13 @@ def error_response(code: str, message: str = "injected") -> AWSResponse:
 Rule = Callable[[str, dict[str, str]], str | None]
 
 
+def by_instance_id(action: str, params: dict[str, str]) -> bool:
+    """A DescribeInstances that looks instances up by id (a VM's state, while it starts or
+    when it is inspected), not one that lists the owner's VMs."""
+    names = (v for k, v in params.items() if k.startswith("Filter.") and k.endswith(".Name"))
+    return action == "DescribeInstances" and "instance-id" in names
+
+
 @dataclass
 class Faults:
     """Rules decide per call (action, params) which error code to answer, or None to pass."""

@@ -21,7 +21,7 @@ from providers.core.base import (
     VMSpec,
 )
 from providers.core.errors import CapacityError, InvalidRequest, ProviderError
-from tests.clouds.aws_faults import Faults
+from tests.clouds.aws_faults import Faults, by_instance_id
 from tests.clouds.conftest import FORWARDER, Sleeps, loopback
 from tests.clouds.scenarios import vm_spec
 
@@ -157,15 +157,7 @@ async def test_no_capacity_anywhere_lists_what_was_tried(ec2: Any, policy: Retry
 
 async def test_failure_after_launch_terminates_the_instance(ec2: Any, policy: RetryPolicy) -> None:
     aws = provider(ec2, policy)
-    faults = Faults(
-        [
-            lambda a, p: (
-                "UnauthorizedOperation"
-                if a == "DescribeInstances" and "InstanceId.1" in p
-                else None
-            )
-        ]
-    )
+    faults = Faults([lambda a, p: "UnauthorizedOperation" if by_instance_id(a, p) else None])
     faults.install(ec2)
     with pytest.raises(ProviderError, match="UnauthorizedOperation"):
         await aws.create(spec(6))
@@ -176,9 +168,7 @@ async def test_failure_after_launch_terminates_the_instance(ec2: Any, policy: Re
 
 async def test_not_ready_in_time_terminates_the_instance(ec2: Any, policy: RetryPolicy) -> None:
     aws = provider(ec2, policy, ready_timeout_seconds=0.0)
-    faults = Faults(
-        [lambda a, p: "InternalError" if a == "DescribeInstances" and "InstanceId.1" in p else None]
-    )
+    faults = Faults([lambda a, p: "InternalError" if by_instance_id(a, p) else None])
     faults.install(ec2)
     with pytest.raises(ProviderError, match="not running after"):
         await aws.create(spec(7))
@@ -192,7 +182,7 @@ async def test_cancelled_create_terminates_the_instance(ec2: Any, policy: RetryP
         [
             lambda a, p: (
                 (launched.set() or "InternalError")  # type: ignore[func-returns-value]
-                if a == "DescribeInstances" and "InstanceId.1" in p
+                if by_instance_id(a, p)
                 else None
             )
         ]
@@ -349,3 +339,31 @@ async def test_random_fault_cycles_leave_nothing(ec2: Any, sleeps: Sleeps) -> No
         if not live(ec2):
             break
     assert live(ec2) == []
+
+
+async def test_concurrent_creates_share_their_lookups(ec2: Any, policy: RetryPolicy) -> None:
+    aws = provider(ec2, policy)
+    faults = Faults()
+    faults.install(ec2)
+    vms = await asyncio.gather(*(aws.create(spec(40 + n)) for n in range(12)))
+    assert len({vm.id for vm in vms}) == 12
+    for n, vm in enumerate(vms):
+        assert vm.tags[TAG_SANDBOX] == f"{40 + n:064x}"
+    actions = [a for a, _ in faults.calls]
+    assert actions.count("RunInstances") == 12
+    # one look for an existing VM and one state poll each would be 24 calls
+    assert actions.count("DescribeInstances") <= 8, actions
+
+    # a restarted adaptor retrying every create adopts each sandbox's own VM, in shared lookups
+    restarted = provider(ec2, policy)
+    faults.calls.clear()
+    again = await asyncio.gather(*(restarted.create(spec(40 + n)) for n in range(12)))
+    assert [vm.id for vm in again] == [vm.id for vm in vms]
+    actions = [a for a, _ in faults.calls]
+    assert "RunInstances" not in actions and actions.count("DescribeInstances") <= 8, actions
+    conditions = await asyncio.gather(*(restarted.inspect(vm.id) for vm in vms))
+    assert all(c.alive for c in conditions)
+    for vm in vms:
+        await aws.delete(vm.id)
+    assert not (await restarted.inspect(vms[0].id)).alive
+    assert not (await restarted.inspect("i-0123456789abcdef0")).alive
