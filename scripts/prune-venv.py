@@ -82,7 +82,6 @@ def prune_compute_services(package: Path, keep: frozenset[str]) -> set[str]:
         shutil.rmtree(services / name)
     init = package / "__init__.py"
     init.write_text(_without_services(init.read_text(), gone))
-    shutil.rmtree(package / "__pycache__", ignore_errors=True)  # the old __init__'s bytecode
     return kept
 
 
