@@ -21,7 +21,7 @@ from typing import Any
 
 from providers.clouds import registry
 from providers.clouds.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
-from providers.clouds.sdk import discard, sdk_call
+from providers.clouds.sdk import CloudCalls
 from providers.clouds.settings import AzureSettings
 from providers.core.base import (
     TAG_OWNER,
@@ -145,6 +145,7 @@ class AzureProvider:
         compute: Any = None,
         network: Any = None,
         resolve: Resolver = identity,
+        calls: CloudCalls | None = None,
     ) -> None:
         if not owner_id:
             raise InvalidRequest("azure provider: an owner id is required")
@@ -163,6 +164,7 @@ class AzureProvider:
         self.compute = compute
         self.network = network
         self.resolve = resolve
+        self.calls = calls or CloudCalls()  # the daemon lends its own
 
     # --- what selection needs ----------------------------------------------------------------
 
@@ -188,7 +190,7 @@ class AzureProvider:
         return self.config.instance_size
 
     async def _call(self, what: str, fn: Any, *args: Any) -> Any:
-        return await sdk_call(what, map_error, fn, *args)
+        return await self.calls.call(what, map_error, fn, *args)
 
     def _tags(self, spec: VMSpec, spot: bool = False) -> dict[str, str]:
         tags = {str(k)[:512]: str(v)[:256] for k, v in spec.tags.items()}
@@ -305,10 +307,14 @@ class AzureProvider:
             except CapacityError:
                 # an allocation failure can leave a Failed VM: never keep it, never reuse it
                 if await self._get(name) is not None:
-                    await discard(f"{what}: {name}", lambda: self.delete(name), self.config.policy)
+                    await self.calls.discard(
+                        f"{what}: {name}", lambda: self.delete(name), self.config.policy
+                    )
                 raise
             except BaseException:
-                await discard(f"{what}: {name}", lambda: self.delete(name), self.config.policy)
+                await self.calls.discard(
+                    f"{what}: {name}", lambda: self.delete(name), self.config.policy
+                )
                 raise
             return await self._finish(what, vm)
 
@@ -318,7 +324,9 @@ class AzureProvider:
             async def one(placement: Site) -> Instance:
                 return await attempt(placement, spot)
 
-            return await create_with_fallback(what, order, one, self.config.policy, self.name)
+            return await create_with_fallback(
+                what, order, one, self.config.policy, self.name, self.calls.on_fallback
+            )
 
         return await create_in_markets(what, spec.capacity_type, in_market)
 
@@ -339,7 +347,9 @@ class AzureProvider:
                 raise ProviderError(f"{what}: {vm.name} has no address")
             return self.resolve(self._instance(vm, addresses))
         except BaseException:
-            await discard(f"{what}: {vm.name}", lambda: self.delete(vm.name), self.config.policy)
+            await self.calls.discard(
+                f"{what}: {vm.name}", lambda: self.delete(vm.name), self.config.policy
+            )
             raise
 
     async def _addresses(self, vm: Any) -> tuple[str, ...]:
@@ -479,7 +489,10 @@ def config_from_settings(settings: AzureSettings) -> AzureConfig:
 
 
 def from_settings(
-    settings: AzureSettings, owner_id: str, resolve: Resolver = identity
+    settings: AzureSettings,
+    owner_id: str,
+    resolve: Resolver = identity,
+    calls: CloudCalls | None = None,
 ) -> AzureProvider:
     """The provider `peerpods serve --provider azure` runs."""
     from providers.clouds.metadata import complete_azure
@@ -494,4 +507,4 @@ def from_settings(
             "azure provider: no pod VM image (set --azure-image-id or --pod-vm-image, "
             "env PEERPODS_POD_VM_IMAGE)"
         )
-    return AzureProvider(config, owner_id, resolve=resolve)
+    return AzureProvider(config, owner_id, resolve=resolve, calls=calls)

@@ -24,7 +24,7 @@ from typing import Any
 
 from providers.clouds import registry
 from providers.clouds.retry import RetryPolicy, Site, create_with_fallback, retry_transient, sites
-from providers.clouds.sdk import discard, sdk_call
+from providers.clouds.sdk import CloudCalls
 from providers.clouds.settings import GcpSettings
 from providers.core.base import (
     TAG_OWNER,
@@ -199,6 +199,7 @@ class GcpProvider:
         *,
         client: Any = None,
         resolve: Resolver = identity,
+        calls: CloudCalls | None = None,
     ) -> None:
         if not owner_id:
             raise InvalidRequest("gcp provider: an owner id is required")
@@ -211,6 +212,7 @@ class GcpProvider:
         self.owner_id = owner_id
         self.client = client if client is not None else make_client()
         self.resolve = resolve
+        self.calls = calls or CloudCalls()  # the daemon lends its own
 
     # --- what selection needs ----------------------------------------------------------------
 
@@ -243,7 +245,7 @@ class GcpProvider:
         return self.config.machine_type
 
     async def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
-        return await sdk_call(what, map_error, fn, **kwargs)
+        return await self.calls.call(what, map_error, fn, **kwargs)
 
     async def _run_operation(self, what: str, method: str, **kwargs: Any) -> None:
         timeout = self.config.operation_timeout_seconds
@@ -420,7 +422,7 @@ class GcpProvider:
                     return await self._finish(what, zone, name)
                 # a failed insert may leave a stopped instance behind: never keep it
                 if isinstance(exc, CapacityError) and await self._get(zone, name) is not None:
-                    await discard(
+                    await self.calls.discard(
                         f"{what}: {zone}/{name}",
                         lambda: self.delete(f"{zone}/{name}"),
                         self.config.policy,
@@ -446,7 +448,9 @@ class GcpProvider:
             if not sold:
                 names = ", ".join(dict.fromkeys(p.instance_type for p in order))
                 raise CapacityError(f"{what}: {names} cannot be created on-demand (Spot only)")
-            return await create_with_fallback(what, sold, one, self.config.policy, self.name)
+            return await create_with_fallback(
+                what, sold, one, self.config.policy, self.name, self.calls.on_fallback
+            )
 
         return await create_in_markets(what, spec.capacity_type, in_market)
 
@@ -474,7 +478,7 @@ class GcpProvider:
                 raise ProviderError(f"{what}: {zone}/{name} has no address")
             return self.resolve(vm)
         except BaseException:
-            await discard(
+            await self.calls.discard(
                 f"{what}: {zone}/{name}", lambda: self.delete(f"{zone}/{name}"), self.config.policy
             )
             raise
@@ -585,7 +589,10 @@ def _require_location(config: GcpConfig) -> None:
 
 
 def from_settings(
-    settings: GcpSettings, owner_id: str, resolve: Resolver = identity
+    settings: GcpSettings,
+    owner_id: str,
+    resolve: Resolver = identity,
+    calls: CloudCalls | None = None,
 ) -> GcpProvider:
     """The provider `peerpods serve --provider gcp` runs."""
     from providers.clouds.metadata import complete_gcp
@@ -600,4 +607,4 @@ def from_settings(
             "gcp provider: no pod VM image (set --gcp-image or --pod-vm-image, "
             "env PEERPODS_POD_VM_IMAGE)"
         )
-    return GcpProvider(config, owner_id, resolve=resolve)
+    return GcpProvider(config, owner_id, resolve=resolve, calls=calls)

@@ -6,9 +6,10 @@ an install hint instead of a traceback. A registry target is `module:attr`:
 
 - "options" style (static, local): `attr(options)`, or `attr.from_options(options)` when the
   attribute has that classmethod;
-- "settings" style (the clouds): `attr(settings, owner_id, resolve)` with the provider's typed
-  section (`Entry.settings`, from `providers.clouds.settings`, listed without importing the SDK;
-  `peerpods serve` derives the provider's flags from it).
+- "settings" style (the clouds): `attr(settings, owner_id, resolve=, calls=)` with the
+  provider's typed section (`Entry.settings`, from `providers.clouds.settings`, listed without
+  importing the SDK; `peerpods serve` derives the provider's flags from it), the hook mapping a
+  VM to the addresses the adaptor dials, and the daemon's `sdk.CloudCalls`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from providers.clouds.sdk import CloudCalls
 from providers.clouds.settings import AwsSettings, AzureSettings, CloudSettings, GcpSettings
 from providers.clouds.static import Endpoint, LeaseBook
 from providers.core.base import Instance, Provider, UserDataLimit
@@ -35,6 +37,8 @@ class ProviderOptions:
     settings: CloudSettings | None = None
     owner_id: str = ""
     resolve: Callable[[Instance], Instance] | None = None
+    # where a cloud provider's SDK calls run (the daemon's, shut down when it stops)
+    calls: CloudCalls | None = None
 
 
 @dataclass(frozen=True)
@@ -134,10 +138,10 @@ def create(name: str, options: ProviderOptions) -> Provider:
         if entry.style == "settings":
             if entry.settings is None or not isinstance(options.settings, entry.settings):
                 raise InvalidRequest(f"provider {name!r} is configured by `peerpods serve` flags")
+            extra: dict[str, Any] = {"calls": options.calls} if options.calls else {}
             if options.resolve is not None:
-                provider = target(options.settings, options.owner_id, options.resolve)
-            else:
-                provider = target(options.settings, options.owner_id)
+                extra["resolve"] = options.resolve
+            provider = target(options.settings, options.owner_id, **extra)
         else:
             factory = getattr(target, "from_options", target)
             provider = factory(options)

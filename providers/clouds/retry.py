@@ -96,13 +96,6 @@ class FallbackExhausted(CapacityError):
 
 # (provider, reason) of a create that hit capacity or quota and moved on; the adaptor counts them.
 CapacityObserver = Callable[[str, str], None]
-_capacity_observers: list[CapacityObserver] = []
-
-
-def observe_capacity_fallbacks(observer: CapacityObserver) -> Callable[[], None]:
-    """Call `observer` on every capacity fallback; returns the function that stops it."""
-    _capacity_observers.append(observer)
-    return lambda: _capacity_observers.remove(observer)
 
 
 def _capacity_reason(exc: CapacityError) -> str:
@@ -117,10 +110,12 @@ async def create_with_fallback(
     attempt: Callable[[Site], Awaitable[Instance]],
     policy: RetryPolicy | None = None,
     provider: str = "",
+    on_fallback: CapacityObserver | None = None,
 ) -> Instance:
     """Run `attempt` over `order` until one site succeeds.
 
-    `what` names the sandbox in messages. A non-capacity, non-transient ProviderError is raised
+    `what` names the sandbox in messages; `on_fallback` hears (provider, reason) of each site
+    that had no capacity. A non-capacity, non-transient ProviderError is raised
     at once, its message extended with the sites already tried.
     """
     policy = policy or RetryPolicy()
@@ -139,8 +134,8 @@ async def create_with_fallback(
             except CapacityError as exc:
                 log.info("%s: %s has no capacity: %s", what, site, exc)
                 tried.append((site, str(exc)))
-                for observer in list(_capacity_observers):
-                    observer(provider, _capacity_reason(exc))
+                if on_fallback is not None:
+                    on_fallback(provider, _capacity_reason(exc))
                 break
             except TransientError as exc:
                 if retry >= policy.transient_retries:

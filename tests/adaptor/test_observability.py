@@ -16,12 +16,7 @@ from adaptor.planning.placement import Placement
 from adaptor.runtime import metrics
 from adaptor.runtime.logs import JsonFormatter
 from adaptor.state import StateStore
-from providers.clouds.retry import (
-    RetryPolicy,
-    Site,
-    create_with_fallback,
-    observe_capacity_fallbacks,
-)
+from providers.clouds.retry import RetryPolicy, Site, create_with_fallback
 from providers.core.base import TAG_OWNER, TAG_SANDBOX, Instance, VMCandidate
 from providers.core.errors import CapacityError
 from tests.adaptor.daemon_proc import ANNOTATIONS
@@ -42,13 +37,11 @@ async def test_capacity_fallbacks_are_counted_by_provider_and_code() -> None:
             raise CapacityError("InsufficientInstanceCapacity: no p5 in us-east-1a")
         return Instance("i-1", "vm", ("10.0.0.1",), placement.instance_type, placement.zone)
 
-    stop = observe_capacity_fallbacks(count_capacity_fallback)
-    try:
-        p5 = VMCandidate("p5.48xlarge")
-        order = [Site(p5, "us-east-1a"), Site(p5, "us-east-1b")]
-        got = await create_with_fallback("sandbox sb", order, attempt, RetryPolicy(), "aws")
-    finally:
-        stop()
+    p5 = VMCandidate("p5.48xlarge")
+    order = [Site(p5, "us-east-1a"), Site(p5, "us-east-1b")]
+    got = await create_with_fallback(
+        "sandbox sb", order, attempt, RetryPolicy(), "aws", count_capacity_fallback
+    )
     assert got.zone == "us-east-1b"
     after = sample(
         metrics.CAPACITY_FALLBACKS, provider="aws", reason="InsufficientInstanceCapacity"
