@@ -7,8 +7,9 @@ create finds the VM instead of launching a second. botocore's own retries are of
 jittered retry policy (providers.clouds.retry) owns them and reports what it tried.
 
 The lookups of many sandboxes at once (is a sandbox's VM already there, is a VM running yet, is
-it still alive) share DescribeInstances calls (providers.clouds.coalesce): an SDK call costs the
-adaptor milliseconds of CPU whatever it carries, and the account's API rate is bounded.
+it still alive) share DescribeInstances calls, and their deletes TerminateInstances calls
+(providers.clouds.coalesce): an SDK call costs the adaptor milliseconds of CPU whatever it
+carries, and the account's API rate is bounded.
 
 Spot VMs (VMSpec.capacity_type) are one-time Spot requests whose interruption behaviour is
 terminate, so a preempted VM bills nothing more; `inspect` tells the adaptor a VM is gone and
@@ -225,6 +226,7 @@ class AwsProvider:
         # sandbox id -> its live instance; instance id -> the instance (any state)
         self._by_sandbox = Coalescer(self._find_many, LOOKUP_BATCH)
         self._by_id = Coalescer(self._describe_many, LOOKUP_BATCH)
+        self._terminations = Coalescer(self._terminate_many, LOOKUP_BATCH)
 
     # --- what selection needs ----------------------------------------------------------------
 
@@ -466,17 +468,51 @@ class AwsProvider:
 
     async def delete(self, instance_id: str) -> None:
         async def once() -> None:
-            try:
-                out = await self._call(
-                    f"terminate {instance_id}", "terminate_instances", InstanceIds=[instance_id]
-                )
-            except InstanceNotFound:
-                return
-            states = [c["CurrentState"]["Name"] for c in out.get("TerminatingInstances", [])]
-            if states and not all(s in ("shutting-down", "terminated") for s in states):
-                raise TransientError(f"terminate {instance_id}: still {', '.join(states)}")
+            state = await self._terminations.get(instance_id)
+            if isinstance(state, ProviderError):
+                raise state
+            # None: EC2 knows no such instance (any more)
+            if state is not None and state not in ("shutting-down", "terminated"):
+                raise TransientError(f"terminate {instance_id}: still {state}")
 
         await retry_transient(f"delete {instance_id}", once, self.config.policy)
+
+    async def _terminate_many(self, instance_ids: list[str]) -> dict[str, str | ProviderError]:
+        """Each instance's state after one TerminateInstances for all of them, absent where EC2
+        knows no such instance. Where that one call is refused (it fails whole, for a single
+        unknown or forbidden id), each instance is asked for alone, so the refusal is only its
+        own; a transient error is every instance's, and each delete retries."""
+        what = f"terminate {', '.join(instance_ids)}"
+        try:
+            out = await self._call(what, "terminate_instances", InstanceIds=instance_ids)
+        except TransientError:
+            raise
+        except InstanceNotFound:
+            if len(instance_ids) == 1:
+                return {}
+        except ProviderError:
+            if len(instance_ids) == 1:
+                raise
+        else:
+            return {
+                change["InstanceId"]: str(change["CurrentState"]["Name"])
+                for change in out.get("TerminatingInstances", [])
+            }
+        return await self._terminate_alone(instance_ids)
+
+    async def _terminate_alone(self, instance_ids: list[str]) -> dict[str, str | ProviderError]:
+        """One TerminateInstances per instance, each one's refusal kept as its own outcome."""
+        alone = [self._terminate_many([i]) for i in instance_ids]
+        outcomes = await asyncio.gather(*alone, return_exceptions=True)
+        states: dict[str, str | ProviderError] = {}
+        for instance_id, outcome in zip(instance_ids, outcomes, strict=True):
+            if isinstance(outcome, ProviderError):
+                states[instance_id] = outcome
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                states.update(outcome)
+        return states
 
     async def list_owned(self) -> list[Instance]:
         return [self._instance(raw) for raw in await self._describe_owned([])]

@@ -367,3 +367,33 @@ async def test_concurrent_creates_share_their_lookups(ec2: Any, policy: RetryPol
         await aws.delete(vm.id)
     assert not (await restarted.inspect(vms[0].id)).alive
     assert not (await restarted.inspect("i-0123456789abcdef0")).alive
+
+
+async def test_concurrent_deletes_share_their_calls_and_keep_refusals_apart(
+    ec2: Any, policy: RetryPolicy
+) -> None:
+    aws = provider(ec2, policy)
+    vms = [await aws.create(spec(60 + n)) for n in range(8)]
+    forbidden = vms[3].id
+    faults = Faults(
+        [
+            lambda a, p: (
+                "UnauthorizedOperation"
+                if a == "TerminateInstances" and forbidden in p.values()
+                else None
+            )
+        ]
+    )
+    faults.install(ec2)
+    unknown = "i-0123456789abcdef0"
+    outcomes = await asyncio.gather(
+        *(aws.delete(i) for i in [vm.id for vm in vms] + [unknown]), return_exceptions=True
+    )
+    refused = outcomes.pop(3)
+    assert isinstance(refused, ProviderError) and "UnauthorizedOperation" in str(refused)
+    assert outcomes == [None] * 8  # the unknown id is already gone: no error
+    assert [i["InstanceId"] for i in live(ec2)] == [forbidden]
+    # the deletes share one call (refused whole for the forbidden and the unknown id, then sent
+    # one each, so each refusal is its own instance's alone)
+    shared = [p for a, p in faults.calls if a == "TerminateInstances" and "InstanceId.2" in p]
+    assert len(shared) == 1 and {forbidden, vms[4].id} <= set(shared[0].values()), shared
