@@ -64,8 +64,9 @@ class CloudCalls:
         are read)."""
         loop = asyncio.get_running_loop()
         call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        pool = self._pool()  # refused after shutdown: a bug of the caller, not the cloud's
         try:
-            return await loop.run_in_executor(self._pool(), call)
+            return await loop.run_in_executor(pool, call)
         except Exception as exc:
             raise translate(exc, what) from exc
 
