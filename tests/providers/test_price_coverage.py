@@ -32,7 +32,12 @@ from providers.core.request import InstanceRequest
 from providers.core.selection import select
 
 PRICES = Path(__file__).parents[2] / "providers" / "snapshots" / "prices"
-REGIONS = [("aws", "us-east-1"), ("aws", "us-west-2"), ("azure", "eastus"), ("gcp", "us-central1")]
+# AWS: the regions with bundled prices; Azure and GCP: every bundled region
+REGIONS = [
+    ("aws", "us-east-1"),
+    ("aws", "us-west-2"),
+    *[(c, r) for c in ("azure", "gcp") for r in snapshots.available_snapshots(c)],
+]
 
 
 def _missing(cloud: str, t: InstanceType) -> list[str]:
