@@ -1,7 +1,7 @@
 """Kata's Go shim and a pod VM's kata-agent, emulated for tests (no real Kata in the suite).
 
 `ShimEmulator` behaves as `containerd-shim-kata-v2` (Go runtime, remote hypervisor) was observed
-to behave against `peerpods serve` (/work/shared/FACTS-KATA-SHIM.md):
+to behave against `peerpods serve`:
 
 - CreateVM, StartVM and StopVM each on a new hypervisor connection; StartVM with the shim's own
   600 s deadline, StopVM with none.
