@@ -40,7 +40,7 @@ def device_tag(host_netns: str | None) -> int:
 
 
 @dataclass(frozen=True)
-class Device:
+class VxlanDevice:
     """A VXLAN device of ours."""
 
     netns: str | None
@@ -71,7 +71,7 @@ class Rule:
 class Found:
     """What one listing saw."""
 
-    devices: list[Device] = field(default_factory=list)
+    devices: list[VxlanDevice] = field(default_factory=list)
     redirects: list[Redirect] = field(default_factory=list)
     rules: list[Rule] = field(default_factory=list)
     foreign: set[int] = field(default_factory=set)
@@ -128,7 +128,7 @@ def _list_netns(ns: str | None, port: int, tag: int, found: Found) -> None:
             if vxlan is None or vxlan.port != port:
                 continue
             if vxlan.group == tag:
-                found.devices.append(Device(ns, vxlan.index, vxlan.vni))
+                found.devices.append(VxlanDevice(ns, vxlan.index, vxlan.vni))
             else:
                 found.foreign.add(vxlan.vni)
         ingress = sorted(
