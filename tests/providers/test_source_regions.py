@@ -177,3 +177,67 @@ def test_an_a100_in_europe_west4_is_chosen_by_estimate_when_the_list_has_no_pric
     catalog = CatalogLoader().snapshot("gcp", "europe-west4")
     chosen = select(catalog, InstanceRequest(gpus=1, gpu_models=("a100",))).selected
     assert (chosen.name, chosen.price_estimated) == ("a2-highgpu-1g", True)
+
+
+def test_the_maker_takes_a_list_figure_only_where_its_recorded_one_is_ours() -> None:
+    maker = _maker()
+    row = maker.SourceRow
+
+    def rows(a100_here: float, l4_check: float) -> dict[tuple[str, str], object]:
+        return {
+            ("g2-standard-4", "us-central1"): row(("a",), 0.14679, 0.05874),
+            ("gpu:L4*1", "us-central1"): row(("a",), l4_check, 0.2231),
+            ("g2-standard-4", "xx-west1"): row(("a", "b"), 0.2, 0.1),
+            ("gpu:L4*1", "xx-west1"): row(("a", "b"), 0.6, 0.3),
+            ("a2-highgpu-1g", "us-central1"): row(("a",), 0.73948, 0.36975),
+            ("gpu:A100*1", "us-central1"): row(("a",), 2.93391, 1.0),
+            ("a2-highgpu-1g", "xx-west1"): row(("b",), 1.0, 0.5),
+            ("gpu:A100*1", "xx-west1"): row(("b",), a100_here, 1.2),
+        }
+
+    made = maker.regional("gcp", "xx-west1", rows(a100_here=3.2, l4_check=0.56004))
+    types = made.catalog.by_name()
+    assert set(types) == {"g2-standard-4", "a2-highgpu-1g"}
+    assert types["g2-standard-4"].zones == ("xx-west1-a", "xx-west1-b")
+    assert (types["g2-standard-4"].price_per_hour, types["g2-standard-4"].spot_price_per_hour) == (
+        0.8,
+        0.4,
+    )
+    # on demand: host + GPU within range of us-central1's; Spot: the list's us-central1 A100
+    # Spot (1.0) does not make the bundled a2-highgpu-1g Spot price, so none is taken
+    a2 = types["a2-highgpu-1g"]
+    assert (a2.price_per_hour, a2.spot_price_per_hour) == (4.2, None)
+    assert [(n, m) for n, m, _ in made.gaps] == [("a2-highgpu-1g", "spot")]
+    assert made.catalog.gpu_prices == {"a100-40gb": 3.2, "l4": 0.6}
+
+    # an A100 at half its us-central1 figure is another SKU; an L4 whose us-central1 figure is
+    # not ours is not taken anywhere
+    made = maker.regional("gcp", "xx-west1", rows(a100_here=1.5, l4_check=0.7))
+    types = made.catalog.by_name()
+    assert types["a2-highgpu-1g"].price_per_hour is None
+    assert types["g2-standard-4"].price_per_hour is None
+    why = {n: w for n, _, w in made.gaps}
+    assert "0.51x its us-central1 one" in why["a2-highgpu-1g"]
+    assert "is not the bundled us-central1 one" in why["g2-standard-4"]
+
+
+def test_the_maker_takes_no_azure_spot_price_that_repeats_the_on_demand_one() -> None:
+    maker = _maker()
+    row = maker.SourceRow
+    rows = {
+        ("Standard_NC40ads_H100_v5", "eastus"): row((), 6.98, 6.98),
+        ("Standard_NC40ads_H100_v5", "xxus"): row((), 8.38, 8.38),
+        ("Standard_NC4as_T4_v3", "eastus"): row((), 0.526, 0.062699),
+        ("Standard_NC4as_T4_v3", "xxus"): row((), 0.631, 0.06941),
+    }
+    made = maker.regional("azure", "xxus", rows)
+    types = made.catalog.by_name()
+    assert (types["Standard_NC4as_T4_v3"].price_per_hour, types["Standard_NC4as_T4_v3"].zones) == (
+        0.631,
+        (),
+    )
+    assert (
+        types["Standard_NC40ads_H100_v5"].price_per_hour,
+        types["Standard_NC40ads_H100_v5"].spot_price_per_hour,
+    ) == (8.38, None)
+    assert [(n, m) for n, m, _ in made.gaps] == [("Standard_NC40ads_H100_v5", "spot")]
