@@ -449,23 +449,24 @@ class Daemon:
         await self._close(grace)
         return hypervisor
 
-    async def freeze(self) -> dict[str, MovedProxy]:
-        """Then each agent proxy stops and its sockets are returned still open (shims see no
-        connection close); a proxy that cannot move is stopped."""
+    async def freeze(self, moved: Callable[[str, MovedProxy], None]) -> None:
+        """Then the agent proxies stop, side by side, and each one's sockets go to `moved`,
+        still open, as soon as it has stopped (shims see no connection close); a proxy that
+        cannot move is stopped."""
         grace = self.settings.shutdown_grace_seconds
         moving, self._moving = self._moving, {}
-        frozen = await asyncio.gather(
-            *(proxy.freeze(grace) for proxy in moving.values()), return_exceptions=True
-        )
-        moved: dict[str, MovedProxy] = {}
-        for (sandbox_id, proxy), result in zip(moving.items(), frozen, strict=True):
-            if isinstance(result, BaseException):
-                log.error("hand-off: sandbox %s cannot move: %s", sandbox_id, result)
+
+        async def one(sandbox_id: str, proxy: AgentProxy) -> None:
+            try:
+                sockets = await proxy.freeze(grace)
+            except Exception as exc:
+                log.error("hand-off: sandbox %s cannot move: %s", sandbox_id, exc)
                 await proxy.stop()
-            else:
-                moved[sandbox_id] = result
-                self._moving[sandbox_id] = proxy
-        return moved
+                return
+            self._moving[sandbox_id] = proxy
+            moved(sandbox_id, sockets)
+
+        await asyncio.gather(*(one(i, p) for i, p in moving.items()))
 
     async def handed_over(self, ok: bool) -> None:
         """The successor has the sockets (or broke off): close this process's copies; the

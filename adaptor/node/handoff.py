@@ -7,11 +7,11 @@ closed and unlocked) and says Released. The successor opens the store, builds it
 Ready, once it has dialled each running sandbox's pod VM afresh (`Predialed`: a TLS session
 cannot move between processes, so the successor needs its own connections, and dialled before
 Ready they cost the shims no pause). Only then the predecessor stops its proxies
-(`Predecessor.freeze`: shim-side calls drained to the ones safe to repeat) and sends an Offer
-with the listening hypervisor socket, every listening agent socket and every shim connection as
-SCM_RIGHTS file descriptors. The successor serves them over its connections and acks; the
-predecessor closes its copies and exits. No shim connection is ever closed: both processes hold
-it while it moves.
+(`Predecessor.freeze`: shim-side calls drained to the ones safe to repeat) and, as each one has
+stopped, sends a Moved with its listening agent socket and its shim connections as SCM_RIGHTS
+file descriptors; the successor serves each again as it comes, over its own connection. Last
+comes the Offer with the listening hypervisor socket. The successor acks; the predecessor closes
+its copies and exits. No shim connection is ever closed: both processes hold it while it moves.
 
 If the successor breaks off after Released, the predecessor cannot go back (its store and
 hypervisor socket are given up): it exits, which costs what a crash costs (docs/upgrade.md).
@@ -26,8 +26,10 @@ import contextlib
 import fcntl
 import logging
 import os
+import queue
 import socket
 import struct
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +50,7 @@ from .handoff_wire import (
     HandoffError,
     Hello,
     Message,
+    Moved,
     Offer,
     Ready,
     Released,
@@ -104,7 +107,12 @@ class Inherited:
 
     async def adopt(self, sandbox_id: str, proxy: object) -> bool:
         """Serve the sandbox's inherited sockets with `proxy` (the manager's `adopt` hook);
-        False when the predecessor did not serve it (the proxy then starts afresh)."""
+        False when the predecessor did not serve it (the proxy then starts afresh). A sandbox
+        served already as its sockets came (a dialled proxy) is the one given here."""
+        if self.predialed is not None:
+            serving = await self.predialed.served(sandbox_id, proxy)
+            if serving is not None:
+                return serving
         moved = self.proxies.pop(sandbox_id, None)
         if moved is None:
             return False
@@ -176,6 +184,40 @@ class Predialed:
     def __init__(self, factory: ProxyFactory) -> None:
         self._factory = factory
         self._proxies: dict[str, tuple[str, AgentProxyHandle]] = {}
+        # sandboxes served as their sockets came: the proxy and its adoption
+        self._serving: dict[str, tuple[AgentProxyHandle, asyncio.Task[None]]] = {}
+
+    def serve(self, sandbox_id: str, moved: MovedProxy) -> bool:
+        """Serve a sandbox's sockets at once with its dialled proxy (False: it has none; the
+        manager's recovery serves them later)."""
+        made = self._proxies.get(sandbox_id)
+        if made is None or not isinstance(made[1], AgentProxy) or sandbox_id in self._serving:
+            return False
+        proxy = made[1]
+
+        async def adopt() -> None:
+            try:
+                await proxy.adopt(moved)
+            except BaseException:
+                moved.close()
+                raise
+
+        task = asyncio.get_running_loop().create_task(adopt(), name=f"adopt-{sandbox_id}")
+        self._serving[sandbox_id] = (proxy, task)
+        return True
+
+    async def served(self, sandbox_id: str, proxy: object) -> bool | None:
+        """True once `proxy` serves the sandbox's sockets (served as they came); None when it
+        was not served that way."""
+        entry = self._serving.pop(sandbox_id, None)
+        if entry is None:
+            return None
+        serving, task = entry
+        await task  # its failure is the manager's to log, as an adoption's
+        if serving is not proxy:  # the manager made another proxy: this one must not stay
+            await serving.stop()
+            raise RuntimeError(f"sandbox {sandbox_id}: served by another proxy")
+        return True
 
     def make(
         self, record: SandboxRecord, socket_path: str, host: str, port: int
@@ -215,6 +257,9 @@ class Predialed:
 
     async def stop_unused(self) -> None:
         """Stop the proxies no sandbox took (its record changed meanwhile)."""
+        serving = [task for _proxy, task in self._serving.values()]
+        self._serving.clear()
+        await asyncio.gather(*serving, return_exceptions=True)
         unused = [proxy for _socket, proxy in self._proxies.values()]
         self._proxies.clear()
         await asyncio.gather(*(proxy.stop() for proxy in unused), return_exceptions=True)
@@ -248,12 +293,35 @@ class Session:
                 channel.close()
                 raise
             log.info("hand-off: %d pod VM(s) dialled before taking over", dialled)
+        loop = asyncio.get_running_loop()
+        later: dict[str, MovedProxy] = {}  # sandboxes the manager's recovery serves
+
+        seen: set[str] = set()
+
+        def arrived(sandbox_id: str, moved: MovedProxy) -> None:  # on the loop
+            if sandbox_id in seen:  # named twice: the first one stays
+                moved.close()
+            elif self._predialed is None or not self._predialed.serve(sandbox_id, moved):
+                later[sandbox_id] = moved
+            seen.add(sandbox_id)
+
+        def from_thread(sandbox_id: str, moved: MovedProxy) -> None:
+            loop.call_soon_threadsafe(arrived, sandbox_id, moved)
+
         try:
-            inherited = await asyncio.to_thread(_receive_offer, channel)
+            inherited = await asyncio.to_thread(_receive_offer, channel, from_thread)
         except BaseException:
+            await asyncio.sleep(0)  # sandboxes still on their way to `arrived`
+            for moved in later.values():
+                moved.close()
             if self._predialed is not None:
                 await self._predialed.stop_unused()
             raise
+        for sandbox_id, moved in later.items():
+            if sandbox_id in inherited.proxies:
+                moved.close()
+            else:
+                inherited.proxies[sandbox_id] = moved
         inherited.predialed = self._predialed
         log.info(
             "hand-off: took over from pid %d: %d sandbox(es), %d shim connection(s)",
@@ -324,13 +392,24 @@ def _begin(path: Path) -> socket.socket:
     return channel
 
 
-def _receive_offer(channel: socket.socket) -> Inherited:
-    """Ready, then the Offer and its descriptors (blocking)."""
+# Told each sandbox's sockets as they come (from the receiving thread).
+Arrived = Callable[[str, MovedProxy], None]
+
+
+def _receive_offer(channel: socket.socket, arrived: Arrived) -> Inherited:
+    """Ready, then a Moved per sandbox (each told to `arrived` at once) and the Offer, with
+    their descriptors (blocking)."""
     try:
         channel.sendall(encode(Ready()))
-        message = _receive(channel)
-        if not isinstance(message, Offer):
-            raise TakeOverFailed(f"unexpected hand-off message {message.kind}")
+        while True:
+            message = _receive(channel)
+            if isinstance(message, Moved):
+                fds = _receive_fds(channel, message.fd_count)
+                arrived(message.sandbox.sandbox_id, _inherit_one(message.sandbox, fds))
+                continue
+            if not isinstance(message, Offer):
+                raise TakeOverFailed(f"unexpected hand-off message {message.kind}")
+            break
         fds = _receive_fds(channel, message.fd_count)
         inherited = _inherit(message, fds)
     except (OSError, HandoffError) as exc:
@@ -343,46 +422,59 @@ def _receive_offer(channel: socket.socket) -> Inherited:
     return inherited
 
 
+def _inherit_one(sandbox: WireSandbox, fds: list[int]) -> MovedProxy:
+    """Sockets for the descriptors a Moved names (as `_inherit`)."""
+    with _Descriptors(fds) as sock:
+        return _moved_proxy(sandbox, sock)
+
+
 def _inherit(offer: Offer, fds: list[int]) -> Inherited:
     """Sockets for the descriptors the Offer names (any fd it names twice or not at all is
     closed: nothing leaks, nothing is served twice)."""
-    owned: dict[int, socket.socket] = {}
-
-    def sock(index: int) -> socket.socket:
-        if index >= len(fds) or index in owned:
-            raise HandoffError(f"descriptor {index} is missing or named twice")
-        owned[index] = socket.socket(fileno=fds[index])
-        return owned[index]
-
-    try:
+    with _Descriptors(fds) as sock:
         hypervisor = sock(offer.hypervisor_fd)
-        proxies: dict[str, MovedProxy] = {}
-        for sandbox in offer.sandboxes:
-            moved = MovedProxy(sock(sandbox.listener_fd))
-            proxies[sandbox.sandbox_id] = moved
-            for shim in sandbox.shims:
-                moved.shims.append(
-                    MovedShim(
-                        sock(shim.fd),
-                        shim.last_stream_id,
-                        DecoderState(shim.partial, shim.discard, shim.skipping),
-                        tuple(
-                            MovedCall(c.stream_id, c.service, c.method, c.request)
-                            for c in shim.calls
-                        ),
-                    )
-                )
-    except BaseException:
-        for index, fd in enumerate(fds):
-            if index in owned:
-                owned[index].close()
+        proxies = {sandbox.sandbox_id: _moved_proxy(sandbox, sock) for sandbox in offer.sandboxes}
+    return Inherited(hypervisor, proxies, offer.pid)
+
+
+def _moved_proxy(sandbox: WireSandbox, sock: Callable[[int], socket.socket]) -> MovedProxy:
+    moved = MovedProxy(sock(sandbox.listener_fd))
+    for shim in sandbox.shims:
+        moved.shims.append(
+            MovedShim(
+                sock(shim.fd),
+                shim.last_stream_id,
+                DecoderState(shim.partial, shim.discard, shim.skipping),
+                tuple(MovedCall(c.stream_id, c.service, c.method, c.request) for c in shim.calls),
+            )
+        )
+    return moved
+
+
+class _Descriptors:
+    """Received descriptors as sockets, each taken once by its index; on leaving, the ones not
+    taken are closed, and on an error all of them."""
+
+    def __init__(self, fds: list[int]) -> None:
+        self._fds = fds
+        self._owned: dict[int, socket.socket] = {}
+
+    def __enter__(self) -> Callable[[int], socket.socket]:
+        return self._take
+
+    def _take(self, index: int) -> socket.socket:
+        if index >= len(self._fds) or index in self._owned:
+            raise HandoffError(f"descriptor {index} is missing or named twice")
+        self._owned[index] = socket.socket(fileno=self._fds[index])
+        return self._owned[index]
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        for index, fd in enumerate(self._fds):
+            if index in self._owned:
+                if kind is not None:
+                    self._owned[index].close()
             else:
                 os.close(fd)
-        raise
-    for index, fd in enumerate(fds):
-        if index not in owned:
-            os.close(fd)
-    return Inherited(hypervisor, proxies, offer.pid)
 
 
 # --- the predecessor's side -------------------------------------------------------------------
@@ -396,8 +488,9 @@ class Predecessor(Protocol):
         duplicate, still listening); the state store is unlocked when this returns."""
         ...
 
-    async def freeze(self) -> dict[str, MovedProxy]:
-        """Stop the agent proxies; their sockets to move (duplicates: the originals stay)."""
+    async def freeze(self, moved: Callable[[str, MovedProxy], None]) -> None:
+        """Stop the agent proxies, side by side, telling `moved` each one's sockets as soon as
+        it has stopped (duplicates: the originals stay)."""
         ...
 
     async def handed_over(self, ok: bool) -> None:
@@ -469,11 +562,8 @@ class HandoffListener:
             channel.settimeout(OFFER_SECONDS)
             await asyncio.to_thread(_send_released, channel)
             log.info("hand-off: the successor is ready; moving the agent sockets")
-            proxies = await self._daemon.freeze()
-            log.info("hand-off: %d agent proxies stopped; sending their sockets", len(proxies))
-            offer, fds = _offer(hypervisor, proxies)
             channel.settimeout(ACK_SECONDS)
-            await asyncio.to_thread(_send_offer, channel, offer, fds)
+            await self._move(channel, hypervisor, proxies)
             ack = await asyncio.to_thread(_receive, channel)
             ok = isinstance(ack, Ack) and ack.ok
             if not ok:
@@ -493,9 +583,77 @@ class HandoffListener:
             log.info("hand-off: pid %d serves everything now; exiting", hello.pid)
         return True
 
+    async def _move(
+        self, channel: socket.socket, hypervisor: socket.socket, proxies: dict[str, MovedProxy]
+    ) -> None:
+        """Stop the proxies and send each one's sockets as soon as it has stopped (kept in
+        `proxies`, to close once the successor has them), then the hypervisor listener."""
+        sender = _Sender(channel)
+        try:
+
+            def stopped(sandbox_id: str, moved: MovedProxy) -> None:
+                proxies[sandbox_id] = moved
+                sender.send(*_moved(sandbox_id, moved))
+
+            await self._daemon.freeze(stopped)
+            log.info("hand-off: %d agent proxies stopped and sent", len(proxies))
+            sender.send(*_offer(hypervisor, {}))
+        finally:
+            await sender.finish()
+
+
+class _Sender:
+    """Sends the hand-off's messages and descriptors in order, from a thread of its own, so a
+    sandbox goes out while the next ones are still stopping."""
+
+    def __init__(self, channel: socket.socket) -> None:
+        self._items: queue.SimpleQueue[tuple[bytes, list[int]] | None] = queue.SimpleQueue()
+        self._failed: BaseException | None = None
+        loop = asyncio.get_running_loop()
+        self._done: asyncio.Future[None] = loop.create_future()
+
+        def finished() -> None:
+            if not self._done.done():
+                self._done.set_result(None)
+
+        def run() -> None:
+            try:
+                while (item := self._items.get()) is not None:
+                    _send_message(channel, *item)
+            except BaseException as exc:  # kept for `finish`; the rest is not sent
+                self._failed = exc
+                while self._items.get() is not None:
+                    pass
+            loop.call_soon_threadsafe(finished)
+
+        threading.Thread(target=run, name="handoff-sender", daemon=True).start()
+
+    def send(self, message: Message, fds: list[int]) -> None:
+        self._items.put((encode(message), fds))
+
+    async def finish(self) -> None:
+        """Until everything given was sent; raises what failed."""
+        self._items.put(None)
+        await self._done
+        if self._failed is not None:
+            raise self._failed
+
+
+def _moved(sandbox_id: str, moved: MovedProxy) -> tuple[Moved, list[int]]:
+    offer, fds = _offer_fds([], {sandbox_id: moved})
+    return Moved(sandbox=offer[0], fd_count=len(fds)), fds
+
 
 def _offer(hypervisor: socket.socket, proxies: dict[str, MovedProxy]) -> tuple[Offer, list[int]]:
-    fds = [hypervisor.fileno()]
+    sandboxes, fds = _offer_fds([hypervisor.fileno()], proxies)
+    offer = Offer(pid=os.getpid(), hypervisor_fd=0, sandboxes=sandboxes, fd_count=len(fds))
+    return offer, fds
+
+
+def _offer_fds(
+    fds: list[int], proxies: dict[str, MovedProxy]
+) -> tuple[tuple[WireSandbox, ...], list[int]]:
+    """The sandboxes as sent, their descriptors appended to `fds` in the order they name."""
     sandboxes = []
     for sandbox_id, moved in proxies.items():
         listener = len(fds)
@@ -524,8 +682,7 @@ def _offer(hypervisor: socket.socket, proxies: dict[str, MovedProxy]) -> tuple[O
         sandboxes.append(
             WireSandbox(sandbox_id=sandbox_id, listener_fd=listener, shims=tuple(shims))
         )
-    offer = Offer(pid=os.getpid(), hypervisor_fd=0, sandboxes=tuple(sandboxes), fd_count=len(fds))
-    return offer, fds
+    return tuple(sandboxes), fds
 
 
 # --- blocking socket helpers (run in a thread) --------------------------------------------------
@@ -562,8 +719,8 @@ def _send_released(channel: socket.socket) -> None:
         raise HandoffError(f"the successor sent {ready.kind}, not ready")
 
 
-def _send_offer(channel: socket.socket, offer: Offer, fds: list[int]) -> None:
-    channel.sendall(encode(offer))
+def _send_message(channel: socket.socket, frame: bytes, fds: list[int]) -> None:
+    channel.sendall(frame)
     for start in range(0, len(fds), FD_BATCH):
         socket.send_fds(channel, [b"F"], fds[start : start + FD_BATCH])
 

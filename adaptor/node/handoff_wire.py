@@ -1,19 +1,24 @@
 """The hand-off's messages, sans-IO: typed, versioned, length-prefixed JSON (no sockets here).
 
-A successor `serve` and its predecessor speak five messages over a unix socket in the pods dir:
+A successor `serve` and its predecessor speak six messages over a unix socket in the pods dir:
 
     successor  -> Hello    {version, pid}
     predecessor-> Released {}  (its hypervisor socket takes no call, its state store is unlocked)
     successor  -> Ready    {}  (its own parts are up: from here on the shims wait)
-    predecessor-> Offer    {version, pid, hypervisor_fd, sandboxes: [...], fd_count}
+    predecessor-> Moved    {sandbox, fd_count}  (one per sandbox, as soon as its proxy stopped)
                    then the fd_count file descriptors, in batches, with SCM_RIGHTS
+    predecessor-> Offer    {version, pid, hypervisor_fd, sandboxes: [...], fd_count}
+                   then its fd_count file descriptors the same way (the last message)
     successor  -> Ack      {ok, error}
+
+Each sandbox moves on its own, so the successor serves it again while the others still stop:
+a shim waits for its own sandbox, not for all of them.
 
 The predecessor answers Hello with an Ack {ok: false} instead when it refuses.
 
-File descriptors travel beside the bytes; the Offer names each one by its index in the order they
-are sent. A frame is a 4-byte big-endian length and that many bytes of JSON; bytes fields (a
-request frame's data, a partial frame) are base64.
+File descriptors travel beside the bytes; a Moved or the Offer names each of its own by its
+index in the order they are sent. A frame is a 4-byte big-endian length and that many bytes of
+JSON; bytes fields (a request frame's data, a partial frame) are base64.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-VERSION = 1
+VERSION = 2  # 2: each sandbox moves in a Moved of its own
 MAX_FRAME_BYTES = 64 << 20  # calls' request data is at most 4 MiB each; a bound, not a size
 _LENGTH = struct.Struct(">I")
 _STREAM_ID = Field(ge=0, le=(1 << 32) - 1)
@@ -88,8 +93,17 @@ class Ready(_Message):
     kind: Literal["ready"] = "ready"
 
 
+class Moved(_Message):
+    """One sandbox's sockets and calls; `fd_count` descriptors follow."""
+
+    kind: Literal["moved"] = "moved"
+    sandbox: WireSandbox
+    fd_count: int = Field(ge=1)
+
+
 class Offer(_Message):
-    """The predecessor's sockets and calls; `fd_count` descriptors follow."""
+    """The hypervisor listener (and sandboxes not sent as Moved); `fd_count` descriptors
+    follow. The last message before the Ack."""
 
     kind: Literal["offer"] = "offer"
     version: int = VERSION
@@ -107,7 +121,7 @@ class Ack(_Message):
     error: str = ""
 
 
-Message = Hello | Released | Ready | Offer | Ack
+Message = Hello | Released | Ready | Moved | Offer | Ack
 
 
 def encode(message: Message) -> bytes:
@@ -135,6 +149,7 @@ _MESSAGES: dict[str, type[Message]] = {
     "hello": Hello,
     "released": Released,
     "ready": Ready,
+    "moved": Moved,
     "offer": Offer,
     "ack": Ack,
 }

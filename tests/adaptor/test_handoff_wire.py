@@ -14,6 +14,7 @@ from adaptor.node.handoff_wire import (
     HandoffError,
     Hello,
     Message,
+    Moved,
     Offer,
     Ready,
     Released,
@@ -60,6 +61,8 @@ def test_offer_round_trip_keeps_binary_requests() -> None:
         ),
     )
     assert roundtrip(offer) == offer
+    moved = Moved(sandbox=offer.sandboxes[0], fd_count=3)
+    assert roundtrip(moved) == moved
     assert roundtrip(Hello(pid=7)) == Hello(pid=7)
     assert roundtrip(Released()) == Released()
     assert roundtrip(Ready()) == Ready()
@@ -74,7 +77,7 @@ def test_offer_round_trip_keeps_binary_requests() -> None:
         (b'{"kind": "takeover"}', "unknown hand-off message 'takeover'"),
         (b'{"kind": "hello"}', "malformed hand-off hello: pid"),
         (b'{"kind": "hello", "pid": 1, "extra": 1}', "malformed hand-off hello: extra"),
-        (b'{"kind": "hello", "pid": 1, "version": 2}', "hand-off version 2 is not 1"),
+        (b'{"kind": "hello", "pid": 1, "version": 1}', "hand-off version 1 is not 2"),
         (
             json.dumps({"kind": "offer", "pid": 1, "hypervisor_fd": -1, "fd_count": 1}).encode(),
             "hypervisor_fd",
