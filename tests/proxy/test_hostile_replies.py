@@ -1,5 +1,7 @@
 """A pod VM answering with bytes that are not a Response (two or three bytes of a truncated
-status): that call fails at once with a status, the connection's other streams go on."""
+status), with a frame over the size limit, or with frames for streams nobody waits on: the call
+concerned fails at once with a status (or the stray frame is dropped), the connection's other
+streams go on."""
 
 from __future__ import annotations
 
@@ -13,7 +15,15 @@ import pytest
 
 from adaptor.proxy import AgentProxy, tcp_dialer
 from adaptor.ttrpc import Client, Code, TtrpcError
-from adaptor.ttrpc.codec import FrameDecoder, MessageType, encode_frame, encode_response
+from adaptor.ttrpc.codec import (
+    MAX_DATA_LENGTH,
+    Frame,
+    FrameDecoder,
+    MessageType,
+    encode_frame,
+    encode_header,
+    encode_response,
+)
 from adaptor.ttrpc.gen import ttrpc_pb2
 
 AGENT = "grpc.AgentService"
@@ -33,6 +43,7 @@ class PodVM:
         try:
             while data := await reader.read(65536):
                 for event in decoder.feed(data):
+                    assert isinstance(event, Frame)  # the proxy never sends one over the limit
                     request = ttrpc_pb2.Request.FromString(event.data)
                     task = asyncio.create_task(self.answer(writer, event.stream_id, request))
                     self.tasks.add(task)
@@ -45,6 +56,13 @@ class PodVM:
     ) -> None:
         if request.method == "Slow":
             await asyncio.sleep(0.3)
+        if request.method == "Huge":
+            length = MAX_DATA_LENGTH + 1
+            writer.write(encode_header(length, stream_id, MessageType.RESPONSE) + bytes(length))
+            return
+        if request.method == "Stray":  # an answer to a call never made, Data, then the answer
+            writer.write(encode_frame(stream_id + 1000, MessageType.RESPONSE, encode_response()))
+            writer.write(encode_frame(stream_id, MessageType.DATA, b"not the answer"))
         data = HOSTILE.get(request.method) or encode_response(request.payload)
         writer.write(encode_frame(stream_id, MessageType.RESPONSE, data))
 
@@ -94,3 +112,22 @@ async def test_a_malformed_answer_fails_its_call_only(proxy: AgentProxy) -> None
     recorded = proxy.calls  # type: ignore[attr-defined]
     assert (AGENT, "Short2", Code.INTERNAL) in recorded
     assert (AGENT, "Slow", Code.OK) in recorded
+
+
+async def test_an_oversized_answer_fails_its_call_and_stray_frames_are_dropped(
+    proxy: AgentProxy,
+) -> None:
+    async with await Client.connect_unix(proxy.socket_path) as client:
+        slow = asyncio.create_task(client.call(AGENT, "Slow", b"slow"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(TtrpcError) as info:
+            await asyncio.wait_for(client.call(AGENT, "Huge", b""), 5)
+        assert (info.value.code, info.value.message) == (
+            Code.RESOURCE_EXHAUSTED,
+            "response exceeds maximum message size",
+        )
+        assert await asyncio.wait_for(client.call(AGENT, "Stray", b"mine"), 2) == b"mine"
+        assert await asyncio.wait_for(slow, 2) == b"slow"
+    recorded = proxy.calls  # type: ignore[attr-defined]
+    assert (AGENT, "Huge", Code.RESOURCE_EXHAUSTED) in recorded
+    assert (AGENT, "Stray", Code.OK) in recorded
