@@ -176,10 +176,6 @@ class ServerStreams(_Outgoing, Generic[R]):
         """Streams opened and not answered yet."""
         return len(self._open)
 
-    def is_open(self, stream_id: int) -> bool:
-        """Whether `stream_id` was opened and is not answered yet."""
-        return stream_id in self._open
-
     def receive(self, data: bytes) -> list[Event[R]]:
         """Take received bytes; return what they mean for the streams."""
         events: list[Event[R]] = []
