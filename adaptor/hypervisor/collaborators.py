@@ -1,6 +1,6 @@
 """What the sandbox lifecycle needs of the rest of the daemon, as types: its settings, the agent
-proxy of a sandbox, the planner and the user data StartVM asks, and the hooks that add steps to
-a start and a stop. The daemon (adaptor.node) supplies the real ones; tests supply fakes."""
+proxy of a sandbox, and the planner and the user data StartVM asks (the hooks that add steps are
+adaptor.hypervisor.hooks). The daemon (adaptor.node) supplies the real ones; tests supply fakes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Protocol
 from adaptor.planning.placement import Plan
 from adaptor.settings import SandboxSettings
 from adaptor.state import SandboxRecord
-from providers.core.base import Instance
 from providers.core.contract import VMIntent
 
 
@@ -68,42 +67,3 @@ class Planner(Protocol):
 # The pod VM's user data for a sandbox and its plan (adaptor.planning.userdata.PodVmUserData's
 # `build`); a daemon without one (static, local providers) gives the VM none.
 UserDataBuilder = Callable[[SandboxRecord, Plan], str]
-
-
-class PodNetworkHook(Protocol):
-    """The pod network (adaptor.podnet.SandboxPodNetwork); its strings go in `pod_network`."""
-
-    async def created(self, sandbox_id: str, netns: str) -> str: ...
-
-    async def forget(self, sandbox_id: str, pod_network: str) -> None: ...
-
-    async def prepare(self, record: SandboxRecord, instance: Instance) -> str: ...
-
-    async def started(self, record: SandboxRecord, instance: Instance) -> str: ...
-
-    async def stop(self, record: SandboxRecord) -> str: ...
-
-    async def recovered(self, record: SandboxRecord) -> str: ...
-
-    @staticmethod
-    def failed_teardown(record: SandboxRecord, error: str) -> str: ...
-
-
-class SandboxHook:
-    """A step added to StartVM and StopVM; every method here does nothing.
-
-    `vm_created` runs once the VM exists and is recorded, before the forwarder is dialled (an
-    error fails the start, which then deletes the VM and calls `vm_stopping`); `vm_stopping`
-    runs at StopVM (and when a started VM is torn down) after the proxy stopped and before the
-    VM is deleted, and must be idempotent (it may run again after a restart); `sandbox_gone`
-    runs once the sandbox is forgotten. Hooks run in the order given.
-    """
-
-    async def vm_created(self, record: SandboxRecord) -> None:
-        """After the VM exists (record.instance is set)."""
-
-    async def vm_stopping(self, record: SandboxRecord) -> None:
-        """Before the VM is deleted."""
-
-    async def sandbox_gone(self, sandbox_id: str) -> None:
-        """After the sandbox is forgotten."""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from adaptor.hypervisor.collaborators import AgentProxyHandle
 from adaptor.hypervisor.errors import why
+from adaptor.hypervisor.hooks import PodGone
 from adaptor.hypervisor.table import SandboxTable, prepare_socket_dir
 from adaptor.hypervisor.teardown import Teardowns
 from adaptor.runtime.logs import sandbox_context
@@ -69,10 +70,11 @@ class Recovery:
     async def _recover_one(self, record: SandboxRecord) -> bool:
         """Recover one sandbox from its record (False: its pod netns is gone)."""
         table = self.table
-        if table.pod_network is not None and record.pod_network:
-            record, alive = await self._recover_pod_network(record)
-            if not alive:
-                return False
+        try:
+            record = await table.hooks.recovered(record)
+        except PodGone as exc:
+            log.warning("sandbox %s: %s; cleaning up", record.id, exc)
+            return False
         if record.state is SandboxState.STARTING:
             await table.store.put(
                 record.evolve(state=SandboxState.FAILED, reason="daemon restarted during StartVM")
@@ -91,21 +93,6 @@ class Recovery:
             with sandbox_context(record.id, f"{record.pod_namespace}/{record.pod_name}"):
                 await self._reserve(record, record.instance)
         return True
-
-    async def _recover_pod_network(self, record: SandboxRecord) -> tuple[SandboxRecord, bool]:
-        """Repair a recorded tunnel (False: its pod netns is gone)."""
-        pod_network = self.table.pod_network
-        assert pod_network is not None
-        from adaptor.podnet import NetnsGone
-
-        try:
-            tunnel = await pod_network.recovered(record)
-        except NetnsGone:
-            log.warning("sandbox %s: pod network namespace is gone; cleaning up", record.id)
-            return record, False
-        if tunnel != record.pod_network:
-            record = await self.table.store.put(record.evolve(pod_network=tunnel))
-        return record, True
 
     async def _reserve(self, record: SandboxRecord, instance: Instance) -> None:
         """Serve the running sandbox's agent socket again (or adopt a predecessor's)."""

@@ -27,9 +27,7 @@ from adaptor.hypervisor.collaborators import (
     AgentProxyHandle,
     ManagerConfig,
     Planner,
-    PodNetworkHook,
     ProxyFactory,
-    SandboxHook,
     UserDataBuilder,
 )
 from adaptor.hypervisor.errors import (
@@ -41,6 +39,8 @@ from adaptor.hypervisor.errors import (
     check_sandbox_id,
     failure_category,
 )
+from adaptor.hypervisor.hooks import SandboxHook
+from adaptor.hypervisor.pod_network import PodNetworkHook
 from adaptor.hypervisor.recovery import RECOVER_CONCURRENCY, Recovery
 from adaptor.hypervisor.start import Starts
 from adaptor.hypervisor.table import AGENT_SOCKET_NAME, SandboxTable
@@ -62,7 +62,6 @@ class SandboxManager:
         proxies: ProxyFactory,
         *,
         hooks: Sequence[SandboxHook] = (),
-        pod_network: PodNetworkHook | None = None,
         vm_policy: Callable[[VMIntent], None] | None = None,
         user_data: UserDataBuilder | None = None,
         on_abandoned: Callable[[SandboxRecord, str], None] | None = None,
@@ -74,7 +73,6 @@ class SandboxManager:
             placement,
             proxies,
             hooks=hooks,
-            pod_network=pod_network,
             vm_policy=vm_policy,
             user_data=user_data,
         )

@@ -83,16 +83,13 @@ class Starts:
         return path
 
     async def _record(self, record: SandboxRecord) -> None:
-        """The new sandbox, with its pod network inspected, written to the store."""
-        pod_network = self.table.pod_network
-        tunnel = ""
-        if pod_network is not None:
-            tunnel = await pod_network.created(record.id, record.network_namespace)
+        """The new sandbox, as the hooks make it (its pod network inspected), written."""
+        hooks = self.table.hooks
+        record = await hooks.sandbox_created(record)
         try:
-            await self.table.store.put(record.evolve(pod_network=tunnel))
+            await self.table.store.put(record)
         except BaseException:
-            if pod_network is not None:
-                await asyncio.shield(pod_network.forget(record.id, tunnel))
+            await asyncio.shield(hooks.create_failed(record))
             raise
 
     def _refuse_if_stopping(self, sandbox_id: str) -> None:
@@ -155,8 +152,7 @@ class Starts:
         proxy: AgentProxyHandle | None = None
         try:
             record = await self._record_devices(record, plan, instance)
-            record = await self._start_pod_network(record, instance)
-            await table.run_hooks("vm_created", record)
+            record = await table.hooks.vm_created(record)
             proxy = await self._serve(record, instance)
             record = await table.store.put(record.evolve(state=SandboxState.RUNNING))
         except BaseException as exc:
@@ -204,20 +200,9 @@ class Starts:
         devices = plan.devices_for(instance)
         return await self.table.store.put(record.evolve(device_plan=devices.to_json()))
 
-    async def _start_pod_network(self, record: SandboxRecord, instance: Instance) -> SandboxRecord:
-        """Step 4: the pod's tunnel to the VM (when the pod has a network namespace)."""
-        table = self.table
-        if table.pod_network is None or not record.pod_network:
-            return record
-        # Write-ahead: the tunnel's VM end is stored before its first part is made, so a
-        # teardown after any interruption (StopVM, a kill) knows what to remove.
-        ahead = await table.pod_network.prepare(record, instance)
-        record = await asyncio.shield(table.store.put(record.evolve(pod_network=ahead)))
-        tunnel = await table.pod_network.started(record, instance)
-        return await table.store.put(record.evolve(pod_network=tunnel))
-
     async def _serve(self, record: SandboxRecord, instance: Instance) -> AgentProxyHandle:
-        """Step 5: dial the forwarder, then serve the agent socket."""
+        """Step 4, after the hooks' `vm_created` (the pod's tunnel): dial the forwarder, then
+        serve the agent socket."""
         table = self.table
         host, port = table.default_endpoint(instance)
         socket = Path(record.agent_socket)

@@ -21,12 +21,11 @@ from adaptor.hypervisor.collaborators import (
     AgentProxyHandle,
     ManagerConfig,
     Planner,
-    PodNetworkHook,
     ProxyFactory,
-    SandboxHook,
     UserDataBuilder,
 )
 from adaptor.hypervisor.errors import SandboxNotFound, ShuttingDown, check_sandbox_id
+from adaptor.hypervisor.hooks import Hooks, SandboxHook
 from adaptor.runtime.logs import bind_sandbox
 from adaptor.state import SandboxRecord, StateStore
 from providers.core.base import Instance, Provider
@@ -64,7 +63,6 @@ class SandboxTable:
         proxies: ProxyFactory,
         *,
         hooks: Sequence[SandboxHook] = (),
-        pod_network: PodNetworkHook | None = None,
         vm_policy: Callable[[VMIntent], None] | None = None,
         user_data: UserDataBuilder | None = None,
     ) -> None:
@@ -73,8 +71,7 @@ class SandboxTable:
         self.provider = provider
         self.placement = placement
         self.user_data = user_data
-        self.hooks = tuple(hooks)
-        self.pod_network = pod_network
+        self.hooks = Hooks(hooks, self.save)
         # the node's own limits on a pod's VM choices (adaptor.planning.vmpolicy),
         # at CreateVM and StartVM
         self.vm_policy = vm_policy or (lambda _intent: None)
@@ -138,9 +135,9 @@ class SandboxTable:
         bind_sandbox(record.id, f"{record.pod_namespace}/{record.pod_name}")
         return record
 
-    async def run_hooks(self, step: str, *args: Any) -> None:
-        for hook in self.hooks:
-            await getattr(hook, step)(*args)
+    async def save(self, record: SandboxRecord) -> SandboxRecord:
+        """Write the record, whatever cancels the caller meanwhile; the record as stored."""
+        return await asyncio.shield(self.store.put(record))
 
     def busy(self, sandbox_id: str) -> bool:
         """Whether a StartVM or a teardown of the sandbox is in flight in this process."""

@@ -22,7 +22,7 @@ from adaptor.runtime import metrics
 from adaptor.runtime.logs import sandbox_context
 from adaptor.state import SandboxRecord, SandboxState, StateError
 from providers.core.base import TAG_OWNER, TAG_SANDBOX, Instance, Provider
-from providers.core.errors import InstanceNotFound, PeerpodsError, ProviderError
+from providers.core.errors import InstanceNotFound, ProviderError
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +145,7 @@ class Teardowns:
                 reason = reason or record.reason or "StopVM"
                 record = await self._save(record.evolve(state=SandboxState.STOPPING, reason=reason))
                 await self._stop_proxy(record)
-                record, owed = await self._stop_pod_network(record)
-                await table.run_hooks("vm_stopping", record)
+                record, owed = await table.hooks.vm_stopping(record, self._save)
                 for instance in await self._vms_of(record, start_aborted, known):
                     await self._delete_vm(record, instance)
                 if owed:
@@ -176,20 +175,6 @@ class Teardowns:
         if proxy is not None:
             with contextlib.suppress(Exception):
                 await proxy.stop()
-
-    async def _stop_pod_network(self, record: SandboxRecord) -> tuple[SandboxRecord, str]:
-        """Tear the sandbox's tunnel down: the record as stored, and what is still owed."""
-        pod_network = self.table.pod_network
-        if pod_network is None or not record.pod_network:
-            return record, ""
-        try:
-            remaining = await pod_network.stop(record)
-        except PeerpodsError as exc:
-            owed = str(exc)
-            remaining = pod_network.failed_teardown(record, owed)
-            log.error("sandbox %s: %s", record.id, owed)
-            return await self._save(record.evolve(pod_network=remaining)), owed
-        return await self._save(record.evolve(pod_network=remaining)), ""
 
     async def _vms_of(
         self, record: SandboxRecord, start_aborted: bool, known: tuple[Instance, ...]
@@ -245,7 +230,7 @@ class Teardowns:
         else:
             self._owed.pop(record.id, None)
         table.placement.release(record.id)
-        await table.run_hooks("sandbox_gone", record.id)
+        await table.hooks.sandbox_gone(record.id)
 
     # --- a start that failed once its VM existed -------------------------------------------------
 
@@ -266,12 +251,11 @@ class Teardowns:
         # The stored record, not the start's copy: its tunnel may be further on (write-ahead).
         record = await table.store.get(record.id) or record
         record = await table.store.put(record.evolve(state=SandboxState.FAILED, reason=reason))
-        record, owed = await self._stop_pod_network(record)
+        record, owed = await table.hooks.vm_stopping(record, self._save)
         if owed:
             reason = f"{reason}; {owed}"
             record = await table.store.put(record.evolve(reason=reason))
         try:
-            await table.run_hooks("vm_stopping", record)
             await table.provider.delete(instance.id)
         except InstanceNotFound:
             pass
@@ -302,7 +286,7 @@ class Teardowns:
             if current is None or current.state is not SandboxState.FAILED:
                 return 0
             with sandbox_context(record.id, f"{record.pod_namespace}/{record.pod_name}"):
-                await table.run_hooks("vm_stopping", current)
+                current, _ = await table.hooks.vm_stopping(current, self._save, reaped=True)
                 for vm in vms:
                     await self._delete_vm(current, vm, attempts=REAP_DELETE_ATTEMPTS)
                 reason = f"{current.reason}; VM deleted by the reaper".lstrip("; ")

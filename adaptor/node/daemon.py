@@ -26,6 +26,7 @@ from typing import Any
 
 from adaptor.devices import CdiConfig, CdiNaming
 from adaptor.hypervisor.gc import GarbageCollector
+from adaptor.hypervisor.pod_network import PodNetworkHook
 from adaptor.hypervisor.preemption import PreemptionWatcher
 from adaptor.hypervisor.reaper import Reaper
 from adaptor.hypervisor.sandboxes import (
@@ -155,7 +156,7 @@ class Daemon:
         container_hooks: ContainerHookFactory | None = None,
         provider_settings: CloudSettings | None = None,
         cdi: CdiConfig | None = None,
-        placement: Placement | None = None,
+        catalog: Catalog | None = None,
         hooks: Sequence[SandboxHook] = (),
         node_api: NodeApi | None = None,
     ) -> None:
@@ -166,7 +167,8 @@ class Daemon:
         self._container_hooks = container_hooks
         self._provider_settings = provider_settings
         self._cdi = cdi or CdiConfig("annotations", CdiNaming(), None)
-        self._placement = placement
+        # the catalog to select from instead of the provider's own (tests)
+        self._catalog = catalog
         self._hooks = tuple(hooks)
         self.devices = DeviceBook()
         self.abandoned = AbandonedBook()
@@ -209,7 +211,7 @@ class Daemon:
         # Provider and catalog first: a bad provider setting fails before anything is written.
         provider, catalog = await self._provider_and_catalog()
         store = await self._open_store()
-        placement = self._placement or build_placement(
+        placement = build_placement(
             provider,
             catalog,
             self._cdi,
@@ -238,8 +240,12 @@ class Daemon:
             provider,
             placement,
             proxy_factory,
-            hooks=(*self._hooks, ForgetDevices(self.devices)),
-            pod_network=SandboxPodNetwork(podnet, settings.pods_dir),
+            # the pod's tunnel first: the other hooks see the record it leaves
+            hooks=(
+                PodNetworkHook(SandboxPodNetwork(podnet, settings.pods_dir)),
+                *self._hooks,
+                ForgetDevices(self.devices),
+            ),
             vm_policy=VmPolicy(
                 frozenset(settings.allowed_machine_types), frozenset(settings.allowed_images)
             ).check,
@@ -257,8 +263,7 @@ class Daemon:
 
     async def _provider_and_catalog(self) -> tuple[Provider, Catalog | None]:
         """The provider (built in a thread: a cloud provider may ask the node's instance
-        metadata service) and the catalog its placement selects from (none to load when the
-        placement was given)."""
+        metadata service) and the catalog its placement selects from."""
         settings = self.settings
         provider = self._provider
         if provider is None:
@@ -274,8 +279,8 @@ class Daemon:
                     calls=self._calls,
                 ),
             )
-        if self._placement is not None:
-            return provider, self._placement.catalog
+        if self._catalog is not None:
+            return provider, self._catalog
         catalog = await asyncio.to_thread(catalog_for, provider, settings.catalog_dir)
         return provider, catalog
 

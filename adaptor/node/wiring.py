@@ -10,7 +10,7 @@ from pathlib import Path
 
 from adaptor.devices import CdiConfig, DevicePlan, make_hook
 from adaptor.devices.hook import OutcomeObserver
-from adaptor.hypervisor.sandboxes import SandboxHook
+from adaptor.hypervisor.hooks import SandboxHook
 from adaptor.planning.placement import (
     Placement,
     account_quota_cache,

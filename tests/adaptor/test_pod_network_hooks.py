@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from adaptor.hypervisor import ManagerConfig, SandboxManager
+from adaptor.hypervisor.pod_network import PodNetworkHook
 from adaptor.node.settings import ServeSettings
 from adaptor.planning.placement import Placement
 from adaptor.podnet import PodNetError
@@ -75,10 +76,12 @@ async def parts() -> AsyncIterator[tuple[Path, StateStore]]:
 
 
 def pod_network_manager(
-    config: ManagerConfig, store: StateStore, provider: Any, proxies: Any, hook: Any
+    config: ManagerConfig, store: StateStore, provider: Any, proxies: Any, tunnels: Any
 ) -> SandboxManager:
-    """A manager with the pod network hook and no selection (these tests need none)."""
-    return SandboxManager(config, store, provider, Placement(), proxies, pod_network=hook)
+    """A manager with the pod network hook over `tunnels` and no selection (these tests need
+    none)."""
+    hooks = (PodNetworkHook(tunnels),)
+    return SandboxManager(config, store, provider, Placement(), proxies, hooks=hooks)
 
 
 def manager(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from adaptor.hypervisor import ManagerConfig, SandboxManager
+from adaptor.hypervisor.pod_network import PodNetworkHook
 from adaptor.podnet import PodNet, PodNetSettings, SandboxPodNetwork, Tunnel, TunnelState, _netns
 from adaptor.state import StateStore
 from providers.core.base import Instance, VMSpec
@@ -66,9 +67,9 @@ def manager(root: Path, store: StateStore, pool: VmPool, worker: str) -> Sandbox
 
 async def close(m: SandboxManager) -> None:
     await m.close(0)
-    hook = m.table.pod_network
-    assert isinstance(hook, SandboxPodNetwork)
-    await hook.podnet.close()
+    (hook,) = (h for h in m.table.hooks.hooks if isinstance(h, PodNetworkHook))
+    assert isinstance(hook.tunnels, SandboxPodNetwork)
+    await hook.tunnels.podnet.close()
 
 
 async def test_lifecycle_across_a_restart(topo: Topology, tmp_path: Path) -> None:
