@@ -37,6 +37,7 @@ from webhook._policy import VmChoices, protected_changes
 from webhook._reapply import reapply
 from webhook._resolver import MemoryResolver, Resolver
 from webhook._reviews import AdmissionReview, parse_review, response
+from webhook._settings import POLICY
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class Admission:
         settings: Settings,
         catalog: CatalogSource | None = None,
         resolver: Resolver | None = None,
-        cel_timeout_seconds: float = 5.0,
+        cel_timeout_seconds: float = POLICY.cel_timeout_seconds,
         cel_runner: SelectorRunner | None = None,
         vm_choices: VmChoices | None = None,
     ) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from providers.core.capacity import CAPACITY_TYPES, CapacityType, parse_capacity_types
 from providers.core.errors import AnnotationError, InvalidRequest
 from providers.core.settings import csv
+from webhook._settings import POLICY, AdmissionPolicy
 
 CAPACITY_ANNOTATION = "peerpods.io/capacity-type"
 ANY_NAMESPACE = "*"
@@ -28,7 +29,7 @@ ANY_NAMESPACE = "*"
 class CapacityPolicy:
     """The default capacity type and, per namespace, the types a pod there may ask for."""
 
-    default: CapacityType = CapacityType.ON_DEMAND
+    default: CapacityType = POLICY.default_capacity_type
     # namespace -> allowed types, in order of preference; "*" for namespaces not listed. A
     # namespace covered by neither may ask for any type.
     allowed: Mapping[str, tuple[CapacityType, ...]] = field(default_factory=dict)
@@ -59,6 +60,14 @@ class CapacityPolicy:
                 f"(allowed there: {', '.join(allowed)})",
             )
         return wanted
+
+    @classmethod
+    def of(cls, policy: AdmissionPolicy) -> CapacityPolicy:
+        """The policy as the settings declare it (--default-capacity-type and
+        --namespace-capacity-types); InvalidRequest for a namespace policy that does not parse."""
+        return cls(
+            policy.default_capacity_type, parse_namespace_policy(policy.namespace_capacity_types)
+        )
 
 
 def parse_namespace_policy(text: str) -> dict[str, tuple[CapacityType, ...]]:

@@ -17,6 +17,7 @@ from typing import Any
 from providers.clouds.kube import KubeApiError, KubeClient, KubeConfigError, load_config
 from providers.clouds.kube import path_segment as seg
 from webhook._resolver import LookupFailed, ObjectNotFound
+from webhook._settings import POLICY
 
 GROUP = "resource.k8s.io"
 VERSION = "v1"
@@ -28,7 +29,7 @@ class KubeResolver:
 
     def __init__(
         self,
-        ttl_seconds: float = 30.0,
+        ttl_seconds: float = POLICY.cache_ttl_seconds,
         timeout_seconds: float = 3.0,
         client: KubeClient | None = None,
         max_cached: int = 4096,

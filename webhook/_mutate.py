@@ -62,6 +62,8 @@ from webhook._extended import container_units, is_device_resource
 from webhook._patch import Op, diff
 from webhook._resolver import MemoryResolver, Resolver
 from webhook._resources import container_lists, effective, is_sidecar, pod_resources
+from webhook._sealkeys import SealKeys
+from webhook._settings import POLICY, WebhookPolicy
 
 __all__ = [
     "MutationResult",
@@ -80,14 +82,15 @@ _STRIPPED = ("cpu", "memory")
 
 @dataclass(frozen=True)
 class Settings:
-    """Admission policy. Every field is a flag of `peerpods webhook`."""
+    """Admission policy, built from the declared settings (`Settings.of`, webhook._settings),
+    whose defaults are its own."""
 
     # Pods whose spec.runtimeClassName is one of these are peer pods; others pass untouched.
-    runtime_classes: frozenset[str] = frozenset({"kata-remote"})
+    runtime_classes: frozenset[str] = POLICY.runtime_classes
     # Instance types a user may pin with the machine_type annotation (empty: none).
-    allowed_machine_types: frozenset[str] = frozenset()
+    allowed_machine_types: frozenset[str] = frozenset(POLICY.allowed_machine_types)
     # A GPU request no catalog type can serve: "deny" the pod, or "warn" and admit it.
-    impossible: Literal["deny", "warn"] = "deny"
+    impossible: Literal["deny", "warn"] = POLICY.impossible
     # The capacity type (Spot or on-demand) of a pod, by its annotation and its namespace.
     capacity: CapacityPolicy = field(default_factory=CapacityPolicy)
     # The key of the seal over the contract keys (every replica must share it: `peerpods
@@ -96,6 +99,21 @@ class Settings:
     seal_key: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
     # Other keys whose seals are still recognised (a rotation's previous or next key).
     accepted_seal_keys: tuple[bytes, ...] = field(default=(), repr=False)
+
+    @classmethod
+    def of(cls, policy: WebhookPolicy, keys: SealKeys | None = None) -> Settings:
+        """The policy as the settings declare it, sealing under `keys` (None: a key of its
+        own)."""
+        sealing: dict[str, Any] = {}
+        if keys is not None:
+            sealing = {"seal_key": keys.current, "accepted_seal_keys": keys.accepted}
+        return cls(
+            runtime_classes=policy.runtime_classes,
+            allowed_machine_types=frozenset(policy.allowed_machine_types),
+            impossible=policy.impossible,
+            capacity=CapacityPolicy.of(policy),
+            **sealing,
+        )
 
 
 def is_sealed(settings: Settings, namespace: str, annotations: Mapping[str, str]) -> bool:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from providers.core.contract import CC_INIT_DATA, CDI_PREFIX, DEVICES, IMAGE
+from webhook._settings import POLICY
 
 __all__ = ["PROTECTED_PREFIXES", "VmChoices", "protected_changes"]
 
@@ -28,8 +29,8 @@ class VmChoices:
     """The operator's policy on tenant-chosen pod VM images and initdata (flags of
     `peerpods webhook`: `--vm-image-namespaces`, `--allowed-vm-images`)."""
 
-    namespaces: frozenset[str] = frozenset()  # pods here may set image and cc_init_data
-    images: frozenset[str] = frozenset()  # images any peer pod may set
+    namespaces: frozenset[str] = POLICY.vm_image_namespaces  # pods here may set image, initdata
+    images: frozenset[str] = POLICY.allowed_vm_images  # images any peer pod may set
 
     def disallowed(self, annotations: Mapping[str, str], namespace: str) -> list[tuple[str, str]]:
         """(annotation, why) for each VM choice this pod may not make."""

@@ -49,12 +49,11 @@ from webhook._admission import Admission
 from webhook._celworker import CelWorkers
 from webhook._devices import DeviceSpace
 from webhook._reviews import AdmissionReview, response
+from webhook._settings import ServerSettings
 
 IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MAX_REQUEST_BYTES = 3 * 1024 * 1024  # the API server's own limit on an object is 3 MiB
 
 
 class _TooLarge(Exception):
@@ -78,12 +77,19 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """What one client may take of the server. Every field is a flag of `peerpods webhook`."""
+    """What one client may take of the server: the settings of `ServerConfig` (declared there,
+    webhook._settings) and the thread pools derived from them (`ServerConfig.limits`)."""
 
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    max_connections: int = 256  # open connections; ~0.3 MiB each with TLS
-    header_timeout_seconds: float = 5.0  # connection (or last response) to complete headers
-    body_timeout_seconds: float = 10.0  # headers to complete body (the API server waits <= 30s)
+    max_request_bytes: int
+    max_connections: int  # open connections; ~0.3 MiB each with TLS
+    header_timeout_seconds: float  # connection (or last response) to complete headers
+    body_timeout_seconds: float  # headers to complete body (the API server waits <= 30s)
+    max_connections_per_source: int  # open connections from one address
+    # of max_connections, kept for the API server's addresses (api_server_networks)
+    reserved_connections: int
+    api_server_networks: tuple[IPNetwork, ...]
+    # /mutate answers only clients with a certificate from the client CA (403 otherwise)
+    require_client_cert: bool
     admission_threads: int = 8  # pods that evaluate no selector
     selector_threads: int = 16  # pods that do (they wait on the CEL workers or the API)
     # DRA admissions of one namespace in flight at once (0: three quarters of selector_threads,
@@ -91,12 +97,6 @@ class ServerLimits:
     # them. Most take a millisecond (their selectors' results are cached): the share bounds
     # what slow ones (API lookups, CEL workers) may hold.
     namespace_selector_admissions: int = 0
-    max_connections_per_source: int = 64  # open connections from one address
-    # of max_connections, kept for the API server's addresses (api_server_networks)
-    reserved_connections: int = 32
-    api_server_networks: tuple[IPNetwork, ...] = ()
-    # /mutate answers only clients with a certificate from the client CA (403 otherwise)
-    require_client_cert: bool = False
 
     @property
     def namespace_share(self) -> int:
@@ -163,14 +163,10 @@ class _Pools:
         self.selectors.shutdown(wait=False, cancel_futures=True)
 
 
-def build_app(
-    admission: Admission,
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-    limits: ServerLimits | None = None,
-) -> Starlette:
+def build_app(admission: Admission, limits: ServerLimits | None = None) -> Starlette:
     """The ASGI app: POST /mutate, GET /healthz, GET /metrics (webhook._metrics).
-    `app.state.pools` holds its thread pools."""
-    limits = limits or ServerLimits(max_request_bytes=max_request_bytes)
+    `app.state.pools` holds its thread pools. Without `limits`: the declared defaults'."""
+    limits = limits or ServerConfig().limits
     max_request_bytes = limits.max_request_bytes
     pools = _Pools(limits)
     gate = _SelectorGate(limits)
@@ -468,26 +464,8 @@ class TlsFiles:
             await asyncio.to_thread(self.refresh)
 
 
-@dataclass
-class ServerConfig:
-    host: str = "0.0.0.0"
-    port: int = 8443
-    cert_file: Path = Path("/etc/peerpods/tls/tls.crt")
-    key_file: Path = Path("/etc/peerpods/tls/tls.key")
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    reload_seconds: float = 10.0
-    shutdown_seconds: float = 10.0
-    max_connections: int = 256
-    header_timeout_seconds: float = 5.0
-    body_timeout_seconds: float = 10.0
-    cel_workers: int = 2  # selector worker processes; 0: selectors run in the admission thread
-    max_connections_per_source: int = 64
-    reserved_connections: int = 32
-    api_server_networks: tuple[IPNetwork, ...] = ()
-    # the CA of the API server's client certificate (AdmissionConfiguration kubeConfig); set,
-    # /mutate answers only clients that present one
-    client_ca_file: Path | None = None
-    freeze_gc: bool = True  # see _freeze_gc
+class ServerConfig(ServerSettings):
+    """The server's settings (declared in webhook._settings) and the limits derived from them."""
 
     @property
     def limits(self) -> ServerLimits:

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, IPvAnyNetwork
+from pydantic import Field
 
-from providers.core.capacity import CapacityType
 from providers.core.catalog import ARCHES, CLOUDS
-from providers.core.settings import Flag, Names, Section, listed
-
-NameSet = Annotated[frozenset[str], BeforeValidator(listed)]
+from providers.core.settings import Flag, Section
+from webhook import AdmissionPolicy, ServerSettings, WebhookPolicy
 
 
 class LogSettings(Section):
@@ -115,31 +113,6 @@ class SelectSettings(CatalogChoice, CatalogSource, OutputSettings):
     )
 
 
-class AdmissionPolicy(Section):
-    """What pods may ask for: the webhook enforces it, `peerpods plan` previews it."""
-
-    allowed_machine_types: Annotated[
-        Names, Flag("--allowed-machine-types", metavar="TYPE[,...]")
-    ] = Field(
-        (),
-        description="comma-separated instance types users may pin with the machine_type "
-        "annotation (empty: none)",
-    )
-    default_capacity_type: Annotated[CapacityType, Flag("--default-capacity-type")] = Field(
-        CapacityType.ON_DEMAND,
-        description="capacity type of a pod without the peerpods.io/capacity-type annotation",
-    )
-    namespace_capacity_types: Annotated[
-        str, Flag("--namespace-capacity-types", metavar="NS=TYPE|TYPE[,...]")
-    ] = Field(
-        "",
-        description="capacity types each namespace's pods may ask for, NAMESPACE=TYPE|TYPE[,...] "
-        "with * for every other namespace, e.g. 'ml=spot|spot-or-on-demand,*=on-demand'; a "
-        "namespace's first type is its default when --default-capacity-type is not allowed "
-        "there (empty: any type anywhere)",
-    )
-
-
 class PlanSettings(CatalogChoice, CatalogSource, OutputSettings, AdmissionPolicy):
     """`peerpods plan`: which pod of the manifest, and how much of the ranking to show."""
 
@@ -151,25 +124,10 @@ class PlanSettings(CatalogChoice, CatalogSource, OutputSettings, AdmissionPolicy
     )
 
 
-class WebhookSettings(AdmissionPolicy, CatalogSource):
-    """`peerpods webhook`: the server, its catalog and its policy."""
+class WebhookSettings(ServerSettings, WebhookPolicy, CatalogSource):
+    """`peerpods webhook`: the server and its policy (declared in webhook._settings), and the
+    catalog DRA selectors and impossible requests are checked against."""
 
-    host: Annotated[str, Flag("--host")] = Field("0.0.0.0", description="address to listen on")
-    port: Annotated[int, Flag("--port")] = Field(
-        8443, ge=0, le=65535, description="HTTPS port (0: any free one)"
-    )
-    tls_cert_file: Annotated[str, Flag("--tls-cert-file")] = Field(
-        "/etc/peerpods/tls/tls.crt",
-        description="serving certificate (PEM); re-read when its content changes",
-    )
-    tls_key_file: Annotated[str, Flag("--tls-key-file")] = Field(
-        "/etc/peerpods/tls/tls.key", description="private key of the serving certificate (PEM)"
-    )
-    seal_key_dir: Annotated[str, Flag("--seal-key-dir")] = Field(
-        "/etc/peerpods/seal",
-        description="the contract-seal keys, a mounted Secret: `current` seals, every other file "
-        "is still accepted (rotation: docs/install.md); never derived from the TLS key",
-    )
     provider: Annotated[str, Flag("--provider", choices=("", *CLOUDS))] = Field(
         "",
         description="cloud whose catalog DRA selectors and impossible requests are checked "
@@ -177,86 +135,6 @@ class WebhookSettings(AdmissionPolicy, CatalogSource):
     )
     region: Annotated[str, Flag("--region")] = Field(
         "", description="catalog region (default: the cloud's)"
-    )
-    runtime_classes: Annotated[NameSet, Flag("--runtime-classes")] = Field(
-        frozenset({"kata-remote"}),
-        description="comma-separated runtimeClassNames that make a pod a peer pod",
-    )
-    impossible: Annotated[Literal["deny", "warn"], Flag("--impossible")] = Field(
-        "deny",
-        description="a GPU request no catalog type can serve: deny the pod, or admit it with a "
-        "warning",
-    )
-    max_request_bytes: Annotated[int, Flag("--max-request-bytes")] = Field(
-        3 << 20, gt=0, description="largest AdmissionReview body accepted, bytes"
-    )
-    tls_reload_seconds: Annotated[float, Flag("--tls-reload-seconds", duration=True)] = Field(
-        10.0, gt=0, description="how often the TLS files are checked for new content (duration)"
-    )
-    vm_image_namespaces: Annotated[NameSet, Flag("--vm-image-namespaces")] = Field(
-        frozenset(),
-        description="comma-separated namespaces whose peer pods may choose their pod VM image "
-        "and initdata (the image and cc_init_data annotations); elsewhere both are removed",
-    )
-    allowed_vm_images: Annotated[NameSet, Flag("--allowed-vm-images")] = Field(
-        frozenset(),
-        description="comma-separated pod VM images any peer pod may choose with the image "
-        "annotation",
-    )
-    max_connections: Annotated[int, Flag("--max-connections")] = Field(
-        256, gt=0, description="open connections at most; one more is closed at once"
-    )
-    header_timeout_seconds: Annotated[float, Flag("--header-timeout", duration=True)] = Field(
-        5.0,
-        gt=0,
-        description="a connection must send complete request headers within this (duration)",
-    )
-    body_timeout_seconds: Annotated[float, Flag("--body-timeout", duration=True)] = Field(
-        10.0,
-        gt=0,
-        description="a request body must arrive within this once the headers have (duration; "
-        "else 408)",
-    )
-    cel_timeout_seconds: Annotated[float, Flag("--cel-timeout", duration=True)] = Field(
-        5.0,
-        gt=0,
-        description="wall-clock limit for all DRA selectors of one admission (duration); a pod "
-        "whose selectors run longer is denied",
-    )
-    cel_workers: Annotated[int, Flag("--cel-workers")] = Field(
-        2,
-        ge=0,
-        description="worker processes that evaluate DRA selectors (killed and replaced when one "
-        "runs past --cel-timeout; 0: selectors run in the admission thread)",
-    )
-    max_connections_per_source: Annotated[int, Flag("--max-connections-per-source")] = Field(
-        64,
-        gt=0,
-        description="open connections from one address at most (the API server's networks "
-        "excepted)",
-    )
-    reserved_connections: Annotated[int, Flag("--reserved-connections")] = Field(
-        32,
-        ge=0,
-        description="connections of --max-connections only the API server's networks may use",
-    )
-    api_server_cidrs: Annotated[
-        tuple[IPvAnyNetwork, ...], Flag("--api-server-cidrs"), BeforeValidator(listed)
-    ] = Field(
-        (),
-        description="comma-separated networks the API server connects from (e.g. the control "
-        "plane's range): exempt from the per-address limit, and the reserve is theirs",
-    )
-    client_ca_file: Annotated[str, Flag("--client-ca-file")] = Field(
-        "",
-        description="CA of the API server's client certificate (AdmissionConfiguration "
-        "kubeConfig); set, /mutate answers only clients presenting a certificate it issued "
-        "(empty: any)",
-    )
-    cache_ttl_seconds: Annotated[float, Flag("--cache-ttl", duration=True)] = Field(
-        30.0,
-        ge=0,
-        description="how long claims, templates and device classes read from the API are cached",
     )
 
 

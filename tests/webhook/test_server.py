@@ -3,7 +3,6 @@ a rotated certificate is served without a restart."""
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import socket
 import ssl
@@ -107,7 +106,7 @@ def test_tls_files_unchanged_content_is_not_reloaded(tls_dir: Path, tmp_path: Pa
 def test_listening_socket_disables_nagle(webhook: Running) -> None:
     # Accepted connections inherit TCP_NODELAY: the response body is not held back until the
     # client's delayed ACK of the response head.
-    config = dataclasses.replace(webhook.server.config, port=0)
+    config = webhook.server.config.model_copy(update={"port": 0})
     sock = WebhookServer(Admission(Settings()), config).bind()
     try:
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
