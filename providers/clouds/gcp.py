@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,6 +106,16 @@ class GcpConfig:
 def _on_demand(machine_type: str) -> bool:
     """Whether GCP sells the machine type on demand (providers.core.offers)."""
     return "on-demand" in offer_for("gcp", machine_type).provisioning
+
+
+def _sold_in_market(order: Sequence[Site], spot: bool, capacity: CapacityType) -> list[Site]:
+    """The sites a market pass may try. spot-or-on-demand's on-demand pass skips the shapes GCP
+    does not sell on demand (its Spot ranking may hold them: A3 High 1-4g, A4, A4X, A3 Ultra):
+    creating one on-demand is refused, not short of capacity. An on-demand pod never has them."""
+    fallback = not spot and capacity is CapacityType.SPOT_OR_ON_DEMAND
+    return [
+        p for p in order if not fallback or p.candidate.reservation or _on_demand(p.instance_type)
+    ]
 
 
 def label_value(value: str) -> str:
@@ -436,15 +446,7 @@ class GcpProvider:
             async def one(placement: Site) -> Instance:
                 return await attempt(placement, spot)
 
-            # spot-or-on-demand's on-demand pass skips the shapes GCP does not sell on demand
-            # (its Spot ranking may hold them: A3 High 1-4g, A4, A4X, A3 Ultra): creating one
-            # on-demand is refused, not short of capacity. An on-demand pod never has them.
-            fallback = not spot and spec.capacity_type is CapacityType.SPOT_OR_ON_DEMAND
-            sold = [
-                p
-                for p in order
-                if not fallback or p.candidate.reservation or _on_demand(p.instance_type)
-            ]
+            sold = _sold_in_market(order, spot, spec.capacity_type)
             if not sold:
                 names = ", ".join(dict.fromkeys(p.instance_type for p in order))
                 raise CapacityError(f"{what}: {names} cannot be created on-demand (Spot only)")
