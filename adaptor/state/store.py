@@ -1,8 +1,9 @@
 """Durable sandbox state in SQLite under `--state-dir`.
 
 Every write is committed before the awaiting call returns, so whatever the daemon told Kata
-survives `kill -9`. All SQLite work runs on one dedicated thread that owns the connection: the
-event loop never blocks on disk, and writes are serialized without locks.
+survives `kill -9`. All SQLite work runs on one dedicated thread that owns the connection
+(adaptor.state.thread): the event loop never blocks on disk, and writes are serialized without
+locks.
 
 The journal is a write-ahead log with synchronous=NORMAL: a commit is in the kernel's page cache
 when it returns, and only a checkpoint waits for the disk. A process crash (kill -9, the OOM
@@ -39,7 +40,6 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,6 +49,7 @@ from adaptor.state.records import (
     instance_from_json,
     instance_to_json,
 )
+from adaptor.state.thread import StateThread
 from providers.core.errors import PeerpodsError
 
 T = TypeVar("T")
@@ -101,11 +102,11 @@ class StateStore:
     def __init__(
         self,
         path: Path,
-        executor: ThreadPoolExecutor,
+        thread: StateThread,
         checks: Mapping[str, Callable[[str], object]] | None = None,
     ) -> None:
         self.path = path
-        self._executor = executor
+        self._thread = thread
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self._quarantined: dict[str, str] = {}  # id -> why its row cannot be read
@@ -127,12 +128,12 @@ class StateStore:
         if unknown:
             raise ValueError(f"no checked column {', '.join(sorted(unknown))}")
         directory = Path(state_dir)
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="peerpods-state")
-        store = cls(directory / DB_NAME, executor, checks)
+        thread = StateThread()
+        store = cls(directory / DB_NAME, thread, checks)
         try:
             await store._run(store._open_sync)
         except BaseException:
-            executor.shutdown(wait=True)
+            await asyncio.to_thread(thread.stop)
             raise
         return store
 
@@ -144,7 +145,7 @@ class StateStore:
         try:
             await self._run(self._close_sync)
         finally:
-            await asyncio.to_thread(self._executor.shutdown, True)
+            await asyncio.to_thread(self._thread.stop)
 
     # --- sandboxes -------------------------------------------------------------------------------
 
@@ -199,9 +200,8 @@ class StateStore:
     # --- the worker thread -----------------------------------------------------------------------
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, fn, *args)
+            return await self._thread.call(fn, *args)
         except sqlite3.Error as exc:
             raise StateError(f"state database {self.path}: {exc}") from exc
 
