@@ -571,7 +571,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown snapshot {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    for name in args.names or list(known):
+    names = args.names or list(known)
+    if not args.names and rows is None:  # all but the regions made from the price lists
+        listed = {f"azure-{r}" for r in AZURE_SOURCE_REGIONS}
+        listed |= {f"gcp-{r}" for r in GCP_SOURCE_REGIONS}
+        names = [n for n in names if n not in listed]
+        print("the list-made Azure and GCP regions need --source-rows: left as they are")
+    for name in names:
         try:
             made = known[name]()
         except PeerpodsError as exc:
