@@ -11,7 +11,6 @@ sources); a type without a price is ranked by an estimate from its GPUs (provide
 from __future__ import annotations
 
 import csv
-import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,7 +55,6 @@ def _cell(value: str | None) -> float | None:
     return price
 
 
-@functools.cache
 def _read(path: Path) -> Mapping[str, Price]:
     table: dict[str, Price] = {}
     try:
