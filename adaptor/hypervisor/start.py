@@ -31,7 +31,7 @@ from adaptor.runtime import metrics
 from adaptor.runtime.logs import bind_sandbox
 from adaptor.state import SandboxRecord, SandboxState
 from providers.core.base import Instance
-from providers.core.contract import parse_vm_annotations
+from providers.core.contract import VMIntent, parse_vm_annotations
 from providers.core.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,7 @@ class Starts:
         table = self.table
         check_sandbox_id(sandbox_id)
         table.called.add(sandbox_id)
-        intent = parse_vm_annotations(annotations)
-        table.vm_policy(intent)
+        intent = _checked_intent(annotations, table)
         bind_sandbox(sandbox_id, f"{intent.pod_namespace}/{intent.pod_name}")
         path = str(table.socket_path(sandbox_id))
         if len(path.encode()) > MAX_SOCKET_PATH_BYTES:
@@ -77,6 +76,7 @@ class Starts:
                 agent_socket=path,
             )
             await self._record(record)
+            table.intents[sandbox_id] = intent
         log.info(
             "sandbox %s recorded for pod %s/%s", sandbox_id, intent.pod_namespace, intent.pod_name
         )
@@ -165,8 +165,9 @@ class Starts:
         """Step 1: the typed plan (selection, quota). A refusal leaves the sandbox failed."""
         table = self.table
         try:
-            intent = parse_vm_annotations(record.annotations)
-            table.vm_policy(intent)
+            intent = table.intents.pop(record.id, None)
+            if intent is None:
+                intent = _checked_intent(record.annotations, table)
             return await table.placement.plan(intent, record.id)
         except BaseException as exc:
             table.placement.release(record.id)
@@ -247,3 +248,10 @@ class Starts:
             self.teardowns.failed_start(record, instance, proxy, reason), name=f"abort-{record.id}"
         )
         await asyncio.shield(teardown)
+
+
+def _checked_intent(annotations: Mapping[str, str], table: SandboxTable) -> VMIntent:
+    """The pod's VM intent from its annotations, within the node's VM policy."""
+    intent = parse_vm_annotations(annotations)
+    table.vm_policy(intent)
+    return intent

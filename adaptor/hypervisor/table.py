@@ -77,6 +77,9 @@ class SandboxTable:
         self.vm_policy = vm_policy or (lambda _intent: None)
         self.proxy_factory = proxies
         self.proxies: dict[str, AgentProxyHandle] = {}
+        # intents CreateVM parsed and checked, until their StartVM (or teardown) takes them: a
+        # sandbox recorded by an earlier process is parsed again from its annotations
+        self.intents: dict[str, VMIntent] = {}
         self.starts: dict[str, set[asyncio.Task[None]]] = {}
         self.stops: dict[str, Stop] = {}
         # sandboxes a hypervisor call named since start (a shim that is still there)

@@ -230,6 +230,7 @@ class Teardowns:
         else:
             self._owed.pop(record.id, None)
         table.placement.release(record.id)
+        table.intents.pop(record.id, None)
         await table.hooks.sandbox_gone(record.id)
 
     # --- a start that failed once its VM existed -------------------------------------------------

@@ -21,6 +21,7 @@ import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from adaptor.devices import CdiNaming, DevicePlan, plan_devices
 from adaptor.runtime import metrics
@@ -73,7 +74,8 @@ class PlanCandidate:
 
 @dataclass(frozen=True)
 class Plan:
-    """StartVM's decision for one sandbox: candidates best first, and their device plans."""
+    """StartVM's decision for one sandbox: candidates best first, and their device plans (those
+    the VM is told, by GPU model, worked out when the plan is made: `by_model`)."""
 
     sandbox_id: str
     intent: VMIntent
@@ -85,6 +87,11 @@ class Plan:
     _devices: dict[int, DevicePlan | InvalidRequest] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # GPU model -> the device plan a VM of that model applies (`devices_by_model`)
+    by_model: Mapping[str, DevicePlan] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_model", MappingProxyType(self.devices_by_model()))
 
     def vm_candidates(self) -> tuple[VMCandidate, ...]:
         """The candidates as the provider takes them."""

@@ -194,7 +194,7 @@ class PodVmUserData:
         """What the VM is told: TLS material, pod network, the device layouts by GPU model."""
         pki = self.pki
         pair = pki.issue_server(record.id) if pki is not None else None
-        plans = plan.devices_by_model()
+        plans = plan.by_model
         setups = [GpuSetup.from_plan(devices) for devices in plans.values()]
         extra = tuple(
             (
