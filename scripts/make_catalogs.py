@@ -18,9 +18,8 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -227,8 +226,7 @@ _GPU_RANGE = (0.9, 1.5)
 PRICES_DIR = ROOT / "providers" / "snapshots" / "prices"
 
 
-@dataclass(frozen=True)
-class SourceRow:
+class SourceRow(NamedTuple):
     """One type (or `gpu:` row) in one region of the price list."""
 
     zones: tuple[str, ...]  # zone suffixes (GCP)
@@ -236,8 +234,7 @@ class SourceRow:
     spot: float | None
 
 
-@dataclass(frozen=True)
-class Figure:
+class Figure(NamedTuple):
     """A composed price, or None with why not."""
 
     value: float | None
@@ -397,8 +394,7 @@ def _azure_price(rows: SourceRows, base: InstanceType, region: str, spot: bool) 
     return Figure(value, region)
 
 
-@dataclass(frozen=True)
-class Regional:
+class Regional(NamedTuple):
     """A region's catalog with its price rows and its gaps."""
 
     catalog: Catalog
