@@ -7,11 +7,12 @@ grpc.Health/Check at a time, a new one 10 ms after each answer. A successor `ser
 and takes everything over; the predecessor exits.
 
 Printed, over the sandboxes: the longest a probe waited for its answer during the hand-off
-(the pause that connection saw) as p50/p99/max; the probe latency before it (the baseline); the
-hand-off's wall time from the successor's exec to the predecessor's exit (Python's start
-included, which the shims do not see: the predecessor serves until the successor asks); and
-whether every shim connection stayed open with no failed call. Exits 1 on a failed call or a
-closed connection.
+(the pause that connection saw, from the successor's Hello, as the predecessor logs it, to the
+predecessor's exit) as p50/p99/max; the same from the successor's exec instead (its Python start
+included: the predecessor serves meanwhile, but on a machine with few cores the start slows
+everyone down); the probe latency before it (the baseline); the hand-off's wall time from the
+successor's exec to the predecessor's exit; and whether every shim connection stayed open with
+no failed call. Exits 1 on a failed call or a closed connection.
 
     python tests/bench/handoff.py [--sandboxes 100] [--rounds 1]
 """
@@ -27,6 +28,8 @@ sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import argparse
 import asyncio
+import datetime
+import json
 import statistics
 import tempfile
 import time
@@ -36,6 +39,17 @@ from tests.adaptor.fake_agent import FakeShim
 from tests.adaptor.handoff_rig import running_node
 
 PROBE_GAP_SECONDS = 0.01
+ASKED = "asks to take over"  # the predecessor's log line at the successor's Hello
+
+
+def asked_at(log: Path) -> float:
+    """When (time.time()) the predecessor heard the successor's Hello, from its JSON log."""
+    for line in log.read_text(errors="replace").splitlines():
+        if ASKED in line:
+            stamp = json.loads(line)["time"]
+            moment = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ")
+            return moment.replace(tzinfo=datetime.UTC).timestamp()
+    raise RuntimeError(f"{log}: the predecessor never logged {ASKED!r}")
 
 
 class Prober:
@@ -85,11 +99,15 @@ async def main(sandboxes: int, rounds: int) -> int:
             tasks = [asyncio.create_task(p.run()) for p in probers]
             await asyncio.sleep(1.0)
             for round_ in range(1, rounds + 1):
-                before = time.monotonic()
+                assert node.serve is not None
+                predecessor_log = node.serve.logs[-1]
+                before, before_wall = time.monotonic(), time.time()
                 await node.hand_off()
                 after = time.monotonic()
                 await asyncio.sleep(0.5)  # the probes in flight at the end are answered
-                pauses = [p.longest_wait(before, after) for p in probers]
+                asked = before + asked_at(predecessor_log) - before_wall
+                pauses = [p.longest_wait(asked, after) for p in probers]
+                from_exec = [p.longest_wait(before, after) for p in probers]
                 baseline = [v for p in probers for v in p.latencies(before)]
                 closed = sum(not shim.open for shim in node.shims)
                 errors = [e for p in probers for e in p.errors] + [
@@ -97,6 +115,7 @@ async def main(sandboxes: int, rounds: int) -> int:
                 ]
                 print(f"hand-off {round_}/{rounds}: {sandboxes} sandboxes")
                 print(f"  no answer (pause)  {ms(pauses)}")
+                print(f"  from exec          {ms(from_exec)}")
                 print(f"  probe before       {ms(baseline)}")
                 print(f"  wall time          {after - before:.2f} s (exec to old one exiting)")
                 print(f"  connections closed {closed}, failed calls {len(errors)}")
