@@ -213,7 +213,11 @@ class Predialed:
         if entry is None:
             return None
         serving, task = entry
-        await task  # its failure is the manager's to log, as an adoption's
+        try:
+            await task
+        except BaseException:  # the manager logs it, as any adoption's failure
+            await serving.stop()
+            raise
         if serving is not proxy:  # the manager made another proxy: this one must not stay
             await serving.stop()
             raise RuntimeError(f"sandbox {sandbox_id}: served by another proxy")
@@ -309,9 +313,9 @@ class Session:
             loop.call_soon_threadsafe(arrived, sandbox_id, moved)
 
         try:
+            # `arrived` runs for every sandbox received before this returns or raises
             inherited = await asyncio.to_thread(_receive_offer, channel, from_thread)
         except BaseException:
-            await asyncio.sleep(0)  # sandboxes still on their way to `arrived`
             for moved in later.values():
                 moved.close()
             if self._predialed is not None:
@@ -324,10 +328,10 @@ class Session:
                 inherited.proxies[sandbox_id] = moved
         inherited.predialed = self._predialed
         log.info(
-            "hand-off: took over from pid %d: %d sandbox(es), %d shim connection(s)",
+            "hand-off: took over from pid %d: %d sandbox(es), %d served as they came",
             inherited.predecessor_pid,
-            len(inherited.proxies),
-            sum(len(m.shims) for m in inherited.proxies.values()),
+            len(seen | set(inherited.proxies)),
+            len(seen) - len(later),
         )
         return inherited
 
