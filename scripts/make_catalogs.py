@@ -310,8 +310,8 @@ def _gcp_price(
     if not _same(check, kept):
         return Figure(
             None,
-            f"the list's {recorded} figure for the type ({check}) is not the bundled {recorded} "
-            f"one ({kept}), so its {region} figure is not taken",
+            f"the list's {recorded} figure for the type ({_rounded(check)}) is not the bundled "
+            f"{recorded} one ({kept}), so its {region} figure is not taken",
         )
     if not spot and one is not None and check_one:
         ratio = one / check_one
