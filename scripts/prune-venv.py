@@ -3,7 +3,8 @@
 The dependencies bring more than peerpods uses: the Azure SDKs' asyncio clients, botocore's
 models of some 400 AWS services when peerpods calls EC2, Service Quotas and the credential
 services, google-cloud-compute's clients of some 130 Compute Engine APIs when peerpods calls
-four, test folders, and debug information in compiled extensions (uvloop's alone is 12 MB).
+four, test folders, and debug information in compiled extensions (uvloop's alone is 12 MB); and
+the dependencies' sources are replaced by their bytecode (one copy of the code, not two).
 Each removal is named below with the reason it is safe; a path that is not there is skipped (an
 extra not installed). Run it with the environment's own python: what it changed is imported
 afterwards, and a failed import fails the build rather than the image.
@@ -14,6 +15,7 @@ afterwards, and a failed import fails the build rather than the image.
 from __future__ import annotations
 
 import ast
+import py_compile
 import re
 import shutil
 import subprocess
@@ -38,6 +40,8 @@ COMPUTE_SERVICES = frozenset({"instances", "regions", "machine_types", "accelera
 SERVICE_IMPORT = re.compile(r"compute_v1\.services(?:\.| import )(\w+)")
 # A compiled extension with debug information carries this section name.
 DEBUG_SECTION = b".debug_info"
+# Left as sources: pip and setuptools (pip installs peerpods after this, then leaves the image).
+KEEP_SOURCES = frozenset({"pip", "setuptools", "pkg_resources", "_distutils_hack"})
 
 
 def prune(site: Path) -> tuple[int, list[str]]:
@@ -57,6 +61,7 @@ def prune(site: Path) -> tuple[int, list[str]]:
         prune_compute_services(site / COMPUTE_V1, COMPUTE_SERVICES)
         check.append("google.cloud.compute_v1")
     check += strip_debug_information(site)
+    to_bytecode(site)
     return before - _size(site), check
 
 
@@ -124,6 +129,34 @@ def strip_debug_information(site: Path) -> list[str]:
         parts = path.relative_to(site).parts
         modules.append(".".join((*parts[:-1], parts[-1].split(".", 1)[0])))
     return modules
+
+
+def to_bytecode(site: Path) -> int:
+    """Replace each dependency's Python sources by their bytecode beside them (what Python imports
+    when no source is there): the image carries one copy of the code, not two, and no process
+    compiles it as it starts. Tracebacks through these modules give file and line, no text. A
+    source that does not compile stays. The sources replaced."""
+    replaced = 0
+    for source in sorted(site.rglob("*.py")):
+        top = source.relative_to(site).parts[0]
+        if top in KEEP_SOURCES or "__pycache__" in source.parts:
+            continue
+        try:
+            py_compile.compile(
+                str(source),
+                cfile=str(source.with_suffix(".pyc")),
+                dfile=str(source),
+                doraise=True,
+                invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+            )
+        except py_compile.PyCompileError:
+            continue
+        source.unlink()
+        replaced += 1
+    for cache in list(site.rglob("__pycache__")):
+        if cache.relative_to(site).parts[0] not in KEEP_SOURCES:
+            shutil.rmtree(cache)
+    return replaced
 
 
 def check_imports(modules: list[str]) -> None:

@@ -100,8 +100,9 @@ def test_prune_venv_removes_only_what_peerpods_never_imports(tmp_path: Path) -> 
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert [n for n in keep if not (site / n).exists()] == []
-    assert [n for n in gone if (site / n).exists()] == []
+    # kept (a Python source as its bytecode: test_prune_venv_ships_the_dependencies_as_bytecode)
+    assert [n for n in keep if not (site / n).exists() and not _compiled(site / n)] == []
+    assert [n for n in gone if (site / n).exists() or _compiled(site / n)] == []
     assert (site / "somepkg").is_dir()
     assert done.stdout.startswith("prune-venv: 0 MiB removed")
     usage = subprocess.run(
@@ -185,6 +186,41 @@ def test_prune_venv_strips_debug_information_and_the_module_still_imports(tmp_pa
     assert done.stdout.endswith("; 1 modules import\n"), done.stdout  # imported from the copy
     assert b".debug_info" not in extension.read_bytes()
     assert extension.stat().st_size < before / 2
+
+
+def test_prune_venv_ships_the_dependencies_as_bytecode(tmp_path: Path) -> None:
+    """One copy of the code (bytecode, where Python imports it with no source beside it); pip,
+    which installs peerpods afterwards, keeps its sources; what does not compile stays."""
+    site = tmp_path / "site-packages"
+    files = {
+        "dep/__init__.py": "VALUE = 1\n",
+        "dep/sub.py": "def answer() -> int:\n    return 42\n",
+        "dep/template.py": "this is not Python {{ }}\n",
+        "pip/__init__.py": "",
+        "single.py": "NAME = 'single'\n",
+    }
+    for name, text in files.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    (site / "dep" / "__pycache__").mkdir()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "prune-venv.py"), str(site)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    left = sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file())
+    assert left == [
+        "dep/__init__.pyc", "dep/sub.pyc", "dep/template.py", "pip/__init__.py", "single.pyc",
+    ]  # fmt: skip
+    imported = subprocess.run(
+        [sys.executable, "-B", "-c", "import dep.sub as d, single as s; print(d.answer(), s.NAME)"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(site)},
+    )  # fmt: skip
+    assert imported.stdout == "42 single\n", imported.stderr
+
+
+def _compiled(source: Path) -> bool:
+    return source.suffix == ".py" and source.with_suffix(".pyc").exists()
 
 
 def _prune_module() -> Any:
