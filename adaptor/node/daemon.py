@@ -232,9 +232,30 @@ class Daemon:
         if self._taking is not None:  # a take-over dials the pod VMs before the sockets move
             proxy_factory = self._taking.predialing(proxy_factory)
         podnet = await self._start_pod_network(store)
+        self.manager = self._sandbox_manager(provider, placement, store, proxy_factory, pki, podnet)
+        await self._recover(self.manager)
+        self._start_loops(self.manager, provider, placement, store)
+        await self._start_status(placement, store)
+        await self._serve_hypervisor(self.manager)
+        self._advertise()
+        log.info(
+            "serving hypervisor.Hypervisor on %s (provider %s)", settings.socket, provider.name
+        )
+
+    def _sandbox_manager(
+        self,
+        provider: Provider,
+        placement: Placement,
+        store: StateStore,
+        proxy_factory: ProxyFactory,
+        pki: AdaptorPKI | None,
+        podnet: PodNet,
+    ) -> SandboxManager:
+        """The sandbox lifecycle over its fully built parts: placement, user data, hooks."""
+        settings = self.settings
         # the pod VM's user data (static and local VMs are configured by whoever made them)
         user_data = PodVmUserData(provider.name, pki, settings.pods_dir)
-        self.manager = SandboxManager(
+        return SandboxManager(
             ManagerConfig.of(settings),
             store,
             provider,
@@ -251,14 +272,6 @@ class Daemon:
             ).check,
             user_data=user_data.build if provider.name in CLOUDS else None,
             on_abandoned=self.abandoned.add,
-        )
-        await self._recover(self.manager)
-        self._start_loops(self.manager, provider, placement, store)
-        await self._start_status(placement, store)
-        await self._serve_hypervisor(self.manager)
-        self._advertise()
-        log.info(
-            "serving hypervisor.Hypervisor on %s (provider %s)", settings.socket, provider.name
         )
 
     async def _provider_and_catalog(self) -> tuple[Provider, Catalog | None]:
