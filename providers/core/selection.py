@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Final, NamedTuple, get_args
 
-from providers.core.catalog import RESERVED, Catalog, InstanceType, Provisioning
+from providers.core.catalog import RESERVED, AttachableGpu, Catalog, InstanceType, Provisioning
 from providers.core.errors import NoMatch
 from providers.core.estimates import catalog_gpu_rates, estimate_price, gpu_hourly_usd
 from providers.core.gpus import GPU_MODELS, models_matching
@@ -357,9 +357,22 @@ class _Matcher:
         )
 
     def check(self, t: InstanceType) -> _Fit | Rejection:
-        """The fit of one type, or the first check it fails."""
-        request = self.request
-        fit = _NO_FIT
+        """The fit of one type, or the first check it fails (stages in order: GPU, host, offering,
+        policy)."""
+        fit = self._gpu_stage(t)
+        if isinstance(fit, Rejection):
+            return fit
+        rejection = self._host_rejection(t)
+        if rejection is not None:
+            return rejection
+        fit = self._offered_fit(t, fit)
+        if isinstance(fit, Rejection):
+            return fit
+        rejection = self._policy_rejection(t)
+        return fit if rejection is None else rejection
+
+    def _gpu_stage(self, t: InstanceType) -> _Fit | Rejection:
+        """The GPU checks: the GPUs a type has or can attach, then the product forms allowed."""
         if self.wants_gpu and not t.attachable_gpus:  # the common shape: bundled GPUs or none
             g = t.gpu
             if g is None:
@@ -369,50 +382,67 @@ class _Matcher:
                 return Rejection(t.name, *verdict[1:])
             fit = verdict
         elif self.wants_gpu:
-            options: list[_Fit | Rejection] = []
-            if t.gpu is not None:
-                g = t.gpu
-                options.append(self.gpu_fit(g.model, g.count, g.memory_mib, g.fraction, ()))
-            for a in t.attachable_gpus:
-                if request.zone and a.zones and request.zone not in a.zones:
-                    reason = f"{a.model} cannot be attached in zone {request.zone}"
-                    options.append(Rejection(t.name, reason, OFFERED, a.model))
-                    continue
-                verdict = self.gpu_fit(a.model, 0, a.memory_mib, 1.0, a.counts)
-                if a.zones and isinstance(verdict, _Fit):  # only some zones have this GPU
-                    where = tuple(z for z in a.zones if not t.zones or z in t.zones)
-                    if request.zone:
-                        where = tuple(z for z in where if z == request.zone)
-                    if not where:
-                        reason = f"{a.model} cannot be attached in any zone offering {t.name}"
-                        options.append(Rejection(t.name, reason, OFFERED, a.model))
-                        continue
-                    verdict = replace(verdict, zones=where)
-                options.append(verdict)
-            if not options:
-                return Rejection(t.name, "no GPU", NO_GPU)
-            fits = [o for o in options if isinstance(o, _Fit)]
-            if not fits:
-                worst = max((o for o in options if isinstance(o, Rejection)), key=_stage)
-                return Rejection(t.name, worst.reason, worst.stage, worst.gpu_model, worst.have)
-            # the cheapest GPU to attach (list price, else its reference rate), then the fewest
-            per_gpu = {a.model: a.price_per_hour for a in t.attachable_gpus}
-
-            def attached_cost(f: _Fit) -> tuple[float, int, int, str]:
-                model = f.gpu_model or ""
-                rate = per_gpu.get(model)
-                cost = f.attach * (rate if rate is not None else gpu_hourly_usd(model))
-                return (round(cost, 6), f.gpus, f.gpu_memory_mib, model)
-
-            fit = min(fits, key=attached_cost)
-        elif t.gpu is not None and not request.instance_type:  # named explicitly: take it
+            chosen = self._attached_fit(t)
+            if isinstance(chosen, Rejection):
+                return chosen
+            fit = chosen
+        elif t.gpu is not None and not self.request.instance_type:  # named explicitly: take it
             return Rejection(t.name, f"has {t.gpu.count} {t.gpu.model}, no GPU requested", NO_GPU)
+        else:
+            fit = _NO_FIT
         if self.products and fit.gpu_model is not None:
             product = product_name(self.cloud, t.name, fit.gpu_model)
             if product_key(product) not in self.products:
                 wanted = "|".join(sorted(self.products))
                 reason = f"its {fit.gpu_model} is an {product!r}, not one of {wanted}"
                 return Rejection(t.name, reason, GPU_MODEL, fit.gpu_model)
+        return fit
+
+    def _attached_fit(self, t: InstanceType) -> _Fit | Rejection:
+        """The best of a type's GPU options (bundled, or each attachable model), or why none
+        serves."""
+        options: list[_Fit | Rejection] = []
+        if t.gpu is not None:
+            g = t.gpu
+            options.append(self.gpu_fit(g.model, g.count, g.memory_mib, g.fraction, ()))
+        options.extend(self._attachable_option(t, a) for a in t.attachable_gpus)
+        if not options:
+            return Rejection(t.name, "no GPU", NO_GPU)
+        fits = [o for o in options if isinstance(o, _Fit)]
+        if not fits:
+            worst = max((o for o in options if isinstance(o, Rejection)), key=_stage)
+            return Rejection(t.name, worst.reason, worst.stage, worst.gpu_model, worst.have)
+        # the cheapest GPU to attach (list price, else its reference rate), then the fewest
+        per_gpu = {a.model: a.price_per_hour for a in t.attachable_gpus}
+
+        def attached_cost(f: _Fit) -> tuple[float, int, int, str]:
+            model = f.gpu_model or ""
+            rate = per_gpu.get(model)
+            cost = f.attach * (rate if rate is not None else gpu_hourly_usd(model))
+            return (round(cost, 6), f.gpus, f.gpu_memory_mib, model)
+
+        return min(fits, key=attached_cost)
+
+    def _attachable_option(self, t: InstanceType, a: AttachableGpu) -> _Fit | Rejection:
+        """One attachable GPU model's verdict for a type, narrowed to the zones that have it."""
+        request = self.request
+        if request.zone and a.zones and request.zone not in a.zones:
+            reason = f"{a.model} cannot be attached in zone {request.zone}"
+            return Rejection(t.name, reason, OFFERED, a.model)
+        verdict = self.gpu_fit(a.model, 0, a.memory_mib, 1.0, a.counts)
+        if a.zones and isinstance(verdict, _Fit):  # only some zones have this GPU
+            where = tuple(z for z in a.zones if not t.zones or z in t.zones)
+            if request.zone:
+                where = tuple(z for z in where if z == request.zone)
+            if not where:
+                reason = f"{a.model} cannot be attached in any zone offering {t.name}"
+                return Rejection(t.name, reason, OFFERED, a.model)
+            verdict = replace(verdict, zones=where)
+        return verdict
+
+    def _host_rejection(self, t: InstanceType) -> Rejection | None:
+        """The host checks: architecture, RDMA, vCPUs, memory."""
+        request = self.request
         if t.arch != request.arch:
             return Rejection(t.name, f"{t.arch}, the image is {request.arch}", ARCH)
         if request.rdma and not t.rdma:
@@ -426,6 +456,12 @@ class _Matcher:
         if t.memory_mib < request.memory_mib:
             reason = f"{_mib(t.memory_mib)} memory, need {_mib(request.memory_mib)}"
             return Rejection(t.name, reason, MEMORY, have=t.memory_mib)
+        return None
+
+    def _offered_fit(self, t: InstanceType, fit: _Fit) -> _Fit | Rejection:
+        """The offering checks (confidential or not, sold the pod's way, zone, region); the fit
+        narrowed to the zones that sell it."""
+        request = self.request
         if t.confidential != request.confidential:
             reason = (
                 "a confidential VM size, only for a pod that asks for confidential computing"
@@ -447,11 +483,15 @@ class _Matcher:
             return Rejection(t.name, f"not offered in zone {request.zone}", OFFERED)
         if self.has_zones and not t.zones:
             return Rejection(t.name, "not offered in this region", OFFERED)
+        return fit
+
+    def _policy_rejection(self, t: InstanceType) -> Rejection | None:
+        """The operator's allow and deny lists."""
         if self.deny is not None and self.deny.match(t.name):
             return Rejection(t.name, "denied by --deny", POLICY)
         if self.allow is not None and not self.allow.match(t.name):
             return Rejection(t.name, "not in the allow list", POLICY)
-        return fit
+        return None
 
 
 _SOLD = ("sold only as", "a confidential VM size", "not a confidential VM size")
@@ -724,18 +764,7 @@ def _summarise(
             return f"no type offers MIG profile {', '.join(missing)}"
         return f"no GPU model offers every MIG profile of {_mig(request.mig)}"
     if furthest == GPU_COUNT:
-        model = near[0].gpu_model
-        largest = max(r.have for r in near if r.gpu_model == model)
-        if request.mig:
-            return (
-                f"MIG devices {_mig(request.mig)} need more {model} GPUs than the largest "
-                f"type has, {largest}"
-            )
-        if not request.gpu_models:
-            # any model was asked for: the largest type of every model is the bound
-            largest = max(r.have for r in near)
-            return f"{request.gpus} GPUs of any model exceed the largest GPU type, {largest}"
-        return f"{request.gpus} {model} GPUs exceed the largest type, {largest}"
+        return _too_many_gpus(request, near)
     if furthest == ARCH:
         return f"only {names} match, and not for {request.arch} images"
     if furthest == RDMA:
@@ -749,17 +778,38 @@ def _summarise(
             f"{_mib(request.memory_mib)} memory exceeds the largest matching type, {_mib(largest)}"
         )
     if furthest == OFFERED:
-        sold = [r for r in near if r.reason.startswith(_SOLD)]
-        if sold:
-            listed = ", ".join(r.name for r in sold[:3]) + (", ..." if len(sold) > 3 else "")
-            if not sold[0].reason.startswith("sold only as"):  # confidential or not
-                return f"the matching types cannot serve this pod ({listed}: {sold[0].reason})"
-            return f"the matching types are not sold {request.provisioning} ({listed}: " + (
-                sold[0].reason + ")"
-            )
-        where = f"zone {request.zone}" if request.zone else "this region"
-        return f"no matching type is offered in {where} ({names})"
+        return _not_offered(request, near, names)
     return f"the matching types ({names}) are excluded by the allow/deny lists"
+
+
+def _too_many_gpus(request: InstanceRequest, near: Sequence[Rejection]) -> str:
+    """Why the GPU count stopped every type: the largest type's GPUs are the bound."""
+    model = near[0].gpu_model
+    largest = max(r.have for r in near if r.gpu_model == model)
+    if request.mig:
+        return (
+            f"MIG devices {_mig(request.mig)} need more {model} GPUs than the largest "
+            f"type has, {largest}"
+        )
+    if not request.gpu_models:
+        # any model was asked for: the largest type of every model is the bound
+        largest = max(r.have for r in near)
+        return f"{request.gpus} GPUs of any model exceed the largest GPU type, {largest}"
+    return f"{request.gpus} {model} GPUs exceed the largest type, {largest}"
+
+
+def _not_offered(request: InstanceRequest, near: Sequence[Rejection], names: str) -> str:
+    """Why the offering stopped every type: not sold the pod's way, or not in its zone."""
+    sold = [r for r in near if r.reason.startswith(_SOLD)]
+    if sold:
+        listed = ", ".join(r.name for r in sold[:3]) + (", ..." if len(sold) > 3 else "")
+        if not sold[0].reason.startswith("sold only as"):  # confidential or not
+            return f"the matching types cannot serve this pod ({listed}: {sold[0].reason})"
+        return f"the matching types are not sold {request.provisioning} ({listed}: " + (
+            sold[0].reason + ")"
+        )
+    where = f"zone {request.zone}" if request.zone else "this region"
+    return f"no matching type is offered in {where} ({names})"
 
 
 class Selector:
@@ -804,50 +854,62 @@ def rdma_devices(t: InstanceType) -> int:
 
 def _scan(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
     """The fits in rank order. Cheap necessary conditions first; `check` decides the rest."""
+    if not matcher.wants_gpu:
+        return _scan_without_gpus(index, matcher)
+    return _scan_with_gpus(index, matcher)
+
+
+def _scan_without_gpus(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
+    """The fits of a request without GPUs: every condition of `check` inline, over all rows."""
     request = matcher.request
-    vcpus, memory, arch, rdma, zone, nics, sold_as = (
+    vcpus, memory, arch, rdma, zone, nics = (
         request.vcpus,
         request.memory_mib,
         request.arch,
         request.rdma,
         request.zone,
         request.rdma_devices,
-        request.provisioning,
     )
     allow, deny = matcher.allow, matcher.deny
     fits: list[tuple[InstanceType, _Fit]] = []
-    if not matcher.wants_gpu:
-        not_sold = frozenset[str].intersection(
-            *(index.not_sold.get(way, frozenset()) for way in matcher.ways)
-        )
-        special = index.special
-        # Every condition of `check` for a request without GPUs, inline.
-        for t, vc, mem, a, rd, zones, offered, model, _count, _attach in index.rows:
-            if (
-                vc >= vcpus
-                and mem >= memory
-                and a == arch
-                and model is None
-                and offered
-                and (rd or not rdma)
-                and (nics <= 1 or rdma_devices(t) >= nics)
-                and (not zone or not zones or zone in zones)
-                and (deny is None or not deny.match(t.name))
-                and (allow is None or allow.match(t.name))
-            ):
-                if not_sold and t.name in not_sold:
-                    continue
-                if special and t.name in special:
-                    verdict = matcher.check(t)
-                    if not isinstance(verdict, Rejection):
-                        fits.append((t, verdict))
-                    continue
-                fits.append((t, _NO_FIT))
-        if sold_as == "spot":  # the index is in on-demand order
-            rates = index.rates
-            fits.sort(key=lambda pair: _rank_key(pair[0], pair[1], rates, True))
-        return fits
+    not_sold = frozenset[str].intersection(
+        *(index.not_sold.get(way, frozenset()) for way in matcher.ways)
+    )
+    special = index.special
+    for t, vc, mem, a, rd, zones, offered, model, _count, _attach in index.rows:
+        if (
+            vc >= vcpus
+            and mem >= memory
+            and a == arch
+            and model is None
+            and offered
+            and (rd or not rdma)
+            and (nics <= 1 or rdma_devices(t) >= nics)
+            and (not zone or not zones or zone in zones)
+            and (deny is None or not deny.match(t.name))
+            and (allow is None or allow.match(t.name))
+        ):
+            if not_sold and t.name in not_sold:
+                continue
+            if special and t.name in special:
+                verdict = matcher.check(t)
+                if not isinstance(verdict, Rejection):
+                    fits.append((t, verdict))
+                continue
+            fits.append((t, _NO_FIT))
+    if request.provisioning == "spot":  # the index is in on-demand order
+        rates = index.rates
+        fits.sort(key=lambda pair: _rank_key(pair[0], pair[1], rates, True))
+    return fits
+
+
+def _scan_with_gpus(index: _Index, matcher: _Matcher) -> list[tuple[InstanceType, _Fit]]:
+    """The fits of a request for GPUs: the GPU rows past the cheap conditions, each checked."""
+    request = matcher.request
+    vcpus, memory, arch, rdma = request.vcpus, request.memory_mib, request.arch, request.rdma
+    sold_as = request.provisioning
     models = matcher.models
+    fits: list[tuple[InstanceType, _Fit]] = []
     reorder = False
     for t, vc, mem, a, rd, _zones, offered, model, _count, attach in index.gpu_rows:
         if vc < vcpus or mem < memory or a != arch or not offered or (rdma and not rd):
