@@ -101,6 +101,7 @@ class AgentProxy:
         self._stopped = False
         # shim connections stopped for a hand-off (their sockets move to the successor)
         self._frozen: list[_ShimConnection] = []
+        self._finished: _Upstream | None = None  # the pod VM connection a hand-off finished
         self._listener: socket.socket | None = None
         self.last_error = "not connected yet"
 
@@ -195,8 +196,10 @@ class AgentProxy:
         if self._dialing is not None and not self._dialing.done():
             self._dialing.cancel()
         upstream, self._upstream = self._upstream, None
-        if upstream is not None:
-            await upstream.close()
+        finished, self._finished = self._finished, None  # a hand-off's, if it broke off
+        for connection in (upstream, finished):
+            if connection is not None:
+                await connection.close()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._server is not None:
@@ -234,7 +237,7 @@ class AgentProxy:
         if upstream is not None:
             await upstream.finish(MOVE_LINGER_SECONDS)
             upstream.pending.clear()  # the successor sends these again
-            await upstream.close()
+            self._finished = upstream  # closed by `release`: the sockets need not wait for it
         await asyncio.gather(*(shim.flush(grace_seconds) for shim in self._frozen))
         listener = socket.socket(fileno=os.dup(self._listener.fileno()))
         moved = MovedProxy(listener)
@@ -286,6 +289,9 @@ class AgentProxy:
         for shim in self._frozen:
             shim.close_quietly()
         self._frozen = []
+        finished, self._finished = self._finished, None
+        if finished is not None:
+            await finished.close()
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
