@@ -130,6 +130,7 @@ def map_error(exc: BaseException, what: str) -> ProviderError:
         NoCredentialsError,
         NoRegionError,
     )
+    from botocore.parsers import ResponseParserError
 
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
@@ -145,7 +146,8 @@ def map_error(exc: BaseException, what: str) -> ProviderError:
         return ProviderError(message)
     if isinstance(exc, NoCredentialsError | NoRegionError):
         return ProviderError(f"{what}: {exc} (set credentials by the AWS SDK's default chain)")
-    if isinstance(exc, ConnectionError | HTTPClientError):
+    if isinstance(exc, ConnectionError | HTTPClientError | ResponseParserError):
+        # an answer that is not EC2's (an overloaded endpoint's or a proxy's error page)
         return TransientError(f"{what}: {exc}")
     if isinstance(exc, BotoCoreError):
         return ProviderError(f"{what}: {exc}")
@@ -441,7 +443,15 @@ class AwsProvider:
         return await self._by_sandbox.get(sandbox_id)
 
     async def _find_many(self, sandbox_ids: list[str]) -> dict[str, dict[str, Any]]:
-        found = await self._describe_owned([{"Name": f"tag:{TAG_SANDBOX}", "Values": sandbox_ids}])
+        found: list[dict[str, Any]] = []
+
+        async def once() -> None:
+            tagged = [{"Name": f"tag:{TAG_SANDBOX}", "Values": sandbox_ids}]
+            found[:] = await self._describe_owned(tagged)
+
+        # retried here: this one call's transient failure would fail every create it carries
+        what = f"look for the VMs of {len(sandbox_ids)} sandbox(es)"
+        await retry_transient(what, once, self.config.policy)
         owned: dict[str, dict[str, Any]] = {}
         for raw in found:
             tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}

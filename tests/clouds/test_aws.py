@@ -397,3 +397,30 @@ async def test_concurrent_deletes_share_their_calls_and_keep_refusals_apart(
     # one each, so each refusal is its own instance's alone)
     shared = [p for a, p in faults.calls if a == "TerminateInstances" and "InstanceId.2" in p]
     assert len(shared) == 1 and {forbidden, vms[4].id} <= set(shared[0].values()), shared
+
+
+async def test_a_shared_lookup_that_fails_for_a_moment_fails_none_of_its_creates(
+    ec2: Any, policy: RetryPolicy, sleeps: Sleeps
+) -> None:
+    aws = provider(ec2, policy)
+    budget = iter(range(1))
+
+    def once_busy(action: str, params: dict[str, str]) -> str | None:
+        looks = action == "DescribeInstances" and not by_instance_id(action, params)
+        return "InternalError" if looks and next(budget, None) is not None else None
+
+    faults = Faults([once_busy])
+    faults.install(ec2)
+    vms = await asyncio.gather(*(aws.create(spec(80 + n)) for n in range(6)))
+    assert len({vm.id for vm in vms}) == 6
+    assert faults.injected == [("DescribeInstances", "InternalError")] and len(sleeps.delays) == 1
+
+
+def test_an_answer_that_is_not_ec2s_is_transient() -> None:
+    from botocore.parsers import ResponseParserError
+
+    from providers.clouds.aws import map_error
+    from providers.core.errors import TransientError
+
+    error = map_error(ResponseParserError("invalid XML received"), "list owned instances")
+    assert isinstance(error, TransientError) and "list owned instances" in str(error)
