@@ -31,7 +31,7 @@ from providers.core.errors import Fault, InvalidRequest, PeerpodsError
 from webhook._catalog_view import CatalogView
 from webhook._devices import SelectorLimits, SelectorRunner
 from webhook._metrics import observe
-from webhook._mutate import Settings, is_sealed, mutate_pod
+from webhook._mutate import MutationResult, Settings, is_sealed, mutate_pod
 from webhook._patch import diff
 from webhook._policy import VmChoices, protected_changes
 from webhook._reapply import reapply
@@ -167,15 +167,22 @@ class Admission:
             # the exception's text may quote a claim or template: only its class goes back
             message = f"peerpods: the pod cannot be admitted as written ({type(exc).__name__})"
             return response(uid, allowed=False, code=400, message=message)
+        return self._admitted(uid, pod, result, request.namespace, name)
+
+    def _admitted(
+        self, uid: str, pod: dict[str, Any], result: MutationResult, namespace: str, name: str
+    ) -> dict[str, Any]:
+        """The answer admitting a pod: its patch, less the VM image/initdata annotations of a
+        peer pod that the operator's policy does not allow (each removal a warning)."""
         patch, warnings = result.patch, list(result.warnings)
         if result.intent is not None:  # a peer pod: the operator decides its VM image/initdata
             annotations = result.pod.get("metadata", {}).get("annotations") or {}
-            refused = self.vm_choices.disallowed(annotations, request.namespace)
+            refused = self.vm_choices.disallowed(annotations, namespace)
             if refused:
                 for key, why in refused:
                     del annotations[key]
                     warnings.append(f"annotation {key} removed: {why} (operator policy)")
-                    log.info("pod %s/%s: %s removed: %s", request.namespace, name, key, why)
+                    log.info("pod %s/%s: %s removed: %s", namespace, name, key, why)
                 patch = diff(pod, result.pod)
         return response(uid, patch=patch, warnings=warnings)
 

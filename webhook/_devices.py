@@ -266,69 +266,8 @@ class DeviceSpace:
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
-        whole: set[tuple[str, str, int]] = set()  # (model, product, MiB)
-        shares: dict[tuple[str, str], set[tuple[int, float]]] = {}  # -> (share MiB, fraction)
-        self.max_count: dict[str, int] = {}
-        for itype in catalog.types:
-            gpus = [
-                (a.model, a.memory_mib, max(a.counts, default=1), 1.0)
-                for a in itype.attachable_gpus
-            ]
-            if itype.gpu is not None:
-                g = itype.gpu
-                gpus.append((g.model, g.memory_mib, g.count, g.fraction))
-            for model, mib, count, fraction in gpus:
-                if model not in GPU_MODELS or GPU_MODELS[model].vendor != "NVIDIA":
-                    continue  # unknown, AMD, Habana: no gpu.nvidia.com device a pod can get
-                product = product_name(catalog.cloud, itype.name, model)
-                mib = mib or GPU_MODELS[model].memory_mib
-                if fraction < 1:
-                    # a partitioned GPU reports the memory of its share (as selection reads it)
-                    shares.setdefault((model, product), set()).add((mib, fraction))
-                    continue
-                whole.add((model, product, mib))
-                self.max_count[model] = max(self.max_count.get(model, 0), count)
-        devices: list[VirtualDevice] = []
-        for model, product, mib in sorted(whole):
-            devices.append(
-                VirtualDevice(
-                    f"gpu/{model}/{product}/{mib}",
-                    "gpu",
-                    model,
-                    mib,
-                    product=product,
-                    activation=_activation("gpu", model, mib, product),
-                )
-            )
-            for spec in profiles_for(model).values():
-                pmib = profile_memory_mib(spec.name)
-                devices.append(
-                    VirtualDevice(
-                        f"mig/{model}/{product}/{mib}/{spec.name}",
-                        "mig",
-                        model,
-                        pmib,
-                        spec.name,
-                        product,
-                        activation=_activation("mig", model, pmib, product, spec.name),
-                    )
-                )
-        for (model, product), sizes in sorted(shares.items()):
-            offered = {m for m, _ in sizes}
-            whole_mib = [m for w, p, m in whole if (w, p) == (model, product)]
-            full = max(whole_mib, default=max(round(m / f) for m, f in sizes))
-            valid = tuple(sorted(offered | ({full} if whole_mib else set())))
-            devices.append(
-                VirtualDevice(
-                    f"shared/{model}/{product}/{full}",
-                    "gpu",
-                    model,
-                    full,
-                    product=product,
-                    policy=RequestPolicy(default_mib=full, valid_values=valid),
-                    activation=_activation("gpu", model, full, product, shared=True),
-                )
-            )
+        whole, shares, self.max_count = _gpus_offered(catalog)
+        devices = _whole_devices(whole) + _shared_devices(whole, shares)
         self.devices = tuple(devices)
         self.models = frozenset(d.model for d in devices)
         self.products = frozenset((d.model, d.product) for d in devices if d.kind == "gpu")
@@ -456,3 +395,87 @@ class DeviceSpace:
             ids &= accepted
             error = error or err
         return Match(tuple(d for d in self.devices if d.id in ids)), error
+
+
+_Whole = set[tuple[str, str, int]]  # (model, product, MiB) of every whole GPU offered
+_Shares = dict[tuple[str, str], set[tuple[int, float]]]  # (model, product) -> (MiB, fraction)
+
+
+def _gpus_offered(catalog: Catalog) -> tuple[_Whole, _Shares, dict[str, int]]:
+    """The NVIDIA GPUs a catalog's types have or attach: whole ones, shares of one, and the
+    most of each model one type holds."""
+    whole: _Whole = set()
+    shares: _Shares = {}
+    max_count: dict[str, int] = {}
+    for itype in catalog.types:
+        gpus = [
+            (a.model, a.memory_mib, max(a.counts, default=1), 1.0) for a in itype.attachable_gpus
+        ]
+        if itype.gpu is not None:
+            g = itype.gpu
+            gpus.append((g.model, g.memory_mib, g.count, g.fraction))
+        for model, mib, count, fraction in gpus:
+            if model not in GPU_MODELS or GPU_MODELS[model].vendor != "NVIDIA":
+                continue  # unknown, AMD, Habana: no gpu.nvidia.com device a pod can get
+            product = product_name(catalog.cloud, itype.name, model)
+            mib = mib or GPU_MODELS[model].memory_mib
+            if fraction < 1:
+                # a partitioned GPU reports the memory of its share (as selection reads it)
+                shares.setdefault((model, product), set()).add((mib, fraction))
+                continue
+            whole.add((model, product, mib))
+            max_count[model] = max(max_count.get(model, 0), count)
+    return whole, shares, max_count
+
+
+def _whole_devices(whole: _Whole) -> list[VirtualDevice]:
+    """A device per whole GPU offered, each followed by its MIG partitions."""
+    devices: list[VirtualDevice] = []
+    for model, product, mib in sorted(whole):
+        devices.append(
+            VirtualDevice(
+                f"gpu/{model}/{product}/{mib}",
+                "gpu",
+                model,
+                mib,
+                product=product,
+                activation=_activation("gpu", model, mib, product),
+            )
+        )
+        for spec in profiles_for(model).values():
+            pmib = profile_memory_mib(spec.name)
+            devices.append(
+                VirtualDevice(
+                    f"mig/{model}/{product}/{mib}/{spec.name}",
+                    "mig",
+                    model,
+                    pmib,
+                    spec.name,
+                    product,
+                    activation=_activation("mig", model, pmib, product, spec.name),
+                )
+            )
+    return devices
+
+
+def _shared_devices(whole: _Whole, shares: _Shares) -> list[VirtualDevice]:
+    """A shareable device per GPU offered in shares: its capacity the whole GPU's memory, the
+    values a claim may ask for the shares offered (and the whole, where one is offered)."""
+    devices: list[VirtualDevice] = []
+    for (model, product), sizes in sorted(shares.items()):
+        offered = {m for m, _ in sizes}
+        whole_mib = [m for w, p, m in whole if (w, p) == (model, product)]
+        full = max(whole_mib, default=max(round(m / f) for m, f in sizes))
+        valid = tuple(sorted(offered | ({full} if whole_mib else set())))
+        devices.append(
+            VirtualDevice(
+                f"shared/{model}/{product}/{full}",
+                "gpu",
+                model,
+                full,
+                product=product,
+                policy=RequestPolicy(default_mib=full, valid_values=valid),
+                activation=_activation("gpu", model, full, product, shared=True),
+            )
+        )
+    return devices

@@ -397,6 +397,20 @@ def _translate(
         claims = choose(translation, view, request_for)
         warnings.extend(translation.warnings)
     gpu = _vm_gpu(init, app, per_container, claims, all_models)
+    plan = _container_plan(init, named, per_container, claims, all_models)
+    intent = PodIntent(resources.vcpus, resources.memory_mib, gpu, machine_type)
+    return intent, plan
+
+
+def _container_plan(
+    init: list[dict[str, Any]],
+    named: list[tuple[dict[str, Any], str]],
+    per_container: dict[int, list[DeviceUnit]],
+    claims: list[ClaimUnit],
+    all_models: frozenset[str],
+) -> ContainerPlan:
+    """Which devices each container gets: its own resources' units and the claims it names
+    (a claim's models kept only where they narrow the catalog's)."""
     by_claim: dict[str, list[ClaimUnit]] = {}
     for claim in claims:
         by_claim.setdefault(claim.claim, []).append(claim)
@@ -415,7 +429,7 @@ def _translate(
     # reused, which the plan can only know from the order (providers.core.contract).
     phased = [c for c in init if str(c.get("name", "")) in containers]
     try:
-        plan = ContainerPlan(
+        return ContainerPlan(
             units=tuple(units),
             containers=containers,
             init=tuple(str(c.get("name", "")) for c in phased),
@@ -423,8 +437,6 @@ def _translate(
         )
     except ValueError as exc:
         raise InvalidRequest(f"device plan: {exc}") from None
-    intent = PodIntent(resources.vcpus, resources.memory_mib, gpu, machine_type)
-    return intent, plan
 
 
 def _existing_intent(
@@ -475,6 +487,34 @@ def _asks_confidential(annotations: Mapping[str, str]) -> bool:
     return value == "true"
 
 
+def _machine_type(annotations: Mapping[str, str], settings: Settings) -> str:
+    """The instance type the pod names, if any; one the settings do not allow is refused."""
+    machine_type = annotations.get(MACHINE_TYPE, "").strip()
+    if machine_type and machine_type not in settings.allowed_machine_types:
+        allowed = ", ".join(sorted(settings.allowed_machine_types)) or "none are allowed"
+        raise InvalidRequest(
+            f"annotation {MACHINE_TYPE}: instance type {machine_type!r} is not allowed "
+            f"(allowed: {allowed})"
+        )
+    return machine_type
+
+
+def _readmitted_intent(
+    kept: dict[str, str], machine_type: str, capacity: CapacityType
+) -> tuple[PodIntent, ContainerPlan]:
+    """The intent a sealed pod carries, under the capacity type the policy gives it now;
+    `kept` (its annotations) is updated where that capacity type differs from the one held."""
+    intent, plan = _existing_intent(kept, machine_type)
+    intent = replace(intent, capacity_type=capacity)
+    if decode_capacity_type(kept.get(DEFAULT_GPU_MODEL, "")) is not capacity:
+        # The capacity type is the policy's answer now, whatever the value held.
+        kept.pop(DEFAULT_GPU_MODEL, None)
+        encoded = encode_gpu_model(intent.gpu, capacity)
+        if encoded:
+            kept[DEFAULT_GPU_MODEL] = encoded
+    return intent, plan
+
+
 def mutate_pod(
     pod: Pod,
     *,
@@ -498,26 +538,13 @@ def mutate_pod(
         return MutationResult(patch=[], pod=pod)
     annotations = _annotations(pod)
     namespace = namespace or str((pod.get("metadata") or {}).get("namespace") or "default")
-    machine_type = annotations.get(MACHINE_TYPE, "").strip()
-    if machine_type and machine_type not in settings.allowed_machine_types:
-        allowed = ", ".join(sorted(settings.allowed_machine_types)) or "none are allowed"
-        raise InvalidRequest(
-            f"annotation {MACHINE_TYPE}: instance type {machine_type!r} is not allowed "
-            f"(allowed: {allowed})"
-        )
+    machine_type = _machine_type(annotations, settings)
     capacity = settings.capacity.resolve(namespace, annotations)
     warnings: list[str] = []
     mutated = copy.deepcopy(pod)
     kept = {k: v for k, v in annotations.items() if not k.startswith(CDI_PREFIX)}
     if _looks_mutated(pod, annotations, settings, namespace):
-        intent, plan = _existing_intent(kept, machine_type)
-        intent = replace(intent, capacity_type=capacity)
-        if decode_capacity_type(kept.get(DEFAULT_GPU_MODEL, "")) is not capacity:
-            # The capacity type is the policy's answer now, whatever the value held.
-            kept.pop(DEFAULT_GPU_MODEL, None)
-            encoded = encode_gpu_model(intent.gpu, capacity)
-            if encoded:
-                kept[DEFAULT_GPU_MODEL] = encoded
+        intent, plan = _readmitted_intent(kept, machine_type, capacity)
     else:
         refuse_hugepages(pod)
         intent, plan = _translate(

@@ -167,51 +167,46 @@ def build_app(admission: Admission, limits: ServerLimits | None = None) -> Starl
     """The ASGI app: POST /mutate, GET /healthz, GET /metrics (webhook._metrics).
     `app.state.pools` holds its thread pools. Without `limits`: the declared defaults'."""
     limits = limits or ServerConfig().limits
-    max_request_bytes = limits.max_request_bytes
     pools = _Pools(limits)
     gate = _SelectorGate(limits)
+    mutate = _MutateRoute(admission, limits, pools, gate)
+    app = Starlette(
+        routes=[
+            Route("/mutate", mutate.handle, methods=["POST"]),
+            Route("/healthz", _healthz, methods=["GET"]),
+            Route("/metrics", _metrics, methods=["GET"]),
+        ]
+    )
+    app.state.pools = pools
+    app.state.selector_gate = gate
+    return app
 
-    def plain(body: bytes) -> tuple[AdmissionReview, dict[str, Any] | None]:
-        """Parse, and decide at once unless the pod needs the selector pool (one thread hop)."""
-        review = admission.parse(body)
-        if admission.needs_selectors(review):
-            return review, None
-        return review, admission.decide(review)
 
-    async def mutate(request: Request) -> Response:
+class _MutateRoute:
+    """POST /mutate: the client checked, the body read within its limits, then the review
+    decided in the thread pools (plain pods in one, pods that evaluate selectors in the other)."""
+
+    def __init__(
+        self, admission: Admission, limits: ServerLimits, pools: _Pools, gate: _SelectorGate
+    ) -> None:
+        self.admission = admission
+        self.limits = limits
+        self.pools = pools
+        self.gate = gate
+
+    async def handle(self, request: Request) -> Response:
         arrived = time.monotonic()  # the CEL time limit counts from here, queueing included
+        limits = self.limits
         if limits.require_client_cert and not getattr(request.state, "client_verified", False):
             return PlainTextResponse(
                 "a client certificate from the configured client CA is required\n",
                 status_code=403,
             )
+        body = await self._read(request)
+        if isinstance(body, Response):
+            return body
         try:
-            async with asyncio.timeout(limits.body_timeout_seconds):
-                body = await _read_body(request, max_request_bytes)
-        except _TooLarge:
-            return PlainTextResponse(
-                f"request body exceeds {max_request_bytes} bytes\n", status_code=413
-            )
-        except TimeoutError:
-            return PlainTextResponse(
-                f"request body not received within {limits.body_timeout_seconds:g}s\n",
-                status_code=408,
-            )
-        loop = asyncio.get_running_loop()
-        try:
-            review, answer = await loop.run_in_executor(pools.plain, plain, body)
-            if answer is None:  # the pod evaluates selectors: its namespace's share, or refused
-                namespace = review.request.namespace
-                refused = gate.enter(namespace)
-                if refused:
-                    answer = response(review.request.uid, allowed=False, code=429, message=refused)
-                else:
-                    try:
-                        answer = await loop.run_in_executor(
-                            pools.selectors, admission.decide, review, arrived
-                        )
-                    finally:
-                        gate.leave(namespace)
+            answer = await self._answer(body, arrived)
         except InvalidRequest as exc:
             return PlainTextResponse(f"{exc}\n", status_code=400)
         except Exception:
@@ -219,26 +214,58 @@ def build_app(admission: Admission, limits: ServerLimits | None = None) -> Starl
             return PlainTextResponse("internal error\n", status_code=500)
         return Response(json.dumps(answer, separators=(",", ":")), media_type="application/json")
 
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+    async def _read(self, request: Request) -> bytes | Response:
+        """The request body, or the response refusing it (too large, or too slow)."""
+        limits = self.limits
+        try:
+            async with asyncio.timeout(limits.body_timeout_seconds):
+                return await _read_body(request, limits.max_request_bytes)
+        except _TooLarge:
+            return PlainTextResponse(
+                f"request body exceeds {limits.max_request_bytes} bytes\n", status_code=413
+            )
+        except TimeoutError:
+            return PlainTextResponse(
+                f"request body not received within {limits.body_timeout_seconds:g}s\n",
+                status_code=408,
+            )
 
-    async def metrics(request: Request) -> Response:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    async def _answer(self, body: bytes, arrived: float) -> dict[str, Any]:
+        """The admission response: decided in the plain pool, or, for a pod that evaluates
+        selectors, in the selector pool within its namespace's share (else refused with 429)."""
+        loop = asyncio.get_running_loop()
+        review, answer = await loop.run_in_executor(self.pools.plain, self._plain, body)
+        if answer is not None:
+            return answer
+        namespace = review.request.namespace
+        refused = self.gate.enter(namespace)
+        if refused:
+            return response(review.request.uid, allowed=False, code=429, message=refused)
+        try:
+            return await loop.run_in_executor(
+                self.pools.selectors, self.admission.decide, review, arrived
+            )
+        finally:
+            self.gate.leave(namespace)
 
-        from webhook._metrics import REGISTRY
+    def _plain(self, body: bytes) -> tuple[AdmissionReview, dict[str, Any] | None]:
+        """Parse, and decide at once unless the pod needs the selector pool (one thread hop)."""
+        review = self.admission.parse(body)
+        if self.admission.needs_selectors(review):
+            return review, None
+        return review, self.admission.decide(review)
 
-        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
-    app = Starlette(
-        routes=[
-            Route("/mutate", mutate, methods=["POST"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-        ]
-    )
-    app.state.pools = pools
-    app.state.selector_gate = gate
-    return app
+async def _healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def _metrics(request: Request) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    from webhook._metrics import REGISTRY
+
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 
 class _Connections:
