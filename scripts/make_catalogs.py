@@ -414,60 +414,13 @@ def regional(cloud: str, region: str, rows: SourceRows) -> Regional:
         row = rows.get((b.name, region))
         if row is None:
             continue
-        zones = tuple(f"{region}-{z}" for z in row.zones) if cloud == "gcp" else ()
-        t = apply_offer(cloud, b.model_copy(update={"zones": zones, "attachable_gpus": ()}))
-        attached: dict[str, tuple[Figure, Figure]] = {}
-        if cloud == "gcp":
-            found, attached = _gcp_attached(rows, b, t, region)
-            t = t.model_copy(update={"attachable_gpus": found})
-            od, spot = (_gcp_price(rows, b, t, region, s) for s in (False, True))
-        else:
-            od, spot = (_azure_price(rows, b, region, s) for s in (False, True))
-        if "on-demand" not in t.provisioning:
-            od = Figure(None, "")
-        if "spot" not in t.provisioning:
-            spot = Figure(None, "")
-        t = t.model_copy(update={"price_per_hour": od.value, "spot_price_per_hour": spot.value})
-        plain = _GCP_GPU_ROWS.get(t.name.rsplit("-", 1)[0]) == _GCP_PER_GPU.get(
-            t.gpu.model if t.gpu else ""
-        )
-        if t.gpu is not None and od.value is not None and plain:
-            one = _gcp_figure(rows, t, region, False)[2]
-            if one is not None:
-                gpu_prices.setdefault(t.gpu.model, _rounded(one))
+        t, od, spot, attached = _priced(cloud, region, rows, b, row)
         types.append(t)
-        if od.value is not None or spot.value is not None:
-            notes = [
-                f"on demand {od.note}" if od.value is not None else "",
-                f"Spot {spot.note}" if spot.value is not None else "",
-            ]
-            price_rows.append(
-                (t.name, od.value, spot.value, f"{source}: " + "; ".join(n for n in notes if n))
-            )
-        for model, (a_od, a_spot) in attached.items():
-            if a_od.value is not None or a_spot.value is not None:
-                price_rows.append(
-                    (
-                        f"gpu:{model}",
-                        a_od.value,
-                        a_spot.value,
-                        f"{source}: {a_od.note or a_spot.note}",
-                    )
-                )
-                if a_od.value is not None:
-                    gpu_prices.setdefault(model, a_od.value)
-        missing, why = [], []
-        a_od_gap = [f for f, _ in attached.values() if f.value is None]
-        a_spot_gap = [f for _, f in attached.values() if f.value is None]
-        if "on-demand" in t.provisioning and (od.value is None or a_od_gap):
-            missing.append("on-demand")
-            why += [f.note for f in [od, *a_od_gap] if f.value is None and f.note]
-        if "spot" in t.provisioning and (spot.value is None or a_spot_gap):
-            missing.append("spot")
-            why += [f.note for f in [spot, *a_spot_gap] if f.value is None and f.note]
-        if (t.gpu is not None or t.attachable_gpus) and missing:
-            reasons = "; ".join(dict.fromkeys(why))
-            gaps.append((t.name, " ".join(missing), f"{source}: {reasons}"))
+        _note_gpu_prices(gpu_prices, rows, t, od, attached, region)
+        price_rows += _price_rows(t, od, spot, attached, source)
+        gap = _gap(t, od, spot, attached, source)
+        if gap is not None:
+            gaps.append(gap)
     if not any(t.gpu or t.attachable_gpus for t in types):
         raise PeerpodsError(f"the list names no GPU type of {RECORDED[cloud]} in {region}")
     catalog = Catalog(
@@ -479,6 +432,93 @@ def regional(cloud: str, region: str, rows: SourceRows) -> Regional:
     )
     unique = {r[0]: r for r in price_rows}
     return Regional(catalog, tuple(unique[k] for k in sorted(unique)), tuple(gaps))
+
+
+_Attached = dict[str, tuple[Figure, Figure]]  # GPU model -> (on-demand, Spot) to attach one
+
+
+def _priced(
+    cloud: str, region: str, rows: SourceRows, b: InstanceType, row: SourceRow
+) -> tuple[InstanceType, Figure, Figure, _Attached]:
+    """A recorded type as the list offers it in `region`: its zones and attachable GPUs there,
+    its on-demand and Spot figures (none for a way it is not sold), its GPUs' to attach."""
+    zones = tuple(f"{region}-{z}" for z in row.zones) if cloud == "gcp" else ()
+    t = apply_offer(cloud, b.model_copy(update={"zones": zones, "attachable_gpus": ()}))
+    attached: _Attached = {}
+    if cloud == "gcp":
+        found, attached = _gcp_attached(rows, b, t, region)
+        t = t.model_copy(update={"attachable_gpus": found})
+        od, spot = (_gcp_price(rows, b, t, region, s) for s in (False, True))
+    else:
+        od, spot = (_azure_price(rows, b, region, s) for s in (False, True))
+    if "on-demand" not in t.provisioning:
+        od = Figure(None, "")
+    if "spot" not in t.provisioning:
+        spot = Figure(None, "")
+    t = t.model_copy(update={"price_per_hour": od.value, "spot_price_per_hour": spot.value})
+    return t, od, spot, attached
+
+
+def _note_gpu_prices(
+    gpu_prices: dict[str, float],
+    rows: SourceRows,
+    t: InstanceType,
+    od: Figure,
+    attached: _Attached,
+    region: str,
+) -> None:
+    """The per-GPU rates a priced type shows, each model's first kept: a type whose GPUs the
+    list prices at the plain per-GPU rate, and the GPUs it attaches."""
+    plain = _GCP_GPU_ROWS.get(t.name.rsplit("-", 1)[0]) == _GCP_PER_GPU.get(
+        t.gpu.model if t.gpu else ""
+    )
+    if t.gpu is not None and od.value is not None and plain:
+        one = _gcp_figure(rows, t, region, False)[2]
+        if one is not None:
+            gpu_prices.setdefault(t.gpu.model, _rounded(one))
+    for model, (a_od, _) in attached.items():
+        if a_od.value is not None:
+            gpu_prices.setdefault(model, a_od.value)
+
+
+def _price_rows(
+    t: InstanceType, od: Figure, spot: Figure, attached: _Attached, source: str
+) -> list[tuple[str, float | None, float | None, str]]:
+    """The price CSV's rows for a type and for each GPU it attaches, where one has a figure."""
+    found: list[tuple[str, float | None, float | None, str]] = []
+    if od.value is not None or spot.value is not None:
+        notes = [
+            f"on demand {od.note}" if od.value is not None else "",
+            f"Spot {spot.note}" if spot.value is not None else "",
+        ]
+        found.append(
+            (t.name, od.value, spot.value, f"{source}: " + "; ".join(n for n in notes if n))
+        )
+    for model, (a_od, a_spot) in attached.items():
+        if a_od.value is not None or a_spot.value is not None:
+            found.append(
+                (f"gpu:{model}", a_od.value, a_spot.value, f"{source}: {a_od.note or a_spot.note}")
+            )
+    return found
+
+
+def _gap(
+    t: InstanceType, od: Figure, spot: Figure, attached: _Attached, source: str
+) -> tuple[str, str, str] | None:
+    """A GPU type's line of unpriced.csv: the ways it is sold that have no figure, and why."""
+    missing, why = [], []
+    a_od_gap = [f for f, _ in attached.values() if f.value is None]
+    a_spot_gap = [f for _, f in attached.values() if f.value is None]
+    if "on-demand" in t.provisioning and (od.value is None or a_od_gap):
+        missing.append("on-demand")
+        why += [f.note for f in [od, *a_od_gap] if f.value is None and f.note]
+    if "spot" in t.provisioning and (spot.value is None or a_spot_gap):
+        missing.append("spot")
+        why += [f.note for f in [spot, *a_spot_gap] if f.value is None and f.note]
+    if (t.gpu is not None or t.attachable_gpus) and missing:
+        reasons = "; ".join(dict.fromkeys(why))
+        return (t.name, " ".join(missing), f"{source}: {reasons}")
+    return None
 
 
 def _cell(value: float | None) -> str:
