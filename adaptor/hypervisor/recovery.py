@@ -27,6 +27,10 @@ from providers.core.base import Instance
 
 log = logging.getLogger(__name__)
 
+# At a hand-off (adaptor.node.handoff): serves a recovered sandbox's inherited agent sockets with
+# the proxy made for it, or answers False to have the proxy start afresh.
+Adopt = Callable[[str, AgentProxyHandle], Awaitable[bool]]
+
 # Sandboxes recovered side by side at a restart or take-over (each opens a socket, maybe a netns).
 RECOVER_CONCURRENCY = 64
 
@@ -37,21 +41,18 @@ class Recovery:
     def __init__(self, table: SandboxTable, teardowns: Teardowns) -> None:
         self.table = table
         self.teardowns = teardowns
-        # At a hand-off (adaptor.node.handoff): serves a recovered sandbox's inherited agent
-        # sockets with the proxy made for it, or answers False to have the proxy start afresh.
-        self.adopt: Callable[[str, AgentProxyHandle], Awaitable[bool]] | None = None
 
-    async def recover(self) -> None:
+    async def recover(self, adopt: Adopt | None = None) -> None:
         """Serve again the agent sockets of sandboxes that were running before a restart, and
         finish the teardowns a StopVM had asked for; the sandboxes whose pod is gone are torn
-        down."""
+        down. At a take-over, `adopt` serves a sandbox's inherited sockets."""
         records = await self.table.store.records()
         gone: list[str] = []
         limit = asyncio.Semaphore(RECOVER_CONCURRENCY)
 
         async def one(record: SandboxRecord) -> None:
             async with limit:
-                if not await self._recover_one(record):
+                if not await self._recover_one(record, adopt):
                     gone.append(record.id)
 
         async with asyncio.TaskGroup() as group:
@@ -67,7 +68,7 @@ class Recovery:
         stop = self.teardowns.begin_stop(sandbox_id, cancel_start=False)
         await self.teardowns.settled(stop)
 
-    async def _recover_one(self, record: SandboxRecord) -> bool:
+    async def _recover_one(self, record: SandboxRecord, adopt: Adopt | None) -> bool:
         """Recover one sandbox from its record (False: its pod netns is gone)."""
         table = self.table
         try:
@@ -91,17 +92,19 @@ class Recovery:
             # A preempted sandbox's socket is served too: the preemption watcher makes it
             # answer every call with why (adaptor.hypervisor.preemption).
             with sandbox_context(record.id, f"{record.pod_namespace}/{record.pod_name}"):
-                await self._reserve(record, record.instance)
+                await self._reserve(record, record.instance, adopt)
         return True
 
-    async def _reserve(self, record: SandboxRecord, instance: Instance) -> None:
+    async def _reserve(
+        self, record: SandboxRecord, instance: Instance, adopt: Adopt | None
+    ) -> None:
         """Serve the running sandbox's agent socket again (or adopt a predecessor's)."""
         table = self.table
         try:
             host, port = table.default_endpoint(instance)
             socket = Path(record.agent_socket)
             proxy = table.proxy_factory(record, str(socket), host, port)
-            if self.adopt is None or not await self.adopt(record.id, proxy):
+            if adopt is None or not await adopt(record.id, proxy):
                 await asyncio.to_thread(prepare_socket_dir, socket)
                 await proxy.start()
         except Exception as exc:

@@ -20,7 +20,7 @@ hands the teardown to a task the manager owns.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from adaptor.hypervisor.collaborators import (
@@ -107,15 +107,6 @@ class SandboxManager:
     @property
     def provider(self) -> Provider:
         return self.table.provider
-
-    @property
-    def adopt(self) -> Callable[[str, AgentProxyHandle], Awaitable[bool]] | None:
-        """At a hand-off: serves a recovered sandbox's inherited agent sockets (the daemon's)."""
-        return self.recovery.adopt
-
-    @adopt.setter
-    def adopt(self, adopt: Callable[[str, AgentProxyHandle], Awaitable[bool]] | None) -> None:
-        self.recovery.adopt = adopt
 
     def serving(self, sandbox_id: str) -> bool:
         """Whether this process serves the sandbox's agent socket now."""

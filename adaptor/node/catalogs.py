@@ -2,35 +2,65 @@
 CronJob writes, config/catalog-refresh), a catalog rewritten while `serve` runs is used from the
 next StartVM on, without a restart. The reloader's own `CatalogLoader` keeps the snapshot by the
 file's mtime and size, so a check is one stat when nothing changed; a file that fails to load
-keeps the catalog in use."""
+keeps the catalog in use.
+
+A placement is never changed: a new catalog gives a new placement (sharing the quota pool and
+the account's quotas of the one before), put in the daemon's `PlacementInUse`. A StartVM plans
+with the placement in use when its plan begins, so it sees one catalog from start to end."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 
-from adaptor.planning.placement import Placement
+from adaptor.planning.placement import Placement, Plan
 from adaptor.runtime.periodic import OwnedTask
 from providers.core.catalog import Catalog
+from providers.core.contract import VMIntent
 from providers.core.errors import PeerpodsError
 from providers.core.snapshots import CatalogLoader
 
 log = logging.getLogger(__name__)
 
 
+class PlacementInUse:
+    """The placement StartVM plans with now (the sandbox manager's planner): the one the daemon
+    built, until a catalog reload puts a new one in its place."""
+
+    def __init__(self, placement: Placement) -> None:
+        self._placement = placement
+
+    @property
+    def current(self) -> Placement:
+        return self._placement
+
+    def put(self, placement: Placement) -> None:
+        """Plans begun from now on use `placement` (one reference swap: safe from a thread)."""
+        self._placement = placement
+
+    async def plan(self, intent: VMIntent, sandbox_id: str) -> Plan:
+        """The plan of the placement in use as it begins (see `Placement.plan`)."""
+        return await self._placement.plan(intent, sandbox_id)
+
+    def release(self, sandbox_id: str) -> None:
+        """Forget the sandbox's reservation (every placement in turn shares one quota pool)."""
+        self._placement.release(sandbox_id)
+
+
 class CatalogReloader:
-    """Swaps the placement's catalog when its snapshot file changes."""
+    """Puts a placement over the new catalog in use when the snapshot file changes."""
 
     def __init__(
         self,
-        placement: Placement,
+        placements: PlacementInUse,
         cloud: str,
         region: str,
         catalog_dir: Path,
         interval_seconds: float = 60.0,
     ) -> None:
-        self.placement = placement
+        self.placements = placements
         self.cloud = cloud
         self.region = region
         self.catalog_dir = catalog_dir
@@ -41,8 +71,9 @@ class CatalogReloader:
         self._task = OwnedTask("catalog-reload")
 
     def check(self) -> bool:
-        """Load the snapshot (kept while unchanged); True when the placement got a new one.
-        Blocking file IO."""
+        """Load the snapshot (kept while unchanged); True when a placement over a new one is in
+        use. Blocking file IO, and the new catalog's selection index is built here, not by the
+        first StartVM that follows."""
         try:
             catalog = self._loader.snapshot(self.cloud, self.region)
         except PeerpodsError as exc:
@@ -51,9 +82,12 @@ class CatalogReloader:
         if catalog is self._seen:
             return False
         self._seen = catalog
-        if catalog == self.placement.catalog:  # the file the placement's catalog came from
+        in_use = self.placements.current
+        if catalog == in_use.catalog:  # the file the placement's catalog came from
             return False
-        self.placement.catalog = catalog
+        placement = replace(in_use, catalog=catalog)
+        placement.selector  # noqa: B018 - built off the event loop, before any StartVM uses it
+        self.placements.put(placement)
         self.reloads += 1
         log.info(
             "catalog of %s %s reloaded from %s (%d types)",

@@ -1,8 +1,9 @@
 """`peerpods serve`: wires the state store, the provider, the sandbox manager and the hypervisor
 ttrpc server, and owns their lifetime.
 
-Start: lock the state directory (one daemon per state), open the store, build the provider,
-serve again the agent sockets of sandboxes that were running (each is abandoned if its shim does
+Start: check the provider's settings and start it (nothing is written yet), lock the state
+directory (one daemon per state), open the store, build the provider and every other part over
+it, serve again the agent sockets of sandboxes that were running (each is abandoned if its shim does
 not connect again within --reconnect-grace), then listen on --socket.
 Shutdown (SIGTERM/SIGINT): close the agent sockets first and keep answering on --socket for at
 most --shutdown-drain (a shim that loses its agent connection sends one StopVM), then give
@@ -38,7 +39,7 @@ from adaptor.hypervisor.sandboxes import (
 )
 from adaptor.hypervisor.service import HypervisorService
 from adaptor.node.advertise import CapacityAdvertiser, KubeNodeApi, NodeApi
-from adaptor.node.catalogs import CatalogReloader
+from adaptor.node.catalogs import CatalogReloader, PlacementInUse
 from adaptor.node.handoff import HandoffListener, Inherited, Session, inherit
 from adaptor.node.readiness import Readiness
 from adaptor.node.settings import ServeSettings
@@ -51,7 +52,6 @@ from adaptor.node.wiring import (
     count_proxy_call,
     stored_json_checks,
 )
-from adaptor.planning.placement import Placement
 from adaptor.planning.userdata import PodVmUserData
 from adaptor.planning.vmpolicy import VmPolicy
 from adaptor.podnet import PodNet, PodNetSettings, SandboxPodNetwork
@@ -204,20 +204,24 @@ class Daemon:
             raise
 
     async def _start(self) -> None:
-        """The parts in their order: provider and catalog, the store (after a take-over's
-        hand-shake), agent proxies, pod networking, the sandbox manager and its recovery, the
+        """The parts in their order: the provider's settings checked and its catalog read, the
+        store (after a take-over's hand-shake), then, each from finished parts, the provider,
+        placement, agent proxies, pod networking, the sandbox manager and its recovery, the
         background loops, the status API, the hypervisor socket, then the node's capacity."""
         settings = self.settings
-        # Provider and catalog first: a bad provider setting fails before anything is written.
-        provider, catalog = await self._provider_and_catalog()
+        # Checked first: a bad provider setting fails before anything is written.
+        prepared, catalog = await self._prepare_provider()
         store = await self._open_store()
-        placement = build_placement(
-            provider,
-            catalog,
-            self._cdi,
-            gpu_quota=settings.gpu_quota,
-            store=store,
-            account_quota_refresh_seconds=settings.account_quota_refresh_seconds,
+        provider = prepared.finish(store)  # a static pool's leases live in the store
+        placement = PlacementInUse(
+            build_placement(
+                provider,
+                catalog,
+                self._cdi,
+                gpu_quota=settings.gpu_quota,
+                store=store,
+                account_quota_refresh_seconds=settings.account_quota_refresh_seconds,
+            )
         )
         tls, pki = await asyncio.to_thread(agent_tls_context, settings)
         proxy_factory = self._proxy_factory or agent_proxy_factory(
@@ -245,7 +249,7 @@ class Daemon:
     def _sandbox_manager(
         self,
         provider: Provider,
-        placement: Placement,
+        placement: PlacementInUse,
         store: StateStore,
         proxy_factory: ProxyFactory,
         pki: AdaptorPKI | None,
@@ -274,28 +278,29 @@ class Daemon:
             on_abandoned=self.abandoned.add,
         )
 
-    async def _provider_and_catalog(self) -> tuple[Provider, Catalog | None]:
-        """The provider (built in a thread: a cloud provider may ask the node's instance
-        metadata service) and the catalog its placement selects from."""
+    async def _prepare_provider(self) -> tuple[registry.Prepared, Catalog | None]:
+        """The provider, checked and started but not yet built over the store (in a thread: a
+        cloud provider may ask the node's instance metadata service), and the catalog its
+        placement selects from. Writes nothing."""
         settings = self.settings
-        provider = self._provider
-        if provider is None:
+        if self._provider is not None:
+            prepared = registry.Prepared.built(self._provider)
+        else:
             self._calls = CloudCalls(on_fallback=count_capacity_fallback)
-            provider = await asyncio.to_thread(
-                registry.create,
+            prepared = await asyncio.to_thread(
+                registry.prepare,
                 settings.provider,
                 registry.ProviderOptions(
                     static_endpoints=settings.static_endpoints,
-                    leases=_StoreLeases(self),
                     settings=self._provider_settings,
                     owner_id=settings.owner_id or f"peerpods-{socket.gethostname()}",
                     calls=self._calls,
                 ),
             )
         if self._catalog is not None:
-            return provider, self._catalog
-        catalog = await asyncio.to_thread(catalog_for, provider, settings.catalog_dir)
-        return provider, catalog
+            return prepared, self._catalog
+        catalog = await asyncio.to_thread(catalog_for, prepared, settings.catalog_dir)
+        return prepared, catalog
 
     async def _open_store(self) -> StateStore:
         """The state store, once a predecessor (on a take-over) has let go of it and no live
@@ -329,13 +334,16 @@ class Daemon:
             records = await manager.store.records()
             self._inherited = await self._taking.receive(records, manager.default_endpoint)
             self._taking = None
-            manager.adopt = self._inherited.adopt
-        await manager.recover()
+        await manager.recover(self._inherited.adopt if self._inherited is not None else None)
         if self._inherited is not None and (unclaimed := await self._inherited.close_unclaimed()):
             log.warning("hand-off: sandboxes not running here any more: %s", ", ".join(unclaimed))
 
     def _start_loops(
-        self, manager: SandboxManager, provider: Provider, placement: Placement, store: StateStore
+        self,
+        manager: SandboxManager,
+        provider: Provider,
+        placement: PlacementInUse,
+        store: StateStore,
     ) -> None:
         """The owned background loops: preemption watch, VM collector, reaper, catalog reload,
         readiness."""
@@ -362,16 +370,17 @@ class Daemon:
         if settings.reap_grace_seconds > 0:
             self.reaper = Reaper(manager, grace_seconds=settings.reap_grace_seconds)
             self.reaper.start()
-        if settings.catalog_dir and provider.name in CLOUDS and placement.catalog is not None:
+        catalog = placement.current.catalog
+        if settings.catalog_dir and provider.name in CLOUDS and catalog is not None:
             # a catalog rewritten under --catalog-dir is used without a restart
             self.catalogs = CatalogReloader(
-                placement, provider.name, placement.catalog.region, Path(settings.catalog_dir)
+                placement, provider.name, catalog.region, Path(settings.catalog_dir)
             )
             self.catalogs.start()
         self.readiness = Readiness(provider, lambda: self.server is not None)
         self.readiness.start()
 
-    async def _start_status(self, placement: Placement, store: StateStore) -> None:
+    async def _start_status(self, placement: PlacementInUse, store: StateStore) -> None:
         """The status API, when an address is set."""
         settings = self.settings
         if not settings.status_address or self.readiness is None:
@@ -385,7 +394,7 @@ class Daemon:
             # the names a request's Host may carry besides IP addresses and localhost
             host_names=(settings.node_name, socket.gethostname()),
             account_quota=lambda: (
-                placement.account_quota.value if placement.account_quota else None
+                quota.value if (quota := placement.current.account_quota) else None
             ),
         )
         self.status = StatusServer(app, settings.status_address)
@@ -571,29 +580,6 @@ class Daemon:
         """A sandbox's forwarder connection dropped: ask the cloud whether its VM lives."""
         if self.watcher is not None:
             self.watcher.nudge(sandbox_id)
-
-
-class _StoreLeases:
-    """The daemon's state store as a pool provider's lease book, once the store is open."""
-
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
-
-    def _store(self) -> StateStore:
-        if self._daemon.store is None:
-            raise PeerpodsError("the state store is not open")
-        return self._daemon.store
-
-    async def acquire_lease(
-        self, pool: str, sandbox_id: str, endpoints: Sequence[str]
-    ) -> str | None:
-        return await self._store().acquire_lease(pool, sandbox_id, endpoints)
-
-    async def release_lease(self, pool: str, endpoint: str) -> None:
-        await self._store().release_lease(pool, endpoint)
-
-    async def leases(self, pool: str) -> dict[str, str]:
-        return await self._store().leases(pool)
 
 
 async def _graceful(close: Callable[[float], Awaitable[None]], grace: float) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from adaptor.devices import CdiConfig, DevicePlan, make_hook
 from adaptor.devices.hook import OutcomeObserver
@@ -83,7 +84,18 @@ def count_proxy_call(service: str, method: str, code: int) -> None:
     metrics.PROXY_CALLS.labels(method=f"{service}/{method}", code=str(code)).inc()
 
 
-def catalog_for(provider: Provider, catalog_dir: str = "") -> Catalog | None:
+class Sited(Protocol):
+    """What names a provider's catalog: its cloud and region (a `Provider`, or a provider
+    prepared but not yet built, `registry.Prepared`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def region(self) -> str: ...
+
+
+def catalog_for(provider: Sited, catalog_dir: str = "") -> Catalog | None:
     """The catalog selection runs over (none for static and local): the bundled snapshot of the
     provider's region (or the one under `catalog_dir`), or, for a region without one, the
     cloud's own listing. Blocking IO."""

@@ -21,6 +21,7 @@ import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 
 from adaptor.devices import CdiNaming, DevicePlan, plan_devices
@@ -167,13 +168,14 @@ class Plan:
         return plans
 
 
-@dataclass
+@dataclass(frozen=True)
 class Placement:
     """Selection, quota and device planning over one catalog (None: a provider without one).
 
-    Built whole, once (`for_provider`, or the constructor): its quota pool and the account's
-    quotas are given, never added later. Only its catalog follows a rewritten snapshot file
-    (adaptor.node.catalogs)."""
+    Built whole, once (`for_provider`, or the constructor), and never changed: its quota pool
+    and the account's quotas are given, never added later. A rewritten snapshot file gives a
+    new placement over the new catalog that shares this one's quota pool and account quotas
+    (adaptor.node.catalogs), so a plan is made over one catalog from start to end."""
 
     catalog: Catalog | None = None
     allowed: tuple[str, ...] = ()  # instance type globs (fnmatch); empty: any
@@ -191,8 +193,6 @@ class Placement:
     # the cloud account's own quotas, shared by every node (None: not read); the per-node pool
     # above stays the floor
     account_quota: AccountQuotaCache | None = None
-    # selection over `catalog`, built for the catalog in use (a reload swaps the catalog)
-    _selector: Selector | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def for_provider(
@@ -220,17 +220,21 @@ class Placement:
 
     # --- selection -------------------------------------------------------------------------------
 
+    @cached_property
+    def selector(self) -> Selector:
+        """Selection over `catalog` (its index), built on first use: a function of the catalog,
+        kept as long as this placement. Needs a catalog."""
+        if self.catalog is None:
+            raise NoMatch("this provider has no catalog to select from")
+        return Selector(self.catalog)
+
     def explain(self, intent: VMIntent) -> Selection:
         """The whole selection for the intent under this placement's allow and deny lists: every
         type ranked or rejected with its reason (what `plan` prints). Needs a catalog."""
-        if self.catalog is None:
-            raise NoMatch("this provider has no catalog to select from")
+        selector = self.selector
         request = intent.to_request(
             allow=self.allowed, deny=self.denied, reservation=self.reservation
         )
-        selector = self._selector
-        if selector is None or selector.catalog is not self.catalog:
-            selector = self._selector = Selector(self.catalog)
         return selector.select(request)
 
     def ranked(self, intent: VMIntent) -> list[Candidate]:

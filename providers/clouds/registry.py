@@ -4,12 +4,18 @@
 SDK gives
 an install hint instead of a traceback. A registry target is `module:attr`:
 
-- "options" style (static, local): `attr(options)`, or `attr.from_options(options)` when the
-  attribute has that classmethod;
+- "options" style (static, local): `attr(options)` checks the options and returns the step that
+  builds the provider over the node's lease book;
 - "settings" style (the clouds): `attr(settings, owner_id, resolve=, calls=)` with the
   provider's typed section (`Entry.settings`, from `providers.clouds.settings`, listed without
   importing the SDK; `peerpods serve` derives the provider's flags from it), the hook mapping a
   VM to the addresses the adaptor dials, and the daemon's `sdk.CloudCalls`.
+
+A provider is built in two steps so that `serve` opens its state store only once the provider's
+settings are known good, and builds the provider from the open store: `prepare` checks the
+settings and does the slow start-up (a cloud's SDK client, its instance metadata) without
+writing anything; `Prepared.finish` then builds the provider over the lease book (the state
+store), at once and without IO.
 """
 
 from __future__ import annotations
@@ -31,7 +37,6 @@ class ProviderOptions:
     """What the daemon can tell any provider; each reads the fields it needs."""
 
     static_endpoints: tuple[Endpoint, ...] = ()
-    leases: LeaseBook | None = None
     # For "settings" style providers: their section, this node's owner tag value, and the hook
     # mapping a VM to the addresses the adaptor dials (tests map private ones to loopback).
     settings: CloudSettings | None = None
@@ -130,8 +135,39 @@ def _import(name: str, entry: Entry, target_path: str) -> Callable[..., Any]:
     return target
 
 
-def create(name: str, options: ProviderOptions) -> Provider:
-    """Build the named provider from `options`."""
+# The last step of a provider's build: the provider over the node's lease book (None: leases
+# kept in memory), at once and without IO.
+Finish = Callable[[LeaseBook | None], Provider]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A provider whose settings are checked and whose start-up is done, before anything is
+    written (see the module): `finish` builds it over the lease book. `region` is the one its
+    catalog is read for ("" for a provider without one)."""
+
+    name: str
+    region: str
+    _finish: Finish
+
+    @classmethod
+    def built(cls, provider: Provider) -> Prepared:
+        """A provider already built (one that keeps no leases, or a test's)."""
+        return cls(provider.name, provider.region, lambda _leases: provider)
+
+    def finish(self, leases: LeaseBook | None = None) -> Provider:
+        """The provider, its pool's leases kept in `leases`."""
+        provider = self._finish(leases)
+        if not isinstance(provider, Provider):
+            raise InvalidRequest(
+                f"provider {self.name!r} does not implement the provider interface"
+            )
+        return provider
+
+
+def prepare(name: str, options: ProviderOptions) -> Prepared:
+    """Check the named provider's options and start it (a cloud provider is built here, asking
+    the node's instance metadata service where it must); writes nothing. Blocking IO."""
     target = load(name)
     entry = PROVIDERS[name]
     try:
@@ -142,27 +178,33 @@ def create(name: str, options: ProviderOptions) -> Provider:
             if options.resolve is not None:
                 extra["resolve"] = options.resolve
             provider = target(options.settings, options.owner_id, **extra)
-        else:
-            factory = getattr(target, "from_options", target)
-            provider = factory(options)
+            if not isinstance(provider, Provider):
+                raise InvalidRequest(f"provider {name!r} does not implement the provider interface")
+            return Prepared.built(provider)
+        finish: Finish = target(options)
     except ModuleNotFoundError as exc:
         # The SDK is imported when the provider builds its client, not when its module loads.
         hint = f": pip install 'peerpods[{entry.extra}]'" if entry.extra else ""
         raise InvalidRequest(f"provider {name!r} needs the {exc.name} package{hint}") from None
-    if not isinstance(provider, Provider):
-        raise InvalidRequest(f"provider {name!r} does not implement the provider interface")
-    return provider
+    return Prepared(name, "", finish)
 
 
-def _static(options: ProviderOptions) -> Provider:
-    from providers.clouds.static import StaticProvider
+def create(name: str, options: ProviderOptions, leases: LeaseBook | None = None) -> Provider:
+    """Build the named provider from `options` in one go (`prepare`, then `finish`)."""
+    return prepare(name, options).finish(leases)
 
-    return StaticProvider(options.static_endpoints, options.leases)
+
+def _static(options: ProviderOptions) -> Finish:
+    from providers.clouds.static import StaticProvider, pool_endpoints
+
+    endpoints = tuple(pool_endpoints(options.static_endpoints))
+    return lambda leases: StaticProvider(endpoints, leases)
 
 
-def _local(options: ProviderOptions) -> Provider:
+def _local(options: ProviderOptions) -> Finish:
     from providers.clouds.local import LocalProvider
 
     if len(options.static_endpoints) > 1:
         raise InvalidRequest("the local provider takes exactly one endpoint")
-    return LocalProvider(options.static_endpoints[0] if options.static_endpoints else None)
+    provider = LocalProvider(options.static_endpoints[0] if options.static_endpoints else None)
+    return lambda _leases: provider

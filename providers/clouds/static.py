@@ -115,6 +115,13 @@ class MemoryLeaseBook:
         return {e: s for (p, e), s in sorted(self._leases.items()) if p == pool}
 
 
+def pool_endpoints(endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
+    """The pool's endpoints, checked: a pool has at least one (InvalidRequest otherwise)."""
+    if not endpoints:
+        raise InvalidRequest("the static provider needs --static-endpoints HOST:PORT[,...]")
+    return endpoints
+
+
 class StaticProvider:
     """Hands out pre-provisioned pod VMs, one sandbox per endpoint at a time."""
 
@@ -130,9 +137,7 @@ class StaticProvider:
     def __init__(
         self, endpoints: Sequence[Endpoint], leases: LeaseBook | None = None, pool: str = POOL
     ) -> None:
-        if not endpoints:
-            raise InvalidRequest("the static provider needs --static-endpoints HOST:PORT[,...]")
-        self._endpoints = {str(e): e for e in endpoints}
+        self._endpoints = {str(e): e for e in pool_endpoints(endpoints)}
         self._leases: LeaseBook = leases if leases is not None else MemoryLeaseBook()
         self._pool = pool
 

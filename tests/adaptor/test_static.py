@@ -77,6 +77,22 @@ def test_registry_builds_static_and_local() -> None:
     assert registry.create("local", options).name == "local"
 
 
+async def test_a_prepared_pool_keeps_its_leases_in_the_store_it_is_finished_over(
+    tmp_path: Path,
+) -> None:
+    options = registry.ProviderOptions(static_endpoints=parse_endpoints("127.0.0.1:1"))
+    prepared = registry.prepare("static", options)  # checked before any store exists
+    assert (prepared.name, prepared.region) == ("static", "")
+    store = await StateStore.open(tmp_path)
+    try:
+        await prepared.finish(store).create(spec("a"))
+        assert await store.leases("static") == {"127.0.0.1:1": "a"}
+    finally:
+        await store.close()
+    with pytest.raises(InvalidRequest, match="--static-endpoints"):
+        registry.prepare("static", registry.ProviderOptions())
+
+
 def test_registry_errors_are_clear() -> None:
     with pytest.raises(InvalidRequest, match="unknown provider 'nope'"):
         registry.create("nope", registry.ProviderOptions())

@@ -9,13 +9,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import pytest
 
-from adaptor.node.catalogs import CatalogReloader
+from adaptor.node.catalogs import CatalogReloader, PlacementInUse
 from adaptor.node.daemon import Daemon
-from adaptor.planning.placement import Placement
+from adaptor.planning.placement import Placement, quota_pool
 from providers.core.snapshots import default_catalog_dir, load_snapshot
 from tests.adaptor.daemon_proc import daemon_settings
 from tests.adaptor.fakes import FakeProvider
@@ -38,15 +39,29 @@ def _rewrite(path: Path, keep: int) -> None:
 
 def test_a_rewritten_catalog_replaces_the_one_in_use(catalogs: Path) -> None:
     first = load_snapshot("aws", "us-east-1", catalogs)
-    placement = Placement(catalog=first)
-    reloader = CatalogReloader(placement, "aws", "us-east-1", catalogs)
-    assert reloader.check() is False and placement.catalog is first  # unchanged file
+    pool = quota_pool("h100=8", first, None)
+    placement = Placement(catalog=first, quota=pool)
+    placements = PlacementInUse(placement)
+    reloader = CatalogReloader(placements, "aws", "us-east-1", catalogs)
+    assert reloader.check() is False and placements.current is placement  # unchanged file
     _rewrite(catalogs / "aws-us-east-1.json", keep=3)
     assert reloader.check() is True
-    assert placement.catalog is not None and len(placement.catalog.types) == 3
+    reloaded = placements.current
+    assert reloaded.catalog is not None and len(reloaded.catalog.types) == 3
+    # a new placement: the one a plan in flight holds keeps its catalog; the quota pool is shared
+    assert placement.catalog is first and reloaded is not placement
+    assert reloaded.quota is pool
     (catalogs / "aws-us-east-1.json").write_text("{not json")
     assert reloader.check() is False  # a broken file never replaces a good catalog
-    assert len(placement.catalog.types) == 3
+    assert placements.current is reloaded
+
+
+def test_a_placement_is_never_changed() -> None:
+    placement = Placement(catalog=load_snapshot("aws", "us-east-1"))
+    with pytest.raises(FrozenInstanceError):
+        placement.catalog = None  # type: ignore[misc]
+    assert placement.selector is placement.selector  # one index for the placement's life
+    assert placement.selector.catalog is placement.catalog
 
 
 class AwsLike(FakeProvider):
@@ -63,7 +78,8 @@ async def test_serve_with_a_catalog_dir_reloads(catalogs: Path) -> None:
             assert daemon.catalogs is not None
             _rewrite(catalogs / "aws-us-east-1.json", keep=2)
             assert daemon.catalogs.check() is True
-            assert len(daemon.catalogs.placement.catalog.types) == 2  # type: ignore[union-attr]
+            catalog = daemon.catalogs.placements.current.catalog
+            assert catalog is not None and len(catalog.types) == 2
         finally:
             await daemon.close()
         assert daemon.catalogs is None
