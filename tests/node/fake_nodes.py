@@ -41,71 +41,9 @@ class FakeNodes:
         self.fail_with: int | None = None
         self.lock = threading.Lock()
         self.patched = threading.Condition(self.lock)
-        fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def _record(self, body: Any) -> None:
-                fake.requests.append(
-                    Request(
-                        self.command,
-                        self.path.split("?", 1)[0],
-                        self.headers.get("Content-Type", ""),
-                        self.headers.get("Authorization", ""),
-                        body,
-                    )
-                )
-
-            def do_GET(self) -> None:
-                self._record(None)
-                parts = self.path.split("?", 1)[0].strip("/").split("/")
-                with fake.lock:
-                    if fake.fail_with is not None:
-                        return self._send(fake.fail_with, _status(fake.fail_with))
-                    if parts[:3] != ["api", "v1", "nodes"] or len(parts) != 4:
-                        return self._send(403, _status(403))
-                    node = fake.nodes.get(parts[3])
-                    if node is None:
-                        return self._send(404, _status(404))
-                    self._send(200, node)
-
-            def do_PATCH(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"null")
-                self._record(body)
-                parts = self.path.split("?", 1)[0].strip("/").split("/")
-                with fake.lock:
-                    if fake.fail_with is not None:
-                        return self._send(fake.fail_with, _status(fake.fail_with))
-                    if parts[:3] != ["api", "v1", "nodes"] or parts[4:] != ["status"]:
-                        return self._send(403, _status(403))
-                    if self.headers.get("Content-Type") != "application/json-patch+json":
-                        return self._send(415, _status(415))
-                    node = fake.nodes.get(parts[3])
-                    if node is None:
-                        return self._send(404, _status(404))
-                    try:
-                        fake.nodes[parts[3]] = jsonpatch.apply_patch(node, body)
-                    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException):
-                        return self._send(422, _status(422))
-                    fake.patched.notify_all()
-                    self._send(200, fake.nodes[parts[3]])
-
-            def do_PUT(self) -> None:
-                self._record(None)
-                self._send(403, _status(403))
-
-            do_POST = do_DELETE = do_PUT
-
-            def _send(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
+        class Handler(_NodesHandler):
+            fake = self
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -126,8 +64,10 @@ class FakeNodes:
 
     def wait_capacity(self, node: str, resource: str, value: str, timeout: float = 10) -> bool:
         with self.patched:
-            return self.patched.wait_for(
-                lambda: self.nodes[node]["status"]["capacity"].get(resource) == value, timeout
+            return bool(
+                self.patched.wait_for(
+                    lambda: self.nodes[node]["status"]["capacity"].get(resource) == value, timeout
+                )
             )
 
     def writes(self) -> list[Request]:
@@ -142,6 +82,75 @@ class FakeNodes:
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
         }))  # fmt: skip
         return path
+
+
+class _NodesHandler(BaseHTTPRequestHandler):
+    """Serves the nodes of `fake`, set by the subclass each FakeNodes makes."""
+
+    fake: FakeNodes
+
+    def _record(self, body: Any) -> None:
+        self.fake.requests.append(
+            Request(
+                self.command,
+                self.path.split("?", 1)[0],
+                self.headers.get("Content-Type", ""),
+                self.headers.get("Authorization", ""),
+                body,
+            )
+        )
+
+    def do_GET(self) -> None:
+        self._record(None)
+        parts = self.path.split("?", 1)[0].strip("/").split("/")
+        with self.fake.lock:
+            if self.fake.fail_with is not None:
+                return self._send(self.fake.fail_with, _status(self.fake.fail_with))
+            if parts[:3] != ["api", "v1", "nodes"] or len(parts) != 4:
+                return self._send(403, _status(403))
+            node = self.fake.nodes.get(parts[3])
+            if node is None:
+                return self._send(404, _status(404))
+            self._send(200, node)
+
+    def do_PATCH(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        body = json.loads(self.rfile.read(length) or b"null")
+        self._record(body)
+        parts = self.path.split("?", 1)[0].strip("/").split("/")
+        with self.fake.lock:
+            if self.fake.fail_with is not None:
+                return self._send(self.fake.fail_with, _status(self.fake.fail_with))
+            if parts[:3] != ["api", "v1", "nodes"] or parts[4:] != ["status"]:
+                return self._send(403, _status(403))
+            if self.headers.get("Content-Type") != "application/json-patch+json":
+                return self._send(415, _status(415))
+            node = self.fake.nodes.get(parts[3])
+            if node is None:
+                return self._send(404, _status(404))
+            try:
+                self.fake.nodes[parts[3]] = jsonpatch.apply_patch(node, body)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException):
+                return self._send(422, _status(422))
+            self.fake.patched.notify_all()
+            self._send(200, self.fake.nodes[parts[3]])
+
+    def do_PUT(self) -> None:
+        self._record(None)
+        self._send(403, _status(403))
+
+    do_POST = do_DELETE = do_PUT
+
+    def _send(self, code: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
 
 
 def _status(code: int) -> dict[str, Any]:
