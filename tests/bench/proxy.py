@@ -128,42 +128,60 @@ def main() -> int:
             "go-proxy": ["-socket", go_path],
             "our-proxy": ["-socket", ours_path],
         }
-        results: dict[tuple[str, int], dict[str, float]] = {}
-        print(f"{'path':<10} {'conc':>4} {'calls/s':>10} {'p50 us':>8} {'p99 us':>8}")
-        for concurrency in (1, 4):
-            for name, target in targets.items():
-                r = _bench(target, concurrency, args.duration)
-                results[(name, concurrency)] = r
-                print(
-                    f"{name:<10} {concurrency:>4} {r['calls_per_s']:>10.0f} "
-                    f"{r['p50_us']:>8.0f} {r['p99_us']:>8.0f}"
-                )
-        for concurrency in (1, 4):
-            ours_r = results[("our-proxy", concurrency)]["calls_per_s"]
-            go_r = results[("go-proxy", concurrency)]["calls_per_s"]
-            direct_r = results[("direct", concurrency)]["calls_per_s"]
-            print(
-                f"concurrency {concurrency}: ours/go-proxy = {ours_r / go_r:.2f}x, "
-                f"ours/direct = {ours_r / direct_r:.2f}x, go-proxy/direct = {go_r / direct_r:.2f}x"
-            )
-
-        # idle memory: one process with 1 proxy vs one with 1 + N proxies
-        base = _our_proxy(host, int(port), [str(tmp / "b0.sock")])
-        procs.append(base)
-        many_paths = [str(tmp / f"m{i}.sock") for i in range(args.idle + 1)]
-        many = _our_proxy(host, int(port), many_paths)
-        procs.append(many)
-        time.sleep(0.5)
-        delta = _rss_kib(many.pid) - _rss_kib(base.pid)
-        print(
-            f"idle memory per proxy: {delta / args.idle:.1f} KiB "
-            f"({args.idle} idle connected proxies, RSS delta {delta} KiB)"
-        )
+        _print_ratios(_measure(targets, args.duration))
+        _measure_idle_memory(host, int(port), tmp, args.idle, procs)
     finally:
         for proc in reversed(procs):  # proxies before the server they are connected to
             proc.kill()
             proc.wait()
     return 0
+
+
+def _measure(
+    targets: dict[str, list[str]], duration: float
+) -> dict[tuple[str, int], dict[str, float]]:
+    """Each path at concurrency 1 and 4, printed as measured; the results by (path, C)."""
+    results: dict[tuple[str, int], dict[str, float]] = {}
+    print(f"{'path':<10} {'conc':>4} {'calls/s':>10} {'p50 us':>8} {'p99 us':>8}")
+    for concurrency in (1, 4):
+        for name, target in targets.items():
+            r = _bench(target, concurrency, duration)
+            results[(name, concurrency)] = r
+            print(
+                f"{name:<10} {concurrency:>4} {r['calls_per_s']:>10.0f} "
+                f"{r['p50_us']:>8.0f} {r['p99_us']:>8.0f}"
+            )
+    return results
+
+
+def _print_ratios(results: dict[tuple[str, int], dict[str, float]]) -> None:
+    """Our proxy's calls/s against the Go proxy's and the direct path's."""
+    for concurrency in (1, 4):
+        ours_r = results[("our-proxy", concurrency)]["calls_per_s"]
+        go_r = results[("go-proxy", concurrency)]["calls_per_s"]
+        direct_r = results[("direct", concurrency)]["calls_per_s"]
+        print(
+            f"concurrency {concurrency}: ours/go-proxy = {ours_r / go_r:.2f}x, "
+            f"ours/direct = {ours_r / direct_r:.2f}x, go-proxy/direct = {go_r / direct_r:.2f}x"
+        )
+
+
+def _measure_idle_memory(
+    host: str, port: int, tmp: Path, idle: int, procs: list[subprocess.Popen[str]]
+) -> None:
+    """Idle memory: one process with 1 proxy vs one with 1 + `idle` proxies (both added to
+    `procs`, for the caller to stop)."""
+    base = _our_proxy(host, port, [str(tmp / "b0.sock")])
+    procs.append(base)
+    many_paths = [str(tmp / f"m{i}.sock") for i in range(idle + 1)]
+    many = _our_proxy(host, port, many_paths)
+    procs.append(many)
+    time.sleep(0.5)
+    delta = _rss_kib(many.pid) - _rss_kib(base.pid)
+    print(
+        f"idle memory per proxy: {delta / idle:.1f} KiB "
+        f"({idle} idle connected proxies, RSS delta {delta} KiB)"
+    )
 
 
 if __name__ == "__main__":
