@@ -229,49 +229,10 @@ async def test_bad_flags_exit_cleanly(root: Path) -> None:
 
 
 async def test_mutual_tls_to_the_forwarder(root: Path) -> None:
-    import trustme
-
-    ca = trustme.CA()
-    other_ca = trustme.CA()
-    ca.cert_pem.write_to_path(str(root / "ca.pem"))
-    server = ca.issue_cert("127.0.0.1")
-    server.cert_chain_pems[0].write_to_path(str(root / "server.pem"))
-    server.private_key_pem.write_to_path(str(root / "server.key"))
-    client = ca.issue_cert("peerpods-adaptor")
-    client.cert_chain_pems[0].write_to_path(str(root / "client.pem"))
-    client.private_key_pem.write_to_path(str(root / "client.key"))
-    stranger = other_ca.issue_cert("someone-else")
-    stranger.cert_chain_pems[0].write_to_path(str(root / "stranger.pem"))
-    stranger.private_key_pem.write_to_path(str(root / "stranger.key"))
-    tls_server = (
-        "-tls-cert",
-        str(root / "server.pem"),
-        "-tls-key",
-        str(root / "server.key"),
-        "-tls-client-ca",
-        str(root / "ca.pem"),
-    )
-
-    def args(endpoint: str, cert: str) -> list[str]:
-        return [
-            "--provider",
-            "static",
-            "--static-endpoints",
-            endpoint,
-            "--proxy-timeout",
-            "2s",
-            "--agent-tls",
-            "--agent-tls-ca",
-            str(root / "ca.pem"),
-            "--agent-tls-cert",
-            str(root / f"{cert}.pem"),
-            "--agent-tls-key",
-            str(root / f"{cert}.key"),
-        ]
-
+    tls_server = _write_tls_files(root)
     async with echo_server("tcp:127.0.0.1:0", *tls_server) as pod_vm:
         # A client certificate the pod VM does not trust: StartVM fails and releases the VM.
-        refused = ServeProcess(root, args(pod_vm.address, "stranger"))
+        refused = ServeProcess(root, _agent_tls_args(root, pod_vm.address, "stranger"))
         await refused.start()
         try:
             assert (await refused.create_vm(SID))["code"] == 0
@@ -289,7 +250,7 @@ async def test_mutual_tls_to_the_forwarder(root: Path) -> None:
         finally:
             await refused.kill()
 
-        proc = ServeProcess(root, args(pod_vm.address, "client"))
+        proc = ServeProcess(root, _agent_tls_args(root, pod_vm.address, "client"))
         await proc.start()
         try:
             assert (await proc.create_vm(SID))["code"] == 0
@@ -299,6 +260,52 @@ async def test_mutual_tls_to_the_forwarder(root: Path) -> None:
             assert (await proc.stop_vm(SID))["code"] == 0
         finally:
             await proc.kill()
+
+
+def _write_tls_files(root: Path) -> tuple[str, ...]:
+    """A CA's server and client (`client`) certificates and another CA's (`stranger`) under
+    `root`; returns the pod VM's flags for serving TLS that asks for the CA's clients."""
+    import trustme
+
+    ca = trustme.CA()
+    other_ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(root / "ca.pem"))
+    server = ca.issue_cert("127.0.0.1")
+    server.cert_chain_pems[0].write_to_path(str(root / "server.pem"))
+    server.private_key_pem.write_to_path(str(root / "server.key"))
+    client = ca.issue_cert("peerpods-adaptor")
+    client.cert_chain_pems[0].write_to_path(str(root / "client.pem"))
+    client.private_key_pem.write_to_path(str(root / "client.key"))
+    stranger = other_ca.issue_cert("someone-else")
+    stranger.cert_chain_pems[0].write_to_path(str(root / "stranger.pem"))
+    stranger.private_key_pem.write_to_path(str(root / "stranger.key"))
+    return (
+        "-tls-cert",
+        str(root / "server.pem"),
+        "-tls-key",
+        str(root / "server.key"),
+        "-tls-client-ca",
+        str(root / "ca.pem"),
+    )
+
+
+def _agent_tls_args(root: Path, endpoint: str, cert: str) -> list[str]:
+    """`serve` flags for a static pod VM at `endpoint`, reached over TLS as `cert`."""
+    return [
+        "--provider",
+        "static",
+        "--static-endpoints",
+        endpoint,
+        "--proxy-timeout",
+        "2s",
+        "--agent-tls",
+        "--agent-tls-ca",
+        str(root / "ca.pem"),
+        "--agent-tls-cert",
+        str(root / f"{cert}.pem"),
+        "--agent-tls-key",
+        str(root / f"{cert}.key"),
+    ]
 
 
 def test_bad_provider_settings_change_nothing(root: Path) -> None:
