@@ -314,7 +314,9 @@ class Session:
 
         try:
             # `arrived` runs for every sandbox received before this returns or raises
-            inherited = await asyncio.to_thread(_receive_offer, channel, from_thread)
+            inherited = await asyncio.to_thread(
+                _receive_offer, channel, from_thread, self._predialed
+            )
         except BaseException:
             for moved in later.values():
                 moved.close()
@@ -326,7 +328,6 @@ class Session:
                 moved.close()
             else:
                 inherited.proxies[sandbox_id] = moved
-        inherited.predialed = self._predialed
         log.info(
             "hand-off: took over from pid %d: %d sandbox(es), %d served as they came",
             inherited.predecessor_pid,
@@ -400,9 +401,11 @@ def _begin(path: Path) -> socket.socket:
 Arrived = Callable[[str, MovedProxy], None]
 
 
-def _receive_offer(channel: socket.socket, arrived: Arrived) -> Inherited:
+def _receive_offer(
+    channel: socket.socket, arrived: Arrived, predialed: Predialed | None
+) -> Inherited:
     """Ready, then a Moved per sandbox (each told to `arrived` at once) and the Offer, with
-    their descriptors (blocking)."""
+    their descriptors (blocking); what came is acked on `channel`."""
     try:
         channel.sendall(encode(Ready()))
         while True:
@@ -415,15 +418,14 @@ def _receive_offer(channel: socket.socket, arrived: Arrived) -> Inherited:
                 raise TakeOverFailed(f"unexpected hand-off message {message.kind}")
             break
         fds = _receive_fds(channel, message.fd_count)
-        inherited = _inherit(message, fds)
+        hypervisor, proxies = _inherit(message, fds)
     except (OSError, HandoffError) as exc:
         channel.close()
         raise TakeOverFailed(f"hand-off broke off: {exc}") from None
     except BaseException:
         channel.close()
         raise
-    inherited._channel = channel
-    return inherited
+    return Inherited(hypervisor, proxies, message.pid, predialed, channel)
 
 
 def _inherit_one(sandbox: WireSandbox, fds: list[int]) -> MovedProxy:
@@ -432,13 +434,13 @@ def _inherit_one(sandbox: WireSandbox, fds: list[int]) -> MovedProxy:
         return _moved_proxy(sandbox, sock)
 
 
-def _inherit(offer: Offer, fds: list[int]) -> Inherited:
+def _inherit(offer: Offer, fds: list[int]) -> tuple[socket.socket, dict[str, MovedProxy]]:
     """Sockets for the descriptors the Offer names (any fd it names twice or not at all is
     closed: nothing leaks, nothing is served twice)."""
     with _Descriptors(fds) as sock:
         hypervisor = sock(offer.hypervisor_fd)
         proxies = {sandbox.sandbox_id: _moved_proxy(sandbox, sock) for sandbox in offer.sandboxes}
-    return Inherited(hypervisor, proxies, offer.pid)
+    return hypervisor, proxies
 
 
 def _moved_proxy(sandbox: WireSandbox, sock: Callable[[int], socket.socket]) -> MovedProxy:
