@@ -23,6 +23,7 @@ from typing import Any
 
 from adaptor.hypervisor import ManagerConfig, SandboxManager
 from adaptor.hypervisor.service import HypervisorService
+from adaptor.node.catalogs import PlacementInUse
 from adaptor.planning.placement import Placement
 from adaptor.planning.userdata import PodVmUserData
 from adaptor.state import StateStore
@@ -115,7 +116,8 @@ async def walk() -> Walk:
             ManagerConfig(pods_dir=Path(root) / "pods", proxy_timeout_seconds=1),
             store,
             FakeProvider(),
-            Placement(catalog=load_snapshot("aws", "us-east-1")),
+            # as `serve` gives it: the placement in use (a catalog reload puts a new one there)
+            PlacementInUse(Placement(catalog=load_snapshot("aws", "us-east-1"))),
             FakeProxies(),
             user_data=PodVmUserData("aws").build,
         )
