@@ -7,12 +7,14 @@ grpc.Health/Check at a time, a new one 10 ms after each answer. A successor `ser
 and takes everything over; the predecessor exits.
 
 Printed, over the sandboxes: the longest a probe waited for its answer during the hand-off
-(the pause that connection saw, from the successor's Hello, as the predecessor logs it, to the
-predecessor's exit) as p50/p99/max; the same from the successor's exec instead (its Python start
-included: the predecessor serves meanwhile, but on a machine with few cores the start slows
-everyone down); the probe latency before it (the baseline); the hand-off's wall time from the
-successor's exec to the predecessor's exit; and whether every shim connection stayed open with
-no failed call. Exits 1 on a failed call or a closed connection.
+(the pause that connection saw: from the moment the predecessor stops reading, its log line
+"the successor is ready", to the successor's ack, "serves everything now") as p50/p99/max; the
+same up to the predecessor's exit, from the successor's Hello
+(the predecessor still serves while it closes its store and the successor builds its parts and
+dials the pod VMs, but on a machine with few cores that work slows everyone down) and from the
+successor's exec (its Python start included); the probe latency before it (the baseline); the
+hand-off's wall time from the successor's exec to the predecessor's exit; and whether every shim
+connection stayed open with no failed call. Exits 1 on a failed call or a closed connection.
 
     python tests/bench/handoff.py [--sandboxes 100] [--rounds 1]
 """
@@ -39,17 +41,21 @@ from tests.adaptor.fake_agent import FakeShim
 from tests.adaptor.handoff_rig import running_node
 
 PROBE_GAP_SECONDS = 0.01
-ASKED = "asks to take over"  # the predecessor's log line at the successor's Hello
+# The predecessor's log lines at the successor's Hello, when it stops reading from the shims, and
+# at the successor's ack.
+ASKED = "asks to take over"
+FREEZING = "the successor is ready"
+HANDED = "serves everything now"
 
 
-def asked_at(log: Path) -> float:
-    """When (time.time()) the predecessor heard the successor's Hello, from its JSON log."""
+def logged_at(log: Path, what: str) -> float:
+    """When (time.time()) the predecessor logged `what`, from its JSON log."""
     for line in log.read_text(errors="replace").splitlines():
-        if ASKED in line:
+        if what in line:
             stamp = json.loads(line)["time"]
             moment = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ")
             return moment.replace(tzinfo=datetime.UTC).timestamp()
-    raise RuntimeError(f"{log}: the predecessor never logged {ASKED!r}")
+    raise RuntimeError(f"{log}: the predecessor never logged {what!r}")
 
 
 class Prober:
@@ -105,8 +111,11 @@ async def main(sandboxes: int, rounds: int) -> int:
                 await node.hand_off()
                 after = time.monotonic()
                 await asyncio.sleep(0.5)  # the probes in flight at the end are answered
-                asked = before + asked_at(predecessor_log) - before_wall
-                pauses = [p.longest_wait(asked, after) for p in probers]
+                asked = before + logged_at(predecessor_log, ASKED) - before_wall
+                freezing = before + logged_at(predecessor_log, FREEZING) - before_wall
+                handed = before + logged_at(predecessor_log, HANDED) - before_wall
+                pauses = [p.longest_wait(freezing, handed) for p in probers]
+                from_hello = [p.longest_wait(asked, after) for p in probers]
                 from_exec = [p.longest_wait(before, after) for p in probers]
                 baseline = [v for p in probers for v in p.latencies(before)]
                 closed = sum(not shim.open for shim in node.shims)
@@ -115,6 +124,7 @@ async def main(sandboxes: int, rounds: int) -> int:
                 ]
                 print(f"hand-off {round_}/{rounds}: {sandboxes} sandboxes")
                 print(f"  no answer (pause)  {ms(pauses)}")
+                print(f"  from Hello         {ms(from_hello)}")
                 print(f"  from exec          {ms(from_exec)}")
                 print(f"  probe before       {ms(baseline)}")
                 print(f"  wall time          {after - before:.2f} s (exec to old one exiting)")
