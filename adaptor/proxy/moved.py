@@ -10,6 +10,8 @@ something to happen and change nothing when asked twice:
 - `GetOOMEvent`: waits for the next OOM event of the sandbox.
 - `ReadStdout` / `ReadStderr`: wait for the next chunk of a process's output; bytes nobody
   received are still in the agent's pipe for the repeated read.
+- `grpc.Health` `Check` and `Version`: they only read. Sent again by the successor, they need not
+  be waited for before the sockets move.
 
 Any other call (CreateContainer, StartContainer, SignalProcess, ...) may have acted already when
 the connection drops, so it is never sent twice: the old process lets it finish before handing
@@ -24,8 +26,12 @@ from dataclasses import dataclass, field
 from adaptor.ttrpc.codec import DecoderState
 
 AGENT_SERVICE = "grpc.AgentService"
+HEALTH_SERVICE = "grpc.Health"
 REPEATABLE: frozenset[tuple[str, str]] = frozenset(
-    (AGENT_SERVICE, method) for method in ("WaitProcess", "GetOOMEvent", "ReadStdout", "ReadStderr")
+    [
+        *((AGENT_SERVICE, m) for m in ("WaitProcess", "GetOOMEvent", "ReadStdout", "ReadStderr")),
+        *((HEALTH_SERVICE, m) for m in ("Check", "Version")),
+    ]
 )
 # The status a call gets when it could neither finish before a hand-off nor be sent again.
 INTERRUPTED = "interrupted by an adaptor hand-off; retry"
