@@ -57,6 +57,23 @@ def preempted_message(record: SandboxRecord, reason: str) -> str:
     )
 
 
+class DroppedConnections:
+    """The sandboxes whose agent connection dropped, told by their proxies as it happens and
+    checked by the watcher in turn: built before both, so the proxies (made by the sandbox
+    manager) and the watcher (built over the manager) need no reference to each other. A drop
+    told before the watcher starts (during recovery) is checked once it does."""
+
+    def __init__(self) -> None:
+        self._ids: asyncio.Queue[str] = asyncio.Queue()
+
+    def tell(self, sandbox_id: str) -> None:
+        """A proxy's `on_upstream_lost`: the sandbox's connection dropped (on the event loop)."""
+        self._ids.put_nowait(sandbox_id)
+
+    async def next(self) -> str:
+        return await self._ids.get()
+
+
 class PreemptionWatcher:
     """Finds running sandboxes whose VM the cloud took away, and ends them visibly."""
 
@@ -66,13 +83,16 @@ class PreemptionWatcher:
         provider: InspectableProvider,
         interval_seconds: float,
         *,
+        dropped: DroppedConnections | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.manager = manager
         self.provider = provider
         self.interval_seconds = interval_seconds
+        self._dropped = dropped
         self._sleep = sleep
         self._task: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
         self._checks: dict[str, asyncio.Task[bool]] = {}
         self._limit = asyncio.Semaphore(CHECKS_AT_ONCE)
 
@@ -81,20 +101,27 @@ class PreemptionWatcher:
     def start(self) -> None:
         """Fail the sockets of sandboxes preempted before a restart, sweep once at once, then
         every `interval_seconds` (0: never) until `stop`."""
+        loop = asyncio.get_running_loop()
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._loop(), name="preemption-watcher"
+            self._task = loop.create_task(self._loop(), name="preemption-watcher")
+        if self._listener is None and self._dropped is not None:
+            self._listener = loop.create_task(
+                self._listen(self._dropped), name="preemption-dropped"
             )
 
     async def stop(self) -> None:
         """Stop sweeping and cancel the checks in progress (they are safe to cut short)."""
-        tasks = [t for t in (self._task, *self._checks.values()) if t is not None]
-        self._task = None
+        tasks = [t for t in (self._task, self._listener, *self._checks.values()) if t is not None]
+        self._task = self._listener = None
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._checks.clear()
+
+    async def _listen(self, dropped: DroppedConnections) -> None:
+        while True:
+            self.nudge(await dropped.next())
 
     async def _loop(self) -> None:
         try:

@@ -28,7 +28,7 @@ from typing import Any
 from adaptor.devices import CdiConfig, CdiNaming
 from adaptor.hypervisor.gc import GarbageCollector
 from adaptor.hypervisor.pod_network import PodNetworkHook
-from adaptor.hypervisor.preemption import PreemptionWatcher
+from adaptor.hypervisor.preemption import DroppedConnections, PreemptionWatcher
 from adaptor.hypervisor.reaper import Reaper
 from adaptor.hypervisor.sandboxes import (
     AgentProxyHandle,
@@ -224,11 +224,13 @@ class Daemon:
             )
         )
         tls, pki = await asyncio.to_thread(agent_tls_context, settings)
+        # dropped agent connections, checked by the preemption watcher (a provider that inspects)
+        dropped = DroppedConnections() if isinstance(provider, Inspectable) else None
         proxy_factory = self._proxy_factory or agent_proxy_factory(
             tls,
             self._container_hooks or container_hooks(self._cdi, self.devices),
             self._resolve_endpoint,
-            on_upstream_lost=self._upstream_lost,
+            on_upstream_lost=dropped.tell if dropped is not None else None,
             # the adaptor's CA issues each cloud VM its own certificate (in its user data);
             # pre-provisioned pools (static) keep the certificate they were given once
             check_sandbox=pki is not None and provider.name in CLOUDS,
@@ -238,7 +240,7 @@ class Daemon:
         podnet = await self._start_pod_network(store)
         self.manager = self._sandbox_manager(provider, placement, store, proxy_factory, pki, podnet)
         await self._recover(self.manager)
-        self._start_loops(self.manager, provider, placement, store)
+        self._start_loops(self.manager, provider, placement, store, dropped)
         await self._start_status(placement, store)
         await self._serve_hypervisor(self.manager)
         self._advertise()
@@ -344,13 +346,14 @@ class Daemon:
         provider: Provider,
         placement: PlacementInUse,
         store: StateStore,
+        dropped: DroppedConnections | None,
     ) -> None:
         """The owned background loops: preemption watch, VM collector, reaper, catalog reload,
         readiness."""
         settings = self.settings
         if isinstance(provider, Inspectable):
             self.watcher = PreemptionWatcher(
-                manager, provider, settings.preemption_check_interval_seconds
+                manager, provider, settings.preemption_check_interval_seconds, dropped=dropped
             )
             self.watcher.start()
         owner_id = getattr(provider, "owner_id", None)
@@ -575,11 +578,6 @@ class Daemon:
                 drain_seconds,
                 ", ".join(sorted(waiting)[:10]),
             )
-
-    def _upstream_lost(self, sandbox_id: str) -> None:
-        """A sandbox's forwarder connection dropped: ask the cloud whether its VM lives."""
-        if self.watcher is not None:
-            self.watcher.nudge(sandbox_id)
 
 
 async def _graceful(close: Callable[[float], Awaitable[None]], grace: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from adaptor.hypervisor.preemption import DroppedConnections, PreemptionWatcher
 from adaptor.hypervisor.sandboxes import SandboxManager
 from adaptor.node.daemon import Daemon
 from adaptor.state import SandboxRecord, SandboxState
@@ -90,4 +91,31 @@ async def test_concurrent_checks_count_a_preemption_once(root: Path) -> None:
         assert marked is not None and marked.state is SandboxState.PREEMPTED
         assert "disks and NICs deleted" in marked.reason
     finally:
+        await daemon.close()
+
+
+async def test_a_dropped_connection_is_checked_without_any_sweep(root: Path) -> None:
+    provider = InspectableFake()
+    # no sweeps (interval 0): only the dropped connection can start the check
+    daemon = Daemon(daemon_settings(root), provider=provider, proxy_factory=FakeProxies())
+    await daemon.start()
+    dropped = DroppedConnections()
+    watcher: PreemptionWatcher | None = None
+    try:
+        assert daemon.manager is not None
+        record = await _started(daemon.manager, "sb1")
+        provider.vms.clear()
+        dropped.tell("sb1")  # told before the watcher runs: still checked once it does
+        watcher = PreemptionWatcher(daemon.manager, provider, 0, dropped=dropped)
+        watcher.start()
+        async with asyncio.timeout(30):  # bounded wait for the check the drop started
+            while record.state is not SandboxState.PREEMPTED:
+                await asyncio.sleep(0.02)
+                found = await daemon.manager.store.get("sb1")
+                assert found is not None
+                record = found
+        assert provider.purged == [record.instance.id if record.instance else ""]
+    finally:
+        if watcher is not None:
+            await watcher.stop()
         await daemon.close()
