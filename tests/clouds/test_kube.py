@@ -11,10 +11,8 @@ import base64
 import json
 import os
 import ssl
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from providers.clouds.kube import (
     kubeconfig_config,
     load_config,
 )
+from tests.fake_apiserver import JsonHandler, LoopbackServer
 
 
 @dataclass
@@ -42,7 +41,7 @@ class Seen:
     body: Any
 
 
-class TlsApiServer:
+class TlsApiServer(LoopbackServer):
     """Answers every call with 200 and the node it names, or 404 for /missing; records callers.
     A client certificate is asked for, not required (the calls without one are seen too)."""
 
@@ -50,7 +49,7 @@ class TlsApiServer:
         self.seen: list[Seen] = []
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length)) if length else None
@@ -69,39 +68,12 @@ class TlsApiServer:
 
             do_GET = do_PATCH = _answer
 
-            def _send(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ca.issue_cert(*(names or ("127.0.0.1",))).configure_cert(context)
         ca.configure_trust(context)
         context.verify_mode = ssl.CERT_OPTIONAL
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def port(self) -> int:
-        return int(self.httpd.server_address[1])
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(5)
+        super().__init__(Handler, context)
+        self.start()
 
 
 @pytest.fixture(scope="module")

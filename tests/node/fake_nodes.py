@@ -9,12 +9,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import jsonpatch
-import yaml
+
+from tests.fake_apiserver import JsonHandler, LoopbackServer, write_kubeconfig
 
 
 @dataclass
@@ -45,13 +45,11 @@ class FakeNodes:
         class Handler(_NodesHandler):
             fake = self
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.server = LoopbackServer(Handler)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        return self.server.url
 
     def capacity(self, node: str) -> dict[str, str]:
         with self.lock:
@@ -74,17 +72,10 @@ class FakeNodes:
         return [r for r in self.requests if r.method != "GET"]
 
     def kubeconfig(self, directory: Path) -> Path:
-        path = directory / "kubeconfig"
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "node-token"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-        }))  # fmt: skip
-        return path
+        return write_kubeconfig(directory, self.url, "node-token")
 
 
-class _NodesHandler(BaseHTTPRequestHandler):
+class _NodesHandler(JsonHandler):
     """Serves the nodes of `fake`, set by the subclass each FakeNodes makes."""
 
     fake: FakeNodes
@@ -141,17 +132,6 @@ class _NodesHandler(BaseHTTPRequestHandler):
 
     do_POST = do_DELETE = do_PUT
 
-    def _send(self, code: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
 
 def _status(code: int) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code}
@@ -160,10 +140,8 @@ def _status(code: int) -> dict[str, Any]:
 @contextmanager
 def fake_nodes(*names: str) -> Iterator[FakeNodes]:
     fake = FakeNodes(*names)
-    fake.thread.start()
+    fake.server.start()
     try:
         yield fake
     finally:
-        fake.httpd.shutdown()
-        fake.httpd.server_close()
-        fake.thread.join()
+        fake.server.close()

@@ -3,13 +3,12 @@ configurable status for chosen paths (API errors)."""
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.fake_apiserver import JsonHandler, LoopbackServer, write_kubeconfig
 
 GROUP = "/apis/resource.k8s.io/v1"
 
@@ -30,7 +29,7 @@ class FakeKube:
         self.requests: list[str] = []
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             def do_GET(self) -> None:
                 fake.requests.append(self.path)
                 path = self.path.split("?", 1)[0]
@@ -41,24 +40,11 @@ class FakeKube:
                 else:
                     self._send(404, {"kind": "Status", "reason": "NotFound", "code": 404})
 
-            def _send(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.server = LoopbackServer(Handler)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        return self.server.url
 
     def add(self, *objects: dict[str, Any]) -> None:
         for obj in objects:
@@ -68,20 +54,11 @@ class FakeKube:
         self.add(*(d for d in yaml.safe_load_all(text) if d))
 
     def kubeconfig(self, directory: Path) -> Path:
-        path = directory / "kubeconfig"
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "t"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-        }))  # fmt: skip
-        return path
+        return write_kubeconfig(directory, self.url, "t")
 
     def __enter__(self) -> FakeKube:
-        self.thread.start()
+        self.server.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(5)
+        self.server.close()
