@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from providers.core import prices
 from providers.core.catalog import Catalog, InstanceType
 from providers.core.errors import CatalogError
+from tests.providers.catalog_script import make_catalogs
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOTS = ROOT / "providers" / "snapshots"
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "make_catalogs", ROOT / "scripts" / "make_catalogs.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _snapshot(name: str) -> Catalog:
@@ -45,7 +34,7 @@ def test_snapshot_is_a_valid_catalog(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["azure-eastus", "gcp-us-central1"])
 def test_snapshot_is_byte_for_byte_what_the_script_writes(name: str, tmp_path: Path) -> None:
-    script = _script()
+    script = make_catalogs()
     assert script.main(["--out", str(tmp_path), name]) == 0
     assert (tmp_path / f"{name}.json").read_text() == (SNAPSHOTS / f"{name}.json").read_text()
 
@@ -53,7 +42,7 @@ def test_snapshot_is_byte_for_byte_what_the_script_writes(name: str, tmp_path: P
 def test_script_refuses_unknown_snapshot_names(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _script().main(["--out", str(tmp_path), "aws-mars-1"]) == 2
+    assert make_catalogs().main(["--out", str(tmp_path), "aws-mars-1"]) == 2
     assert "unknown snapshot aws-mars-1" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 

@@ -5,32 +5,19 @@ and a snapshot made again by scripts/make_catalogs.py is byte for byte the bundl
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from providers.core.snapshots import available_snapshots, default_catalog_dir, load_catalog
+from tests.providers.catalog_script import make_catalogs
 
 ROOT = Path(__file__).resolve().parents[2]
 # EC2's accelerated families with NVIDIA GPUs (g*, p*) besides the general ones
 GPU_FAMILY = re.compile(r"^(g\d|p\d)")
-
-
-def _maker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "make_catalogs", ROOT / "scripts/make_catalogs.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_catalogs", module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _moto_offerings() -> dict[str, set[str]]:
@@ -50,7 +37,7 @@ def test_every_region_that_sells_gpus_has_a_snapshot() -> None:
     with_gpus = {r for r, types in offerings.items() if any(GPU_FAMILY.match(t) for t in types)}
     bundled = set(available_snapshots("aws"))
     assert with_gpus <= bundled, sorted(with_gpus - bundled)
-    assert set(_maker().AWS_REGIONS) == bundled
+    assert set(make_catalogs().AWS_REGIONS) == bundled
     for region in sorted(bundled):
         catalog = load_catalog("aws", region)
         assert catalog.region == region
@@ -60,6 +47,6 @@ def test_every_region_that_sells_gpus_has_a_snapshot() -> None:
 
 @pytest.mark.slow
 def test_a_snapshot_is_made_again_identically(tmp_path: Path) -> None:
-    assert _maker().main(["--out", str(tmp_path), "aws-eu-west-1"]) == 0
+    assert make_catalogs().main(["--out", str(tmp_path), "aws-eu-west-1"]) == 0
     made = (tmp_path / "aws-eu-west-1.json").read_text()
     assert made == (default_catalog_dir() / "aws-eu-west-1.json").read_text()

@@ -14,10 +14,7 @@ those rows; this test holds the bundle to the list.
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -26,9 +23,10 @@ from providers.core.offers import offer_for
 from providers.core.request import InstanceRequest
 from providers.core.selection import select
 from providers.core.snapshots import CatalogLoader, available_snapshots, load_catalog
+from tests.providers.catalog_script import make_catalogs
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDED = {"gcp": "us-central1", "azure": "eastus"}
+RECORDED: dict[str, str] = make_catalogs().RECORDED  # the region each cloud was recorded in
 
 GCP_LISTED = {
     "asia-east1": "a3 g2 n1+p100 n1+t4 n1+v100",
@@ -82,17 +80,6 @@ LISTED = {"gcp": GCP_LISTED, "azure": AZURE_LISTED}
 MADE = [(c, r) for c, regions in LISTED.items() for r in sorted(regions) if r != RECORDED[c]]
 
 
-def _maker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "make_catalogs", ROOT / "scripts/make_catalogs.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_catalogs", module)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _summary(catalog: Catalog) -> str:
     """What a GCP or Azure catalog bundles with GPUs, in LISTED's words."""
     found: set[str] = set()
@@ -108,7 +95,7 @@ def _summary(catalog: Catalog) -> str:
 @pytest.mark.parametrize("cloud", sorted(LISTED))
 def test_every_region_whose_list_sells_gpus_is_bundled(cloud: str) -> None:
     assert set(available_snapshots(cloud)) == set(LISTED[cloud])
-    maker = _maker()
+    maker = make_catalogs()
     made = {"gcp": maker.GCP_SOURCE_REGIONS, "azure": maker.AZURE_SOURCE_REGIONS}[cloud]
     assert {RECORDED[cloud], *made} == set(LISTED[cloud])
     assert "westeurope" not in available_snapshots("azure")  # not in the list: no Azure EU row
@@ -180,7 +167,7 @@ def test_an_a100_in_europe_west4_is_chosen_by_estimate_when_the_list_has_no_pric
 
 
 def test_the_maker_takes_a_list_figure_only_where_its_recorded_one_is_ours() -> None:
-    maker = _maker()
+    maker = make_catalogs()
     row = maker.SourceRow
 
     def rows(a100_here: float, l4_check: float) -> dict[tuple[str, str], object]:
@@ -222,7 +209,7 @@ def test_the_maker_takes_a_list_figure_only_where_its_recorded_one_is_ours() -> 
 
 
 def test_the_maker_takes_no_azure_spot_price_that_repeats_the_on_demand_one() -> None:
-    maker = _maker()
+    maker = make_catalogs()
     row = maker.SourceRow
     rows = {
         ("Standard_NC40ads_H100_v5", "eastus"): row((), 6.98, 6.98),
