@@ -30,6 +30,7 @@ from adaptor.ttrpc.codec import (
     peek_call,
 )
 from adaptor.ttrpc.streams import ClientStreams, ServerStreams
+from tests.ttrpc.frames import request, response
 
 REQUEST = encode_request("grpc.AgentService", "WaitProcess", b"\x0a\x40" + b"c" * 64)
 RESPONSE = encode_response(b"\x08\x00" + b"p" * 30)
@@ -74,8 +75,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs (the median is printed)")
     args = parser.parse_args()
     ids = range(1, 2 * args.calls, 2)
-    requests = [encode_frame(i, MessageType.REQUEST, REQUEST) for i in ids]
-    responses = [encode_frame(i, MessageType.RESPONSE, RESPONSE) for i in ids]
+    requests = [request(i, REQUEST) for i in ids]
+    responses = [response(i, RESPONSE) for i in ids]
     for name, run, frames in [
         ("codec alone", codec_alone, requests),
         ("serving side", serving, requests),

@@ -13,7 +13,6 @@ from adaptor.ttrpc.codec import (
     FrameDecoder,
     MessageType,
     encode_frame,
-    encode_request,
     encode_response,
     peek_call,
 )
@@ -35,18 +34,14 @@ from adaptor.ttrpc.streams import (
     StreamData,
     oversized_message,
 )
+from tests.ttrpc.frames import CHECK, request, response
 
 REQUEST = MessageType.REQUEST
 DATA = MessageType.DATA
-CHECK = encode_request("grpc.Health", "Check", b"")
 
 
 def machine() -> ServerStreams[tuple[str, str]]:
     return ServerStreams(peek_call)
-
-
-def request(stream_id: int, data: bytes = CHECK, flags: int = 0) -> bytes:
-    return encode_frame(stream_id, REQUEST, data, flags)
 
 
 def oversized(stream_id: int, msg_type: int = REQUEST, extra: int = 1) -> bytes:
@@ -240,12 +235,6 @@ def test_any_split_of_the_bytes_gives_the_same_events(
 
 
 # --- the calling side ----------------------------------------------------------------------------
-
-
-def response(
-    stream_id: int, data: bytes = b"\x0a\x00", msg_type: int = MessageType.RESPONSE
-) -> bytes:
-    return encode_frame(stream_id, msg_type, data)
 
 
 def test_calls_take_odd_increasing_ids_and_get_one_answer_each() -> None:
