@@ -302,51 +302,9 @@ class AwsProvider:
         order = sites(spec.candidates, [z for z, _ in zones])
 
         async def attempt(placement: Site, spot: bool) -> Instance:
-            tags = tags_for(spec, self.owner_id, spot)
-            tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
-            request: dict[str, Any] = {
-                "ImageId": image,
-                "InstanceType": placement.instance_type,
-                "MinCount": 1,
-                "MaxCount": 1,
-                "ClientToken": client_token(spec.sandbox_id, placement, spot),
-                "TagSpecifications": [
-                    {"ResourceType": kind, "Tags": tag_list} for kind in ("instance", "volume")
-                ],
-                "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
-            }
-            reservation = placement.candidate.reservation
-            if reservation:
-                # launched into the operator's reservation: a Capacity Block's instances need
-                # the capacity-block market, a plain capacity reservation none
-                target = {"CapacityReservationId": reservation}
-                request["CapacityReservationSpecification"] = {"CapacityReservationTarget": target}
-                if "capacity-block" in offer_for("aws", placement.instance_type).provisioning:
-                    request["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
-            elif spot:
-                request["InstanceMarketOptions"] = SPOT_MARKET_OPTIONS
-            if spec.user_data:
-                request["UserData"] = spec.user_data
-            if self.config.root_volume_gib:
-                root = await self._root_device(image)
-                ebs = {"VolumeSize": self.config.root_volume_gib, "VolumeType": "gp3"}
-                ebs["DeleteOnTermination"] = True
-                request["BlockDeviceMappings"] = [{"DeviceName": root, "Ebs": ebs}]
-            if self.config.key_name:
-                request["KeyName"] = self.config.key_name
-            subnet = subnet_of.get(placement.zone, "")
-            if subnet:
-                interface: dict[str, Any] = {"DeviceIndex": 0, "SubnetId": subnet}
-                if self.config.security_group_ids:
-                    interface["Groups"] = list(self.config.security_group_ids)
-                if self.config.use_public_ip:
-                    interface["AssociatePublicIpAddress"] = True
-                request["NetworkInterfaces"] = [interface]
-            else:
-                if placement.zone:
-                    request["Placement"] = {"AvailabilityZone": placement.zone}
-                if self.config.security_group_ids:
-                    request["SecurityGroupIds"] = list(self.config.security_group_ids)
+            request = await self._run_request(
+                spec, image, placement, spot, subnet_of.get(placement.zone, "")
+            )
             market = "Spot" if spot else "on-demand"
             out = await self._call(
                 f"{what}: launch {market} {placement}", "run_instances", **request
@@ -363,6 +321,54 @@ class AwsProvider:
             )
 
         return await create_in_markets(what, spec.capacity_type, in_market)
+
+    async def _run_request(
+        self, spec: VMSpec, image: str, placement: Site, spot: bool, subnet: str
+    ) -> dict[str, Any]:
+        """RunInstances' arguments for one launch of `spec` at `placement`."""
+        tags = tags_for(spec, self.owner_id, spot)
+        tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
+        request: dict[str, Any] = {
+            "ImageId": image,
+            "InstanceType": placement.instance_type,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "ClientToken": client_token(spec.sandbox_id, placement, spot),
+            "TagSpecifications": [
+                {"ResourceType": kind, "Tags": tag_list} for kind in ("instance", "volume")
+            ],
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        }
+        request.update(_market_arguments(placement, spot))
+        if spec.user_data:
+            request["UserData"] = spec.user_data
+        if self.config.root_volume_gib:
+            root = await self._root_device(image)
+            ebs = {"VolumeSize": self.config.root_volume_gib, "VolumeType": "gp3"}
+            ebs["DeleteOnTermination"] = True
+            request["BlockDeviceMappings"] = [{"DeviceName": root, "Ebs": ebs}]
+        if self.config.key_name:
+            request["KeyName"] = self.config.key_name
+        request.update(self._network_arguments(placement, subnet))
+        return request
+
+    def _network_arguments(self, placement: Site, subnet: str) -> dict[str, Any]:
+        """Where the VM's interface goes: the zone's subnet with the security groups, or the
+        zone alone (the default VPC)."""
+        groups = list(self.config.security_group_ids)
+        if subnet:
+            interface: dict[str, Any] = {"DeviceIndex": 0, "SubnetId": subnet}
+            if groups:
+                interface["Groups"] = groups
+            if self.config.use_public_ip:
+                interface["AssociatePublicIpAddress"] = True
+            return {"NetworkInterfaces": [interface]}
+        arguments: dict[str, Any] = {}
+        if placement.zone:
+            arguments["Placement"] = {"AvailabilityZone": placement.zone}
+        if groups:
+            arguments["SecurityGroupIds"] = groups
+        return arguments
 
     async def _finish(self, what: str, instance_id: str) -> Instance:
         """Wait until the VM is running with an address; on any failure, delete it."""
@@ -623,3 +629,20 @@ def from_settings(
             "env PEERPODS_POD_VM_IMAGE)"
         )
     return AwsProvider(config, owner_id, resolve=resolve, calls=calls)
+
+
+def _market_arguments(placement: Site, spot: bool) -> dict[str, Any]:
+    """How the launch is bought: into the operator's reservation (a Capacity Block's instances
+    need the capacity-block market, a plain capacity reservation none), as Spot, or on demand."""
+    reservation = placement.candidate.reservation
+    if reservation:
+        target = {"CapacityReservationId": reservation}
+        arguments: dict[str, Any] = {
+            "CapacityReservationSpecification": {"CapacityReservationTarget": target}
+        }
+        if "capacity-block" in offer_for("aws", placement.instance_type).provisioning:
+            arguments["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
+        return arguments
+    if spot:
+        return {"InstanceMarketOptions": SPOT_MARKET_OPTIONS}
+    return {}
