@@ -60,7 +60,7 @@ class SandboxRecord:
         return replace(self, **changes)
 
 
-def instance_to_json(instance: Instance | None) -> dict[str, Any] | None:
+def instance_to_dict(instance: Instance | None) -> dict[str, Any] | None:
     """A JSON-ready form of an Instance (tuples and mappings made plain)."""
     if instance is None:
         return None
@@ -77,8 +77,8 @@ def instance_to_json(instance: Instance | None) -> dict[str, Any] | None:
     }
 
 
-def instance_from_json(data: Mapping[str, Any] | None) -> Instance | None:
-    """The inverse of `instance_to_json`."""
+def instance_from_dict(data: Mapping[str, Any] | None) -> Instance | None:
+    """The inverse of `instance_to_dict`."""
     if data is None:
         return None
     port = data.get("port")

@@ -46,8 +46,8 @@ from typing import Any, TypeVar
 from adaptor.state.records import (
     SandboxRecord,
     SandboxState,
-    instance_from_json,
-    instance_to_json,
+    instance_from_dict,
+    instance_to_dict,
 )
 from adaptor.state.thread import StateThread
 from providers.core.errors import PeerpodsError
@@ -272,7 +272,7 @@ class StateStore:
                 record.agent_socket,
                 record.state.value,
                 record.reason,
-                json.dumps(instance_to_json(record.instance)) if record.instance else None,
+                json.dumps(instance_to_dict(record.instance)) if record.instance else None,
                 record.created_at,
                 record.updated_at,
                 record.device_plan,
@@ -322,7 +322,7 @@ class StateStore:
             agent_socket=row[5],
             state=SandboxState(row[6]),
             reason=row[7],
-            instance=instance_from_json(json.loads(row[8])) if row[8] else None,
+            instance=instance_from_dict(json.loads(row[8])) if row[8] else None,
             created_at=row[9],
             updated_at=row[10],
             device_plan=row[11],
