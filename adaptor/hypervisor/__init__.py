@@ -9,6 +9,7 @@ from adaptor.hypervisor.sandboxes import (
     SandboxHook,
     SandboxManager,
     SandboxNotFound,
+    SandboxTable,
     StartAborted,
     StartTimeout,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "SandboxHook",
     "SandboxManager",
     "SandboxNotFound",
+    "SandboxTable",
     "StartAborted",
     "StartTimeout",
 ]

@@ -5,7 +5,8 @@ is written to the state store before it is acted on or answered, so a restarted 
 which VMs exist; a VM that was created is either recorded or deleted, whatever fails.
 
 `SandboxManager` is the one object the service, the daemon and the background loops hold; it
-composes three parts over one shared table (adaptor.hypervisor.table):
+composes three parts over the one table it is given (adaptor.hypervisor.table, which takes the
+collaborators):
 
     start      CreateVM and StartVM (adaptor.hypervisor.start)
     teardown   StopVM, a failed start's cleanup, abandon, the reaper's and preemption's entries
@@ -20,7 +21,7 @@ hands the teardown to a task the manager owns.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from adaptor.hypervisor.collaborators import (
@@ -47,7 +48,6 @@ from adaptor.hypervisor.table import AGENT_SOCKET_NAME, SandboxTable
 from adaptor.hypervisor.teardown import Teardowns, answer_within
 from adaptor.state import SandboxRecord, StateStore
 from providers.core.base import Instance, Provider
-from providers.core.contract import VMIntent
 
 
 class SandboxManager:
@@ -55,27 +55,11 @@ class SandboxManager:
 
     def __init__(
         self,
-        config: ManagerConfig,
-        store: StateStore,
-        provider: Provider,
-        placement: Planner,
-        proxies: ProxyFactory,
+        table: SandboxTable,
         *,
-        hooks: Sequence[SandboxHook] = (),
-        vm_policy: Callable[[VMIntent], None] | None = None,
-        user_data: UserDataBuilder | None = None,
         on_abandoned: Callable[[SandboxRecord, str], None] | None = None,
     ) -> None:
-        self.table = SandboxTable(
-            config,
-            store,
-            provider,
-            placement,
-            proxies,
-            hooks=hooks,
-            vm_policy=vm_policy,
-            user_data=user_data,
-        )
+        self.table = table
         self.teardowns = Teardowns(self.table, on_abandoned)
         self.starts = Starts(self.table, self.teardowns)
         self.recovery = Recovery(self.table, self.teardowns)
@@ -135,6 +119,7 @@ __all__ = [
     "SandboxHook",
     "SandboxManager",
     "SandboxNotFound",
+    "SandboxTable",
     "ShuttingDown",
     "StartAborted",
     "StartTimeout",

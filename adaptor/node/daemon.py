@@ -36,6 +36,7 @@ from adaptor.hypervisor.sandboxes import (
     ProxyFactory,
     SandboxHook,
     SandboxManager,
+    SandboxTable,
 )
 from adaptor.hypervisor.service import HypervisorService
 from adaptor.node.advertise import CapacityAdvertiser, KubeNodeApi, NodeApi
@@ -261,7 +262,7 @@ class Daemon:
         settings = self.settings
         # the pod VM's user data (static and local VMs are configured by whoever made them)
         user_data = PodVmUserData(provider.name, pki, settings.pods_dir)
-        return SandboxManager(
+        table = SandboxTable(
             ManagerConfig.of(settings),
             store,
             provider,
@@ -277,8 +278,8 @@ class Daemon:
                 frozenset(settings.allowed_machine_types), frozenset(settings.allowed_images)
             ).check,
             user_data=user_data.build if provider.name in CLOUDS else None,
-            on_abandoned=self.abandoned.add,
         )
+        return SandboxManager(table, on_abandoned=self.abandoned.add)
 
     async def _prepare_provider(self) -> tuple[registry.Prepared, Catalog | None]:
         """The provider, checked and started but not yet built over the store (in a thread: a

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from adaptor.hypervisor.gc import GarbageCollector
-from adaptor.hypervisor.sandboxes import ManagerConfig, SandboxManager
+from adaptor.hypervisor.sandboxes import ManagerConfig, SandboxManager, SandboxTable
 from adaptor.node.wiring import count_capacity_fallback
 from adaptor.planning.placement import Placement
 from adaptor.runtime import metrics
@@ -76,11 +76,13 @@ async def test_sandbox_log_lines_name_the_sandbox_and_pod() -> None:
     with tempfile.TemporaryDirectory(prefix="pp", dir="/tmp") as root:
         store = await StateStore.open(Path(root) / "state")
         manager = SandboxManager(
-            ManagerConfig(pods_dir=Path(root) / "pods"),
-            store,
-            FakeProvider(),
-            Placement(),
-            FakeProxies(),
+            SandboxTable(
+                ManagerConfig(pods_dir=Path(root) / "pods"),
+                store,
+                FakeProvider(),
+                Placement(),
+                FakeProxies(),
+            )
         )
         try:
             await manager.create_vm("sb-logs", ANNOTATIONS)

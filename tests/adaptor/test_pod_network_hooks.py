@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from adaptor.hypervisor import ManagerConfig, SandboxManager
+from adaptor.hypervisor import ManagerConfig, SandboxManager, SandboxTable
 from adaptor.hypervisor.pod_network import PodNetworkHook
 from adaptor.node.settings import ServeSettings
 from adaptor.planning.placement import Placement
@@ -81,7 +81,7 @@ def pod_network_manager(
     """A manager with the pod network hook over `tunnels` and no selection (these tests need
     none)."""
     hooks = (PodNetworkHook(tunnels),)
-    return SandboxManager(config, store, provider, Placement(), proxies, hooks=hooks)
+    return SandboxManager(SandboxTable(config, store, provider, Placement(), proxies, hooks=hooks))
 
 
 def manager(

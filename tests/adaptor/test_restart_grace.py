@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from adaptor.hypervisor import ManagerConfig, SandboxManager
+from adaptor.hypervisor import ManagerConfig, SandboxManager, SandboxTable
 from adaptor.hypervisor.sandboxes import ShuttingDown
 from adaptor.planning.placement import Placement
 from adaptor.runtime import metrics
@@ -60,17 +60,19 @@ class Node:
 
     def manager(self, grace: float = GRACE) -> SandboxManager:
         manager = SandboxManager(
-            ManagerConfig(
-                pods_dir=self.root / "pods",
-                proxy_timeout_seconds=1,
-                delete_retry_seconds=0.02,
-                delete_retry_max_seconds=0.05,
-                reconnect_grace_seconds=grace,
+            SandboxTable(
+                ManagerConfig(
+                    pods_dir=self.root / "pods",
+                    proxy_timeout_seconds=1,
+                    delete_retry_seconds=0.02,
+                    delete_retry_max_seconds=0.05,
+                    reconnect_grace_seconds=grace,
+                ),
+                self.store,
+                self.provider,
+                Placement(),
+                self.proxies,
             ),
-            self.store,
-            self.provider,
-            Placement(),
-            self.proxies,
             on_abandoned=lambda record, why: self.abandoned.append((record.id, why)),
         )
         self.managers.append(manager)

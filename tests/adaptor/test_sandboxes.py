@@ -14,6 +14,7 @@ from adaptor.hypervisor import (
     SandboxBusy,
     SandboxManager,
     SandboxNotFound,
+    SandboxTable,
     StartAborted,
     StartTimeout,
 )
@@ -46,13 +47,15 @@ class Env:
 
     def make_manager(self) -> SandboxManager:
         return SandboxManager(
-            ManagerConfig(
-                pods_dir=self.root / "pods", proxy_timeout_seconds=1, delete_retry_seconds=0.01
-            ),
-            self.store,
-            self.provider,
-            Placement(),
-            self.proxies,
+            SandboxTable(
+                ManagerConfig(
+                    pods_dir=self.root / "pods", proxy_timeout_seconds=1, delete_retry_seconds=0.01
+                ),
+                self.store,
+                self.provider,
+                Placement(),
+                self.proxies,
+            )
         )
 
 
@@ -226,13 +229,15 @@ async def test_create_failure_is_recorded(env: Env) -> None:
 async def test_startvm_enforces_its_own_limit(env: Env) -> None:
     env.proxies.connect_gate = asyncio.Event()  # the forwarder never answers
     env.manager = SandboxManager(
-        ManagerConfig(
-            pods_dir=env.root / "pods", proxy_timeout_seconds=60, start_timeout_seconds=0.2
-        ),
-        env.store,
-        env.provider,
-        Placement(),
-        env.proxies,
+        SandboxTable(
+            ManagerConfig(
+                pods_dir=env.root / "pods", proxy_timeout_seconds=60, start_timeout_seconds=0.2
+            ),
+            env.store,
+            env.provider,
+            Placement(),
+            env.proxies,
+        )
     )
     await env.manager.create_vm("sb1", ANNOTATIONS)
     with pytest.raises(StartTimeout, match=r"within 0\.2s"):

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from adaptor.hypervisor import ManagerConfig, SandboxManager
+from adaptor.hypervisor import ManagerConfig, SandboxManager, SandboxTable
 from adaptor.hypervisor.service import HypervisorService
 from adaptor.node.catalogs import PlacementInUse
 from adaptor.planning.placement import Placement
@@ -113,13 +113,15 @@ async def walk() -> Walk:
     with tempfile.TemporaryDirectory(prefix="pp", dir="/tmp") as root:
         store = await StateStore.open(Path(root) / "state")
         manager = SandboxManager(
-            ManagerConfig(pods_dir=Path(root) / "pods", proxy_timeout_seconds=1),
-            store,
-            FakeProvider(),
-            # as `serve` gives it: the placement in use (a catalog reload puts a new one there)
-            PlacementInUse(Placement(catalog=load_snapshot("aws", "us-east-1"))),
-            FakeProxies(),
-            user_data=PodVmUserData("aws").build,
+            SandboxTable(
+                ManagerConfig(pods_dir=Path(root) / "pods", proxy_timeout_seconds=1),
+                store,
+                FakeProvider(),
+                # as `serve` gives it: the placement in use (a catalog reload puts a new one there)
+                PlacementInUse(Placement(catalog=load_snapshot("aws", "us-east-1"))),
+                FakeProxies(),
+                user_data=PodVmUserData("aws").build,
+            )
         )
         service = HypervisorService(manager)
         await manager.create_vm("sb1", ANNOTATIONS)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from adaptor.hypervisor import ManagerConfig, SandboxManager
+from adaptor.hypervisor import ManagerConfig, SandboxManager, SandboxTable
 from adaptor.hypervisor.preemption import InspectableProvider, PreemptionWatcher
 from adaptor.node.daemon import agent_proxy_factory
 from adaptor.planning.placement import Placement
@@ -262,11 +262,13 @@ async def node(cloud: Cloud) -> AsyncIterator[Node]:
         store = await StateStore.open(Path(root) / "state")
         provider: Any = SpotProvider(cloud.provider)
         manager = SandboxManager(
-            ManagerConfig(pods_dir=Path(root) / "pods", proxy_timeout_seconds=10),
-            store,
-            provider,
-            Placement(default_type=cloud.candidate),
-            agent_proxy_factory(None, on_upstream_lost=upstream_lost),
+            SandboxTable(
+                ManagerConfig(pods_dir=Path(root) / "pods", proxy_timeout_seconds=10),
+                store,
+                provider,
+                Placement(default_type=cloud.candidate),
+                agent_proxy_factory(None, on_upstream_lost=upstream_lost),
+            )
         )
         watchers.append(PreemptionWatcher(manager, provider, interval_seconds=0))
         try:
@@ -383,11 +385,13 @@ async def test_startvm_creates_the_capacity_the_contract_asks_for(
     with tempfile.TemporaryDirectory(prefix="pp", dir="/tmp") as root:
         store = await StateStore.open(Path(root) / "state")
         manager = SandboxManager(
-            ManagerConfig(pods_dir=Path(root) / "pods", proxy_timeout_seconds=10),
-            store,
-            cloud.provider,
-            Placement(default_type=cloud.candidate),
-            agent_proxy_factory(None),
+            SandboxTable(
+                ManagerConfig(pods_dir=Path(root) / "pods", proxy_timeout_seconds=10),
+                store,
+                cloud.provider,
+                Placement(default_type=cloud.candidate),
+                agent_proxy_factory(None),
+            )
         )
         try:
             await manager.create_vm(SID, annotations)
@@ -412,11 +416,13 @@ async def test_a_restarted_daemon_keeps_answering_why(cloud: Cloud, node: Node) 
     assert await node.watcher.sweep() == [SID]
     await node.manager.close(0)  # the daemon stops; the record stays
     manager = SandboxManager(
-        ManagerConfig(pods_dir=Path(socket).parent.parent, proxy_timeout_seconds=10),
-        node.store,
-        node.manager.provider,
-        Placement(),
-        agent_proxy_factory(None),
+        SandboxTable(
+            ManagerConfig(pods_dir=Path(socket).parent.parent, proxy_timeout_seconds=10),
+            node.store,
+            node.manager.provider,
+            Placement(),
+            agent_proxy_factory(None),
+        )
     )
     watcher = PreemptionWatcher(manager, node.watcher.provider, interval_seconds=0)
     try:
