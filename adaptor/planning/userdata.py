@@ -83,7 +83,8 @@ class GpuSetup:
             generate_cdi=generate_cdi,
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """The mapping the VM's GPU setup reads (written as JSON into its user data)."""
         return {
             "v": 1,
             "gpu_model": self.model,
@@ -143,7 +144,7 @@ def render(config: PodVMConfig) -> str:
             {
                 "path": DEVICES_PATH,
                 "permissions": "0644",
-                "content": json.dumps(config.gpu.to_json(), separators=(",", ":"), sort_keys=True),
+                "content": json.dumps(config.gpu.to_dict(), separators=(",", ":"), sort_keys=True),
             }
         )
     for path, content in config.extra_files:
@@ -199,7 +200,7 @@ class PodVmUserData:
         extra = tuple(
             (
                 f"/run/peerpod/devices.{setup.model}.json",
-                json.dumps(setup.to_json(), sort_keys=True),
+                json.dumps(setup.to_dict(), sort_keys=True),
             )
             for setup in setups[1:]
         )
