@@ -21,7 +21,6 @@ hands the teardown to a task the manager owns.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from adaptor.hypervisor.collaborators import (
@@ -46,21 +45,16 @@ from adaptor.hypervisor.recovery import RECOVER_CONCURRENCY, Recovery
 from adaptor.hypervisor.start import Starts
 from adaptor.hypervisor.table import AGENT_SOCKET_NAME, SandboxTable
 from adaptor.hypervisor.teardown import Teardowns, answer_within
-from adaptor.state import SandboxRecord, StateStore
+from adaptor.state import StateStore
 from providers.core.base import Instance, Provider
 
 
 class SandboxManager:
     """Owns every sandbox on this node: records, VMs and agent proxies (see the module)."""
 
-    def __init__(
-        self,
-        table: SandboxTable,
-        *,
-        on_abandoned: Callable[[SandboxRecord, str], None] | None = None,
-    ) -> None:
+    def __init__(self, table: SandboxTable) -> None:
         self.table = table
-        self.teardowns = Teardowns(self.table, on_abandoned)
+        self.teardowns = Teardowns(self.table)
         self.starts = Starts(self.table, self.teardowns)
         self.recovery = Recovery(self.table, self.teardowns)
         # the calls of the hypervisor service

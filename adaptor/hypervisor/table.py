@@ -65,6 +65,7 @@ class SandboxTable:
         hooks: Sequence[SandboxHook] = (),
         vm_policy: Callable[[VMIntent], None] | None = None,
         user_data: UserDataBuilder | None = None,
+        on_abandoned: Callable[[SandboxRecord, str], None] | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -76,6 +77,8 @@ class SandboxTable:
         # at CreateVM and StartVM
         self.vm_policy = vm_policy or (lambda _intent: None)
         self.proxy_factory = proxies
+        # told of each sandbox given up because its shim never came back (the status API)
+        self.on_abandoned = on_abandoned
         self.proxies: dict[str, AgentProxyHandle] = {}
         # intents CreateVM parsed and checked, until their StartVM (or teardown) takes them: a
         # sandbox recorded by an earlier process is parsed again from its annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from adaptor.hypervisor.collaborators import AgentProxyHandle
@@ -34,14 +34,8 @@ REAP_WAIT_SECONDS = 120.0
 class Teardowns:
     """Tears sandboxes down over the shared table; owns the writes a full store refused."""
 
-    def __init__(
-        self,
-        table: SandboxTable,
-        on_abandoned: Callable[[SandboxRecord, str], None] | None = None,
-    ) -> None:
+    def __init__(self, table: SandboxTable) -> None:
         self.table = table
-        # told of each sandbox given up because its shim never came back (the status API)
-        self._on_abandoned = on_abandoned
         # writes a full state store refused: sandbox id -> the record to put (None: delete it)
         self._owed: dict[str, SandboxRecord | None] = {}
         self._owed_why = ""
@@ -313,9 +307,9 @@ class Teardowns:
         with sandbox_context(record.id, f"{record.pod_namespace}/{record.pod_name}"):
             log.warning("sandbox %s %s; tearing it down", sandbox_id, reason)
         metrics.ABANDONED.labels(provider=table.provider.name).inc()
-        if self._on_abandoned is not None:
+        if self.table.on_abandoned is not None:
             try:
-                self._on_abandoned(record, reason)
+                self.table.on_abandoned(record, reason)
             except Exception:
                 log.exception("on_abandoned callback failed")
         stop = self.begin_stop(sandbox_id, cancel_start=False, reason=reason)

@@ -278,8 +278,9 @@ class Daemon:
                 frozenset(settings.allowed_machine_types), frozenset(settings.allowed_images)
             ).check,
             user_data=user_data.build if provider.name in CLOUDS else None,
+            on_abandoned=self.abandoned.add,
         )
-        return SandboxManager(table, on_abandoned=self.abandoned.add)
+        return SandboxManager(table)
 
     async def _prepare_provider(self) -> tuple[registry.Prepared, Catalog | None]:
         """The provider, checked and started but not yet built over the store (in a thread: a

@@ -72,8 +72,8 @@ class Node:
                 self.provider,
                 Placement(),
                 self.proxies,
-            ),
-            on_abandoned=lambda record, why: self.abandoned.append((record.id, why)),
+                on_abandoned=lambda record, why: self.abandoned.append((record.id, why)),
+            )
         )
         self.managers.append(manager)
         return manager
