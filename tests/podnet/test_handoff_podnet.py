@@ -20,15 +20,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.adaptor.daemon_proc import ANNOTATIONS, ServeProcess
+from tests.adaptor.daemon_proc import ServeProcess
 from tests.adaptor.handoff_peers import StreamingAgent, StreamingShim
 from tests.podnet.test_restart_no_leak import (
     FORWARDER_PORT,
+    MOTO_ENV,
+    PODS,
     MotoWorker,
     Node,
+    add_pods,
     bound,
     live_vms,
     moto_in,
+    static_node,
     until,
 )
 from tests.podnet.topology import Topology
@@ -36,7 +40,6 @@ from tests.shim_emulator import PAUSE
 
 pytestmark = pytest.mark.slow
 
-PODS = 10
 HANDOFFS = 5
 PRINT_EVERY_SECONDS = 0.02
 START_SECONDS = 120.0
@@ -77,15 +80,7 @@ class HandoffNode(Node):
         self.written: list[bytearray] = []
 
     async def run_streaming_pods(self) -> None:
-        self.streaming = [
-            StreamingShim(
-                self.proc.socket,
-                f"h-sb{i}",
-                {**ANNOTATIONS, "io.kubernetes.cri.sandbox-name": f"pod-{i}"},
-                netns=netns,
-            )
-            for i, netns in enumerate(self.pods)
-        ]
+        self.streaming = self.pod_shims(StreamingShim, "h")
         self.shims = list(self.streaming)
         self.written = [bytearray() for _ in self.pods]
         await asyncio.gather(*(shim.run_pod() for shim in self.streaming))
@@ -190,24 +185,16 @@ async def stopping(agent: StreamingAgent) -> AsyncIterator[StreamingAgent]:
 async def test_static_provider_hand_offs_with_pod_networking(
     topo: Topology, tmp_path: Path
 ) -> None:
-    pods = [(await asyncio.to_thread(topo.add_pod))[0] for _ in range(PODS)]
-    vms = [await asyncio.to_thread(topo.add_vm) for _ in range(PODS)]
-    endpoints = ",".join(f"{ip}:{FORWARDER_PORT}" for _vm, _podns, ip in vms)
-    args = ["--provider", "static", "--static-endpoints", endpoints, "--no-agent-tls"]
-    args += ["--shutdown-drain", "10s", "--gc-interval", "0s", "--proxy-timeout", "20s"]
+    pods, vms, args = await static_node(topo, "--proxy-timeout", "20s")
     proc = Successive(tmp_path, args, netns=topo.worker)
     async with stopping(StreamingAgent()) as agent:
         for vm, _podns, ip in vms:
             await agent.serve_on(bound(vm, (ip, FORWARDER_PORT)))
         node = HandoffNode(topo, proc, pods, agent)
         await node.remember()
-
-        def leased() -> int:
-            return node.count("SELECT * FROM leases WHERE pool='static'")
-
         await proc.start()
         try:
-            await hand_offs_then_stop(node, leased)
+            await hand_offs_then_stop(node, node.static_leases)
         finally:
             await node.close_shims()
             await node.proc.kill()
@@ -215,9 +202,8 @@ async def test_static_provider_hand_offs_with_pod_networking(
 
 
 async def test_moto_hand_offs_with_pod_networking(topo: Topology, tmp_path: Path) -> None:
-    pods = [(await asyncio.to_thread(topo.add_pod))[0] for _ in range(PODS)]
-    aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    proc = SuccessiveMoto(tmp_path, [], netns=topo.worker, env=aws)
+    pods = await add_pods(topo)
+    proc = SuccessiveMoto(tmp_path, [], netns=topo.worker, env=MOTO_ENV)
     with moto_in(topo.worker):
         async with stopping(StreamingAgent()) as agent:
             listener = bound(topo.worker, ("127.0.0.1", 0))

@@ -41,7 +41,9 @@ PODS = 10
 GRACE = "2s"
 FORWARDER_PORT = 15150
 MOTO_PORT = 5050
+MOTO_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 T = TypeVar("T")
+S = TypeVar("S", bound=ShimEmulator)
 
 
 def in_netns(ns: str, fn: Callable[[], T]) -> T:
@@ -96,16 +98,20 @@ class Node:
         for ns in [self.topo.worker, *self.pods]:
             self.before[ns] = await asyncio.to_thread(snapshot, ns)
 
-    async def run_pods(self, round_: int) -> None:
-        self.shims = [
-            ShimEmulator(
+    def pod_shims(self, shim: type[S], prefix: str) -> list[S]:
+        """One shim per pod, in its netns: sandbox `<prefix>-sb<i>` of pod `pod-<i>`."""
+        return [
+            shim(
                 self.proc.socket,
-                f"r{round_}-sb{i}",
+                f"{prefix}-sb{i}",
                 {**ANNOTATIONS, "io.kubernetes.cri.sandbox-name": f"pod-{i}"},
                 netns=netns,
             )
             for i, netns in enumerate(self.pods)
         ]
+
+    async def run_pods(self, round_: int) -> None:
+        self.shims = self.pod_shims(ShimEmulator, f"r{round_}")
         await asyncio.gather(*(shim.run_pod() for shim in self.shims))
         assert len(self.proc.rows("SELECT id FROM sandboxes WHERE state='running'")) == PODS
         assert len(self.proc.rows("SELECT * FROM leases WHERE pool='vxlan'")) == PODS
@@ -116,6 +122,10 @@ class Node:
     async def close_shims(self) -> None:
         for shim in self.shims:
             await shim.close()
+
+    def static_leases(self) -> int:
+        """The static provider's endpoints leased now (each is a pod VM in use)."""
+        return len(self.proc.rows("SELECT * FROM leases WHERE pool='static'"))
 
     def leaks(self) -> dict[str, Any]:
         """Whatever is left: records, leases (VNIs, endpoints), sandbox dirs, netns changes."""
@@ -130,6 +140,24 @@ class Node:
         changed = [ns for ns, seen in self.before.items() if snapshot(ns) != seen]
         left["netns changed"] = changed
         return {k: v for k, v in left.items() if v}
+
+
+async def add_pods(topo: Topology) -> list[str]:
+    """PODS pod netns on the worker (made off the loop)."""
+    return [(await asyncio.to_thread(topo.add_pod))[0] for _ in range(PODS)]
+
+
+async def static_node(
+    topo: Topology, *flags: str
+) -> tuple[list[str], list[tuple[str, str, str]], list[str]]:
+    """A node on the static provider: its pods, one pod VM per pod (netns, podns, underlay IP;
+    its forwarder listens on FORWARDER_PORT there), and the `serve` arguments naming those VMs
+    as the endpoints, followed by `flags`."""
+    pods = await add_pods(topo)
+    vms = [await asyncio.to_thread(topo.add_vm) for _ in range(PODS)]
+    endpoints = ",".join(f"{ip}:{FORWARDER_PORT}" for _vm, _podns, ip in vms)
+    args = ["--provider", "static", "--static-endpoints", endpoints, "--no-agent-tls"]
+    return pods, vms, [*args, "--shutdown-drain", "10s", "--gc-interval", "0s", *flags]
 
 
 async def until(check: Callable[[], Any], seconds: float, what: str) -> Any:
@@ -199,25 +227,18 @@ async def agents(listeners: list[socket.socket]) -> AsyncIterator[list[PodVMAgen
 async def test_static_provider_sigterm_and_kill_9_leak_nothing(
     topo: Topology, tmp_path: Path
 ) -> None:
-    pods = [(await asyncio.to_thread(topo.add_pod))[0] for _ in range(PODS)]
-    vms = [await asyncio.to_thread(topo.add_vm) for _ in range(PODS)]
-    endpoints = ",".join(f"{ip}:{FORWARDER_PORT}" for _vm, _podns, ip in vms)
-    args = ["--provider", "static", "--static-endpoints", endpoints, "--no-agent-tls"]
-    args += ["--reconnect-grace", GRACE, "--shutdown-drain", "10s", "--gc-interval", "0s"]
+    pods, vms, args = await static_node(topo, "--reconnect-grace", GRACE)
     proc = ServeProcess(tmp_path, args, netns=topo.worker)
     node = Node(topo, proc, pods)
     await node.remember()
     listeners = [bound(vm, (ip, FORWARDER_PORT)) for vm, _podns, ip in vms]
 
-    def leased() -> int:
-        return len(proc.rows("SELECT * FROM leases WHERE pool='static'"))
-
     async with agents(listeners):
         await proc.start()
         try:
-            await sigterm_round(node, leased)
+            await sigterm_round(node, node.static_leases)
             await proc.start()
-            await kill_9_round(node, leased)
+            await kill_9_round(node, node.static_leases)
         finally:
             await node.close_shims()
             await proc.kill()
@@ -296,10 +317,9 @@ class MotoWorker(ServeProcess):
 
 
 async def test_moto_sigterm_and_kill_9_leak_nothing(topo: Topology, tmp_path: Path) -> None:
-    pods = [(await asyncio.to_thread(topo.add_pod))[0] for _ in range(PODS)]
+    pods = await add_pods(topo)
     listener = bound(topo.worker, ("127.0.0.1", 0))
-    aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    proc = MotoWorker(tmp_path, [], netns=topo.worker, env=aws)
+    proc = MotoWorker(tmp_path, [], netns=topo.worker, env=MOTO_ENV)
     proc.agent_port = listener.getsockname()[1]
     node = Node(topo, proc, pods, pods_dir="p")
     await node.remember()
