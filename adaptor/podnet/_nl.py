@@ -26,7 +26,7 @@ SOL_NETLINK = 270
 NETLINK_CAP_ACK = 10
 
 NLMSG_ERROR, NLMSG_DONE = 2, 3
-F_REQUEST, F_MULTI, F_ACK = 0x1, 0x2, 0x4
+F_REQUEST, F_MULTI, F_ACK, F_ECHO = 0x1, 0x2, 0x4, 0x8
 F_DUMP, F_EXCL, F_CREATE, F_APPEND = 0x300, 0x200, 0x400, 0x800
 NLA_F_NESTED = 0x8000
 NLA_TYPE_MASK = 0x3FFF
@@ -60,6 +60,8 @@ NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END = 0x10, 0x11
 NFT_MSG_NEWRULE, NFT_MSG_GETRULE, NFT_MSG_DELRULE = 6, 7, 8
 NFTA_RULE_TABLE, NFTA_RULE_CHAIN, NFTA_RULE_HANDLE = 1, 2, 3
 NFTA_RULE_EXPRESSIONS, NFTA_RULE_USERDATA = 4, 7
+NFT_MSG_GETCHAIN = 4
+NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME, NFTA_CHAIN_USE = 1, 3, 6
 NFTA_LIST_ELEM = 1
 NFTA_EXPR_NAME, NFTA_EXPR_DATA = 1, 2
 NFTA_DATA_VALUE = 1
@@ -155,9 +157,12 @@ class Netlink:
             parts.append(header + message.body)
         return b"".join(parts), seqs
 
-    def transact(self, messages: Sequence[Message]) -> list[int]:
+    def transact(
+        self, messages: Sequence[Message], echoes: list[tuple[int, bytes]] | None = None
+    ) -> list[int]:
         """Send `messages` in one datagram; for each with F_ACK, its errno (0: done), in
-        order; a message the kernel never answered (a batch it abandoned) reads ECANCELED."""
+        order; a message the kernel never answered (a batch it abandoned) reads ECANCELED.
+        `echoes` gets (type, payload) of what the kernel sent back besides acks (F_ECHO)."""
         if not messages:
             return []
         data, seqs = self._pack(messages)
@@ -172,6 +177,8 @@ class Netlink:
             for kind, _flags, seq, payload in _messages(reply):
                 if kind == NLMSG_ERROR and seq in wanted:
                     answers[seq] = -struct.unpack_from("=i", payload)[0]
+                elif echoes is not None and kind != NLMSG_DONE and seq in seqs:
+                    echoes.append((kind, payload))
         return [
             answers.get(s, errno.ECANCELED)
             for s, m in zip(seqs, messages, strict=True)
@@ -401,7 +408,10 @@ def udata_comment(text: str) -> bytes:
     return bytes([0, len(value)]) + value
 
 
-def rule_add(table: str, chain: str, expressions: Sequence[bytes], comment: str) -> Message:
+def rule_add(
+    table: str, chain: str, expressions: Sequence[bytes], comment: str, echo: bool = False
+) -> Message:
+    """`echo`: the kernel sends the rule back as added, handle included."""
     body = (
         _nfgen()
         + asciiz(NFTA_RULE_TABLE, table)
@@ -409,7 +419,8 @@ def rule_add(table: str, chain: str, expressions: Sequence[bytes], comment: str)
         + nest(NFTA_RULE_EXPRESSIONS, *expressions)
         + attr(NFTA_RULE_USERDATA, udata_comment(comment))
     )
-    return Message(_nft(NFT_MSG_NEWRULE), F_ACK | F_CREATE | F_APPEND, body)
+    flags = F_ACK | F_CREATE | F_APPEND | (F_ECHO if echo else 0)
+    return Message(_nft(NFT_MSG_NEWRULE), flags, body)
 
 
 def rule_delete(table: str, chain: str, handle: int) -> Message:
@@ -422,6 +433,28 @@ def rule_delete(table: str, chain: str, handle: int) -> Message:
     return Message(_nft(NFT_MSG_DELRULE), F_ACK, body)
 
 
+def rule_get(table: str, chain: str, handle: int) -> Message:
+    """One rule by its handle (the kernel looks it up: nothing else is sent back)."""
+    body = (
+        _nfgen()
+        + asciiz(NFTA_RULE_TABLE, table)
+        + asciiz(NFTA_RULE_CHAIN, chain)
+        + attr(NFTA_RULE_HANDLE, struct.pack(">Q", handle))
+    )
+    return Message(_nft(NFT_MSG_GETRULE), 0, body)
+
+
+def chain_get(table: str, chain: str) -> Message:
+    body = _nfgen() + asciiz(NFTA_CHAIN_TABLE, table) + asciiz(NFTA_CHAIN_NAME, chain)
+    return Message(_nft(NFT_MSG_GETCHAIN), 0, body)
+
+
+def chain_use(payload: bytes) -> int:
+    """The kernel's use count of a chain: its rules plus the jumps and gotos into it."""
+    raw = attr_map(payload, 4).get(NFTA_CHAIN_USE)
+    return int(struct.unpack(">I", raw)[0]) if raw is not None else 0
+
+
 def rules_get(table: str, chain: str) -> Message:
     body = _nfgen() + asciiz(NFTA_RULE_TABLE, table) + asciiz(NFTA_RULE_CHAIN, chain)
     return Message(_nft(NFT_MSG_GETRULE), F_DUMP, body)
@@ -429,17 +462,26 @@ def rules_get(table: str, chain: str) -> Message:
 
 @dataclass(frozen=True)
 class RuleFacts:
-    """A rule's handle, its userdata (our comment) and the raw bytes of its expressions."""
+    """A rule's handle, its userdata (our comment), the raw bytes of its expressions and its
+    chain."""
 
     handle: int
     userdata: bytes
     expressions: bytes
+    chain: str = ""
+
+
+def is_new_rule(kind: int) -> bool:
+    return kind == _nft(NFT_MSG_NEWRULE)
 
 
 def rule_of(payload: bytes) -> RuleFacts:
     top = attr_map(payload, 4)
     handle = struct.unpack(">Q", top[NFTA_RULE_HANDLE])[0] if NFTA_RULE_HANDLE in top else 0
-    return RuleFacts(handle, top.get(NFTA_RULE_USERDATA, b""), top.get(NFTA_RULE_EXPRESSIONS, b""))
+    chain = top.get(NFTA_RULE_CHAIN, b"").split(b"\0", 1)[0].decode()
+    return RuleFacts(
+        handle, top.get(NFTA_RULE_USERDATA, b""), top.get(NFTA_RULE_EXPRESSIONS, b""), chain
+    )
 
 
 # --- reading a netns: links, IPv4 addresses, routes and neighbours --------------------------------

@@ -9,11 +9,14 @@ This writes the same rules over netlink into table `ip raw` (the table iptables-
 one nf_tables transaction packed directly (`_nl`) once the chains are known to exist; creating
 chains and jumps, and pruning them, go through pyroute2 (once per node, not per pod).
 
-Removing: a rule is found by its comment and address (one filtered dump per chain, parsed by
-hand), the pod's rules deleted by handle in one transaction; a `peerpod-*` chain left empty goes
-with its jump. A base chain or the table is deleted only when this module created
-it (it carries the comment `peerpod`) and it is empty, so a node whose raw table belongs to
-someone else keeps it exactly as it was.
+Removing: the handles the kernel echoed when this process added a pod's rules are read back one by
+one (a lookup, not a dump: the cost does not grow with the pods) and, still the pod's by comment
+and address, deleted in one transaction; the chains' use counts then say whether one may be empty.
+A pod whose handles are not known (added before a restart, or by the slow path) is found as before:
+one filtered dump per chain, parsed by hand. A `peerpod-*` chain left empty goes with its jump. A
+base chain or the table is deleted only when this module created it (it carries the comment
+`peerpod`) and it is empty, so a node whose raw table belongs to someone else keeps it exactly as
+it was.
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ _LOCK = threading.Lock()
 # the one nf_tables socket kept open per worker netns.
 _READY: set[int] = set()
 _SOCKETS: dict[int, _nl.Netlink] = {}
+# By worker netns and VNI, the (chain, handle) of each rule this process added for the pod; None
+# where some are not known (the slow path), so removal reads the chains. Handles are unique in a
+# table while it lives: forgotten with the sockets and when a chain or the table is pruned.
+_HANDLES: dict[int, dict[int, list[tuple[str, int]] | None]] = {}
 
 
 def comment(vni: int) -> str:
@@ -182,6 +189,7 @@ def _drop_sockets() -> None:
     for sock in _SOCKETS.values():
         sock.close()
     _SOCKETS.clear()
+    _HANDLES.clear()
 
 
 def close_sockets() -> None:
@@ -226,17 +234,23 @@ def _add_fresh(host_netns: str | None, vni: int, remote: str, port: int) -> bool
     """A fresh pod's two rules, one transaction, into chains known to exist; False when they
     were not there (nothing was added: a transaction is all or nothing)."""
     rules = [
-        _nl.rule_add(TABLE, ours, _raw_match(remote, port, which), comment(vni))
+        _nl.rule_add(TABLE, ours, _raw_match(remote, port, which), comment(vni), echo=True)
         for _base, _hook, ours, which in CHAINS
     ]
+    echoes: list[tuple[int, bytes]] = []
     try:
-        results = _socket(host_netns).transact(_nl.nft_batch(*rules))
+        results = _socket(host_netns).transact(_nl.nft_batch(*rules), echoes)
     except OSError:
         results = [errno.EIO]
     if any(results):
         _READY.clear()
         _drop_sockets()
         return False
+    pods = _HANDLES.setdefault(_key(host_netns), {})
+    echoed = [_nl.rule_of(payload) for kind, payload in echoes if _nl.is_new_rule(kind)]
+    added = [(r.chain, r.handle) for r in echoed if r.chain and r.handle]
+    known = pods.get(vni, [])
+    pods[vni] = known + added if known is not None and len(added) == len(rules) else None
     return True
 
 
@@ -280,6 +294,7 @@ def add(host_netns: str | None, vni: int, remote: str, port: int, fresh: bool = 
                             userdata=comment(vni),
                         )
             _READY.add(_key(host_netns))
+            _HANDLES.setdefault(_key(host_netns), {})[vni] = None
         except NetlinkError as exc:
             raise TunnelError(f"NOTRACK rules for VNI {vni}: {exc}") from None
 
@@ -315,17 +330,61 @@ def _matching(host_netns: str | None, vni: int, remote: str) -> tuple[list[_nl.M
     return deletes, emptied
 
 
+def _recorded(
+    host_netns: str | None, vni: int, remote: str, known: list[tuple[str, int]]
+) -> list[_nl.Message] | None:
+    """The deletes of a pod's rules by the handles recorded when they were added, each read
+    back first; None when one is no longer the pod's (the chains are read instead)."""
+    sock = _socket(host_netns)
+    mark = _nl.udata_comment(comment(vni))
+    address = _nl.attr(_nl.NFTA_DATA_VALUE, socket.inet_aton(remote)) if remote else b""
+    deletes: list[_nl.Message] = []
+    for chain, handle in known:
+        try:
+            found = [_nl.rule_of(p) for p in sock.get(_nl.rule_get(TABLE, chain, handle))]
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                continue
+            raise
+        if not all(r.userdata == mark and address in r.expressions for r in found):
+            return None
+        deletes.append(_nl.rule_delete(TABLE, chain, handle))
+    return deletes
+
+
+def _may_be_empty(host_netns: str | None) -> bool:
+    """Whether a peerpod chain is missing or holds at most one rule besides the jump into it
+    (its use count is its rules plus the jumps into it): then `_prune` reads it."""
+    sock = _socket(host_netns)
+    for _base, _hook, ours, _which in CHAINS:
+        try:
+            chains = sock.get(_nl.chain_get(TABLE, ours))
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return True
+            raise
+        if any(_nl.chain_use(payload) <= 2 for payload in chains):
+            return True
+    return False
+
+
 def remove(host_netns: str | None, vni: int, remote: str) -> None:
     """A pod's rules; then each emptied peerpod chain with its jump; then what we created."""
     with _LOCK:
         try:
-            deletes, emptied = _matching(host_netns, vni, remote)
+            known = _HANDLES.get(_key(host_netns), {}).pop(vni, None)
+            deletes = _recorded(host_netns, vni, remote, known) if known is not None else None
+            emptied: bool | None = None
+            if deletes is None:
+                deletes, emptied = _matching(host_netns, vni, remote)
             results = _socket(host_netns).transact(_nl.nft_batch(*deletes)) if deletes else []
             if any(code not in (0, errno.ENOENT) for code in results):
                 raise TunnelError(
                     f"removing NOTRACK rules of VNI {vni}: "
                     + ", ".join(os.strerror(c) for c in results if c)
                 )
+            if emptied is None:
+                emptied = _may_be_empty(host_netns)
         except OSError as exc:
             _drop_sockets()
             raise TunnelError(f"removing NOTRACK rules of VNI {vni}: {exc}") from None
@@ -366,6 +425,7 @@ def _prune(nft: Any, chains: dict[str, Any]) -> None:
         if ours not in chains or rules_in(nft, ours):
             continue
         _READY.clear()
+        _HANDLES.clear()
         base_rules = []
         for rule in rules_in(nft, base) if base in chains else []:
             if _jumps_to(rule, ours):
