@@ -47,7 +47,7 @@ from adaptor.ttrpc.status import Code, TtrpcError
 from adaptor.ttrpc.streams import Call, ClientStreams, ServerStreams
 
 from .dial import Dial
-from .moved import INTERRUPTED, REPEATABLE, MovedCall, MovedProxy, MovedShim
+from .moved import INTERRUPTED, OUTPUT_READS, REPEATABLE, MovedCall, MovedProxy, MovedShim
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,13 @@ BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 5.0
 # At a hand-off, how long answers already sent by the pod VM are still read after a half-close.
 MOVE_LINGER_SECONDS = 1.0
+# At a hand-off, an output read in flight on a stream that answered within OUTPUT_BUSY_SECONDS
+# is awaited, up to OUTPUT_SETTLE_SECONDS, before the pod VM connection is half-closed: output
+# is flowing, so its answer is near, and an agent whose TLS layer ends the whole session at the
+# FIN (Python's does) would drop an answer it writes after it; the bytes would be gone.
+OUTPUT_BUSY_SECONDS = 1.0
+OUTPUT_SETTLE_SECONDS = 0.5
+OUTPUT_STREAMS_KEPT = 64  # per shim connection, beyond which streams idle that long are forgotten
 
 
 class AgentProxy:
@@ -212,9 +219,11 @@ class AgentProxy:
         """Stop taking calls and make this proxy movable to another process.
 
         Reading from the shims stops (what they sent already is forwarded); calls that must not
-        be sent twice get `grace_seconds` to finish here; then the pod VM connection is dropped
-        without answering anything, every answer already written is flushed to the shims, and
-        the sockets are returned as duplicates (the originals stay open until `release`).
+        be sent twice get `grace_seconds` to finish here, and output reads of streams still
+        printing get their answer (`OUTPUT_SETTLE_SECONDS`); then the pod VM connection is
+        half-closed and read until the pod VM closes it, every answer already written is flushed
+        to the shims, and the sockets are returned as duplicates (the originals stay open until
+        `release`).
         """
         if self._server is None or self._listener is None:
             raise RuntimeError("proxy not started")
@@ -227,6 +236,7 @@ class AgentProxy:
             async with asyncio.timeout(grace_seconds):
                 for shim in self._frozen:
                     await shim.drained()
+        await self._settle_output()
         self._stopped = True  # from here on a lost upstream is not news, and nothing dials
         for task in [*self._waiting, *self._tasks]:
             task.cancel()
@@ -247,6 +257,17 @@ class AgentProxy:
             moved.close()
             raise
         return moved
+
+    async def _settle_output(self) -> None:
+        """Before the half-close: until no output read of a stream that is printing is in
+        flight, so the agent has no read of it left to answer when the connection ends."""
+        if self._upstream is None or self._upstream.closed:
+            return  # nothing can answer them
+        since = time.monotonic() - OUTPUT_BUSY_SECONDS
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(OUTPUT_SETTLE_SECONDS):
+                for shim in self._frozen:
+                    await shim.output_settled(since)
 
     async def adopt(self, moved: MovedProxy) -> None:
         """Serve inherited sockets (a hand-off): the listener, each shim connection from where
@@ -572,6 +593,8 @@ class _ShimConnection:
         self.calls: dict[int, tuple[str, str, bytes]] = {}
         self.frozen = False
         self._answered = asyncio.Event()  # set on each answer while frozen
+        # output read request (container, exec, length) -> when one was last answered
+        self._output_answered: dict[bytes, float] = {}
 
     @property
     def closing(self) -> bool:
@@ -595,6 +618,16 @@ class _ShimConnection:
     async def drained(self) -> None:
         """Until every call still in flight is one that is safe to send again."""
         while any(not data for _s, _m, data in self.calls.values()):
+            self._answered.clear()
+            await self._answered.wait()
+
+    async def output_settled(self, since: float) -> None:
+        """Until no output read is in flight for a stream that answered one at `since` or later
+        (a stream still printing; an idle one's read may wait for good)."""
+        while any(
+            (service, method) in OUTPUT_READS and self._output_answered.get(data, 0.0) >= since
+            for service, method, data in self.calls.values()
+        ):
             self._answered.clear()
             await self._answered.wait()
 
@@ -662,12 +695,24 @@ class _ShimConnection:
                 f"malformed response from the pod VM ({len(data)} bytes): {exc}",
             )
             return
+        if (service, method) in OUTPUT_READS:
+            call = self.calls.get(shim_id)
+            if call is not None:
+                self._note_output(call[2])
         self._streams.respond(shim_id, data)
         self._done(shim_id)
         if self._proxy._on_call is not None or self.completions:
             self._proxy.report(service, method, code)
             self._complete(shim_id, code, data)
         self._write()
+
+    def _note_output(self, request: bytes) -> None:
+        now = time.monotonic()
+        if len(self._output_answered) >= OUTPUT_STREAMS_KEPT:  # the execs that ended go
+            busy = now - OUTPUT_BUSY_SECONDS
+            kept = {r: t for r, t in self._output_answered.items() if t >= busy}
+            self._output_answered = kept
+        self._output_answered[request] = now
 
     def answer(self, shim_id: int, service: str, method: str, code: Code, message: str) -> None:
         """Answer a shim stream with a status produced by the proxy itself."""

@@ -33,6 +33,11 @@ REPEATABLE: frozenset[tuple[str, str]] = frozenset(
         *((HEALTH_SERVICE, m) for m in ("Check", "Version")),
     ]
 )
+# The long-polling reads of a process's output: the agent takes the bytes it answers with from
+# the pipe, so an answer it writes after its TLS layer saw the connection end is bytes lost.
+OUTPUT_READS: frozenset[tuple[str, str]] = frozenset(
+    (AGENT_SERVICE, method) for method in ("ReadStdout", "ReadStderr")
+)
 # The status a call gets when it could neither finish before a hand-off nor be sent again.
 INTERRUPTED = "interrupted by an adaptor hand-off; retry"
 
