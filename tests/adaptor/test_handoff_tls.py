@@ -8,10 +8,15 @@ relays a half-close towards the agent as a forwarder does. The agent (TLS with t
 CA, as a pod VM's forwarder) cancels a closed connection's calls. Every workload prints a line
 every 20 ms, so at each hand-off a `ReadStdout` answer is nearly always on its way.
 
-Measured: every byte printed, compared with what each shim received (the gaps, by hand-off).
-The old process shuts its side of each TCP connection for writing, under TLS as over plain TCP,
-and reads what the pod VM had already sent until the agent closes: nothing is lost, as
-docs/upgrade.md says. The exit status of each workload reaches its shim afterwards.
+The agent's TLS layer is asyncio's, which ends the whole session when the TCP FIN arrives: an
+answer the agent writes after that is dropped, though its server cancels the read only a moment
+later. Every stream here is printing, so the old process lets each read in flight be answered
+before it shuts its side of the TCP connection for writing, then reads what the pod VM had
+already sent until the agent closes.
+
+Measured: every byte printed, compared with what each shim received (the gaps, by hand-off):
+nothing is lost, as docs/upgrade.md says. The exit status of each workload reaches its shim
+afterwards.
 """
 
 from __future__ import annotations
