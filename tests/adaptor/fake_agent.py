@@ -148,7 +148,11 @@ class FakeAgent:
         return f"127.0.0.1:{self.port}"
 
     async def _check(self, _ctx: CallContext, _payload: bytes) -> bytes:
-        return bytes(health_pb2.HealthCheckResponse(status=1).SerializeToString())
+        return bytes(
+            health_pb2.HealthCheckResponse(
+                status=health_pb2.HealthCheckResponse.SERVING
+            ).SerializeToString()
+        )
 
     async def _wait(self, _ctx: CallContext, payload: bytes) -> bytes:
         request = agent_pb2.WaitProcessRequest.FromString(payload)
@@ -207,16 +211,7 @@ class FakeShim:
 
     async def _read_loop(self) -> None:
         assert self.client is not None
-        while True:
-            try:
-                payload = await self.client.call(AGENT, "ReadStdout", read_stream_request(WORKLOAD))
-            except TtrpcError as exc:
-                self.errors.append(f"ReadStdout: {exc.code.name}: {exc.message}")
-                return
-            data = parse_read_stream_response(payload)
-            if not data:
-                return  # EOF
-            self.output += data
+        await read_stdout(self.client, WORKLOAD, self.output, self.errors)
 
     @property
     def open(self) -> bool:
@@ -230,9 +225,9 @@ class FakeShim:
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for task in (self.pause_wait, self.work_wait):
-            if task is not None:
-                task.cancel()
+        for waiting in (self.pause_wait, self.work_wait):
+            if waiting is not None:
+                waiting.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.client is not None:
@@ -242,3 +237,18 @@ class FakeShim:
 def _wait(container_id: str) -> bytes:
     request = agent_pb2.WaitProcessRequest(container_id=container_id, exec_id=container_id)
     return bytes(request.SerializeToString())
+
+
+async def read_stdout(client: Client, container: str, output: bytearray, errors: list[str]) -> None:
+    """Read a container's stdout into `output` as a shim does, one ReadStdout after another,
+    until EOF (an empty answer) or a failed call (noted in `errors`)."""
+    while True:
+        try:
+            payload = await client.call(AGENT, "ReadStdout", read_stream_request(container))
+        except TtrpcError as exc:
+            errors.append(f"ReadStdout: {exc.code.name}: {exc.message}")
+            return
+        data = parse_read_stream_response(payload)
+        if not data:
+            return  # EOF
+        output += data

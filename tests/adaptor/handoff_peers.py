@@ -26,8 +26,7 @@ from tests.adaptor.fake_agent import (
     AGENT,
     Container,
     FakeAgent,
-    parse_read_stream_response,
-    read_stream_request,
+    read_stdout,
 )
 from tests.shim_emulator import ShimEmulator
 
@@ -107,16 +106,7 @@ class StreamingShim(ShimEmulator):
         self.exit_status.set_result(agent_pb2.WaitProcessResponse.FromString(answer).status)
 
     async def _read_output(self, agent: Client) -> None:
-        while True:
-            try:
-                payload = await agent.call(AGENT, "ReadStdout", read_stream_request(self.workload))
-            except TtrpcError as exc:
-                self.errors.append(f"ReadStdout: {exc.code.name}: {exc.message}")
-                return
-            data = parse_read_stream_response(payload)
-            if not data:
-                return  # EOF
-            self.output += data
+        await read_stdout(agent, self.workload, self.output, self.errors)
 
     @property
     def connected(self) -> bool:

@@ -82,17 +82,9 @@ class Node:
 
     async def hand_off(self, *extra: str) -> ServeProcess:
         """Start a successor; returns once it serves and its predecessor exited (code 0)."""
-        old = self.serve
-        assert old is not None and old.process is not None
-        new = ServeProcess(self.root, old.args, logs=list(old.logs))
-        if extra:
-            new.args = [*old.args, *extra]
-        await new.start(timeout_seconds=START_SECONDS)
-        code = await asyncio.wait_for(old.process.wait(), START_SECONDS)
-        if code != 0:
-            raise RuntimeError(f"the predecessor exited with {code}: {old.log()}")
-        self.serve = new
-        return new
+        assert self.serve is not None
+        self.serve = await hand_off(self.root, self.serve, *extra)
+        return self.serve
 
     async def close(self) -> None:
         for shim in self.shims:
@@ -101,6 +93,18 @@ class Node:
             await self.serve.kill()
         for agent in self.agents:
             await agent.stop()
+
+
+async def hand_off(root: Path, old: ServeProcess, *extra: str) -> ServeProcess:
+    """Start a successor to `old` (its arguments plus `extra`); returns it once it serves and
+    `old` exited with code 0."""
+    assert old.process is not None
+    new = ServeProcess(root, [*old.args, *extra], logs=list(old.logs))
+    await new.start(timeout_seconds=START_SECONDS)
+    code = await asyncio.wait_for(old.process.wait(), START_SECONDS)
+    if code != 0:
+        raise RuntimeError(f"the predecessor exited with {code}: {old.log()}")
+    return new
 
 
 @contextlib.asynccontextmanager

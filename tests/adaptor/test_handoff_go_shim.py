@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 
 from tests.adaptor.daemon_proc import ANNOTATIONS, ServeProcess
-from tests.adaptor.handoff_rig import START_SECONDS, serve_args
+from tests.adaptor.handoff_rig import START_SECONDS, hand_off, serve_args
 from tests.shim_emulator import PAUSE, PodVMAgent, ShimEmulator
 
 SANDBOXES = 5
@@ -36,19 +36,9 @@ async def test_the_go_shim_never_notices_a_hand_off(root: Path) -> None:
             await shim.run_pod()
             shims.append(shim)
         for _ in range(HANDOFFS):
-            successor = ServeProcess(root, serve.args, logs=list(serve.logs))
-            await successor.start(timeout_seconds=START_SECONDS)
-            assert serve.process is not None
-            assert await asyncio.wait_for(serve.process.wait(), START_SECONDS) == 0
-            serve = successor
+            serve = await hand_off(root, serve)
         # As in a DaemonSet pod: the predecessor stays, holding nothing, until SIGTERM.
-        successor = ServeProcess(
-            root, [*serve.args, "--after-hand-off", "wait"], logs=list(serve.logs)
-        )
-        await successor.start(timeout_seconds=START_SECONDS)
-        assert serve.process is not None
-        await asyncio.wait_for(serve.process.wait(), START_SECONDS)
-        serve = successor
+        serve = await hand_off(root, serve, "--after-hand-off", "wait")
         last = ServeProcess(root, serve.args, logs=list(serve.logs))
         await last.start(timeout_seconds=START_SECONDS)
         await asyncio.sleep(0.5)

@@ -31,7 +31,7 @@ from pathlib import Path
 from adaptor.proxy.pki import AdaptorPKI
 from tests.adaptor.daemon_proc import ANNOTATIONS, ServeProcess
 from tests.adaptor.handoff_peers import StreamingAgent, StreamingShim
-from tests.adaptor.handoff_rig import START_SECONDS
+from tests.adaptor.handoff_rig import hand_off
 from tests.shim_emulator import PAUSE
 
 PODS = 5
@@ -180,11 +180,7 @@ async def test_agent_tls_hand_off_loses_no_output(root: Path) -> None:
             printer = asyncio.create_task(print_lines())
             try:
                 for _ in range(HANDOFFS):
-                    successor = ServeProcess(root, serve.args, logs=list(serve.logs))
-                    await successor.start(timeout_seconds=START_SECONDS)
-                    assert serve.process is not None
-                    assert await asyncio.wait_for(serve.process.wait(), START_SECONDS) == 0
-                    serve = successor
+                    serve = await hand_off(root, serve)
                     await asyncio.sleep(0.3)
             finally:
                 stop.set()
