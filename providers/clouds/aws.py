@@ -432,13 +432,19 @@ class AwsProvider:
             {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
             *extra_filters,
         ]
+        return await self._describe_pages("list owned instances", filters)
+
+    async def _describe_pages(
+        self, what: str, filters: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Every instance DescribeInstances finds for `filters`, page after page."""
         found: list[dict[str, Any]] = []
         token = ""
         while True:
             kwargs: dict[str, Any] = {"Filters": filters, "MaxResults": 1000}
             if token:
                 kwargs["NextToken"] = token
-            out = await self._call("list owned instances", "describe_instances", **kwargs)
+            out = await self._call(what, "describe_instances", **kwargs)
             found.extend(i for r in out["Reservations"] for i in r["Instances"])
             token = out.get("NextToken", "")
             if not token:
@@ -468,19 +474,8 @@ class AwsProvider:
         """Instances by id, in any state; an id EC2 does not know (yet) is absent, not an error
         (by a filter, not InstanceIds, so one unknown id does not fail the others' lookup)."""
         filters = [{"Name": "instance-id", "Values": instance_ids}]
-        found: dict[str, dict[str, Any]] = {}
-        token = ""
-        while True:
-            kwargs: dict[str, Any] = {"Filters": filters, "MaxResults": 1000}
-            if token:
-                kwargs["NextToken"] = token
-            out = await self._call("describe instances", "describe_instances", **kwargs)
-            for reservation in out["Reservations"]:
-                for raw in reservation["Instances"]:
-                    found[raw["InstanceId"]] = raw
-            token = out.get("NextToken", "")
-            if not token:
-                return found
+        found = await self._describe_pages("describe instances", filters)
+        return {raw["InstanceId"]: raw for raw in found}
 
     async def delete(self, instance_id: str) -> None:
         async def once() -> None:
