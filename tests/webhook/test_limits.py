@@ -160,8 +160,10 @@ def _half_sent(running: Running, ca: trustme.CA, source: str) -> ssl.SSLSocket |
     return sock
 
 
-@pytest.fixture(scope="module")
-def per_source(tls_dir: Path, ca: trustme.CA, catalog: Catalog) -> Iterator[Running]:
+def _per_source_limits(
+    tls_dir: Path, ca: trustme.CA, catalog: Catalog, header_timeout_seconds: float
+) -> Iterator[Running]:
+    """A server of 8 connections, 3 per address, 2 kept for the API server (127.0.0.3)."""
     yield from serve(
         tls_dir,
         ca,
@@ -171,8 +173,13 @@ def per_source(tls_dir: Path, ca: trustme.CA, catalog: Catalog) -> Iterator[Runn
         max_connections_per_source=3,
         reserved_connections=2,
         api_server_networks=(ipaddress.ip_network("127.0.0.3/32"),),
-        header_timeout_seconds=1.0,
+        header_timeout_seconds=header_timeout_seconds,
     )
+
+
+@pytest.fixture(scope="module")
+def per_source(tls_dir: Path, ca: trustme.CA, catalog: Catalog) -> Iterator[Running]:
+    yield from _per_source_limits(tls_dir, ca, catalog, header_timeout_seconds=1.0)
 
 
 def test_one_address_cannot_take_the_connection_cap(per_source: Running, ca: trustme.CA) -> None:
@@ -213,17 +220,7 @@ def test_one_address_cannot_take_the_connection_cap(per_source: Running, ca: tru
 @pytest.fixture
 def reserve(tls_dir: Path, ca: trustme.CA, catalog: Catalog) -> Iterator[Running]:
     """As `per_source`, with a header deadline no slow handshake here outlasts."""
-    yield from serve(
-        tls_dir,
-        ca,
-        Settings(),
-        catalog,
-        max_connections=8,
-        max_connections_per_source=3,
-        reserved_connections=2,
-        api_server_networks=(ipaddress.ip_network("127.0.0.3/32"),),
-        header_timeout_seconds=60.0,
-    )
+    yield from _per_source_limits(tls_dir, ca, catalog, header_timeout_seconds=60.0)
 
 
 def test_a_reserve_is_kept_for_the_api_server(reserve: Running, ca: trustme.CA) -> None:
