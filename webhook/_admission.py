@@ -5,7 +5,9 @@ AdmissionReview raises InvalidRequest, which the server answers with HTTP 400; a
 be admitted is a normal review response with `allowed: false`, a code and a message.
 
 `review` is `parse` then `decide`; the server calls them apart so that a pod whose admission
-evaluates DRA selectors (`needs_selectors`) waits in its own queue, never in front of plain pods.
+evaluates DRA selectors (`needs_selectors`) waits in its own queue, never in front of plain pods,
+unless `decide_from_memory` can decide it at once (its objects read and its selectors evaluated
+before, as for most pods made from one template).
 Selectors of one admission are bounded together by `cel_timeout_seconds` and evaluated by
 `cel_runner` (the server's worker processes; None: in this thread): the `SelectorLimits` each
 decision passes down. What is derived from the catalog (its selector, device space and the ranks
@@ -17,6 +19,7 @@ CREATE unless `vm_choices` allows them (`_policy.py`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import threading
 import time
@@ -35,7 +38,7 @@ from webhook._mutate import MutationResult, Settings, is_sealed, mutate_pod
 from webhook._patch import diff
 from webhook._policy import VmChoices, protected_changes
 from webhook._reapply import reapply
-from webhook._resolver import MemoryResolver, Resolver
+from webhook._resolver import MemoryResolver, NotInMemory, Resolver
 from webhook._reviews import AdmissionReview, parse_review, response
 from webhook._settings import POLICY
 
@@ -116,7 +119,24 @@ class Admission:
         observe(review.request.operation, answer, time.monotonic() - started)
         return answer
 
-    def _decide(self, review: AdmissionReview, arrived: float | None) -> dict[str, Any]:
+    def decide_from_memory(
+        self, review: AdmissionReview, arrived: float | None = None
+    ) -> dict[str, Any] | None:
+        """As `decide`, where nothing needed waits: every DRA object read before (and not
+        expired), every selector's outcome cached. None where something would: a lookup or a
+        selector evaluation (the caller then calls `decide` where waiting is allowed); nothing
+        is counted then. Most DRA pods of a cluster repeat the templates and classes of others."""
+        started = time.monotonic() if arrived is None else arrived
+        try:
+            answer = self._decide(review, arrived, memory_only=True)
+        except NotInMemory:
+            return None
+        observe(review.request.operation, answer, time.monotonic() - started)
+        return answer
+
+    def _decide(
+        self, review: AdmissionReview, arrived: float | None, memory_only: bool = False
+    ) -> dict[str, Any]:
         request = review.request
         uid = request.uid
         if request.kind.kind not in ("", "Pod") or request.object is None:
@@ -138,17 +158,7 @@ class Admission:
             message = "a review of a pod with DRA claims must name its namespace"
             return response(uid, allowed=False, code=400, message=message)
         try:
-            limits = SelectorLimits.starting(
-                self.cel_runner, self.cel_timeout_seconds, request.namespace, arrived
-            )
-            result = mutate_pod(
-                pod,
-                resolver=self.resolver,
-                catalog=self.view(),
-                settings=self.settings,
-                namespace=request.namespace,
-                limits=limits,
-            )
+            result = self._mutate(pod, request.namespace, arrived, memory_only)
         except PeerpodsError as exc:
             code, level, prefix = ANSWER_OF_FAULT[exc.fault]
             log.log(level, "denied pod %s/%s: %s", request.namespace, name, exc)
@@ -168,6 +178,25 @@ class Admission:
             message = f"peerpods: the pod cannot be admitted as written ({type(exc).__name__})"
             return response(uid, allowed=False, code=400, message=message)
         return self._admitted(uid, pod, result, request.namespace, name)
+
+    def _mutate(
+        self, pod: dict[str, Any], namespace: str, arrived: float | None, memory_only: bool
+    ) -> MutationResult:
+        limits = SelectorLimits.starting(
+            self.cel_runner, self.cel_timeout_seconds, namespace, arrived
+        )
+        resolver = self.resolver
+        if memory_only:
+            limits = dataclasses.replace(limits, memory_only=True)
+            resolver = resolver.from_memory()
+        return mutate_pod(
+            pod,
+            resolver=resolver,
+            catalog=self.view(),
+            settings=self.settings,
+            namespace=namespace,
+            limits=limits,
+        )
 
     def _admitted(
         self, uid: str, pod: dict[str, Any], result: MutationResult, namespace: str, name: str

@@ -54,7 +54,7 @@ from webhook._cel import (
     compile_selector,
     evaluate,
 )
-from webhook._resolver import LookupFailed
+from webhook._resolver import LookupFailed, NotInMemory
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,8 @@ class SelectorLimits:
     seconds: float = 0.0  # the wall-clock limit, as configured (for messages)
     deadline: float | None = None  # time.monotonic() by which every selector must be done
     tenant: str = ""
+    # cached outcomes only: a selector not evaluated yet raises NotInMemory, never waits
+    memory_only: bool = False
 
     @classmethod
     def starting(
@@ -310,7 +312,12 @@ class DeviceSpace:
     def _one(
         self, label: str, expression: str, candidates: frozenset[str], limits: SelectorLimits
     ) -> tuple[frozenset[str], str]:
-        outcome = self._shared(expression, limits.deadline)
+        if limits.memory_only:
+            outcome = self._cached(expression)
+            if outcome is None:
+                raise NotInMemory(label)
+        else:
+            outcome = self._shared(expression, limits.deadline)
         if outcome is None:
             with self._lock:
                 pending = self._pending.setdefault(expression, _Pending())
@@ -361,15 +368,21 @@ class DeviceSpace:
             raise CelError(f"{label}: CEL runtime error: {failed}")
         return outcome.accepted, ""
 
-    def _shared(self, expression: str, deadline: float | None) -> Outcome | None:
-        """A cached outcome; or, while another admission evaluates the same expression, its
-        outcome once it has one (a burst of pods made from one template takes one worker,
-        not one each); None when this admission must evaluate it itself."""
+    def _cached(self, expression: str) -> Outcome | None:
         with self._lock:
             outcome = self._cache.get(expression)
             if outcome is not None:
                 self._cache.move_to_end(expression)
-                return outcome
+            return outcome
+
+    def _shared(self, expression: str, deadline: float | None) -> Outcome | None:
+        """A cached outcome; or, while another admission evaluates the same expression, its
+        outcome once it has one (a burst of pods made from one template takes one worker,
+        not one each); None when this admission must evaluate it itself."""
+        outcome = self._cached(expression)
+        if outcome is not None:
+            return outcome
+        with self._lock:
             pending = self._pending.get(expression)
         if pending is None:
             return None

@@ -4,11 +4,13 @@
 model knows yet (consumable capacity, firstAvailable) survive. Found objects are cached for
 `ttl_seconds`, `max_cached` of them at most (the oldest dropped first: tenants choose how many
 templates exist); misses and errors are not cached, so a claim created a moment later is seen.
-Calls block: the server runs admission in a worker thread.
+Calls block: the server runs admission in a worker thread. `from_memory()` is a view over the
+same cache that never calls the API (a miss raises NotInMemory).
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections import OrderedDict
@@ -16,7 +18,7 @@ from typing import Any
 
 from providers.clouds.kube import KubeApiError, KubeClient, KubeConfigError, load_config
 from providers.clouds.kube import path_segment as seg
-from webhook._resolver import LookupFailed, ObjectNotFound
+from webhook._resolver import LookupFailed, NotInMemory, ObjectNotFound
 from webhook._settings import POLICY
 
 GROUP = "resource.k8s.io"
@@ -40,6 +42,19 @@ class KubeResolver:
         self._client = client
         self._cache: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()
+        self._memory_only = False
+        self._remembered: KubeResolver | None = None
+
+    def from_memory(self) -> KubeResolver:
+        """A view of this resolver's cache that never calls the API: a read not cached (or
+        expired) raises NotInMemory."""
+        if self._memory_only:
+            return self
+        if self._remembered is None:
+            remembered = copy.copy(self)  # shares the cache, its lock and the client
+            remembered._memory_only = True
+            self._remembered = remembered
+        return self._remembered
 
     def _api(self) -> KubeClient:
         if self._client is None:
@@ -54,6 +69,8 @@ class KubeResolver:
         cached = self._cache.get(path)
         if cached is not None and cached[0] > now:
             return cached[1]
+        if self._memory_only:
+            raise NotInMemory(what)
         try:
             obj = self._api().get(path, timeout_seconds=self.timeout_seconds)
         except KubeApiError as exc:

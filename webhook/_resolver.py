@@ -1,6 +1,8 @@
 """Where DRA objects come from: a `Resolver` reads ResourceClaims, ResourceClaimTemplates and
 DeviceClasses. `MemoryResolver` serves them from a list of manifests (tests, `peerpods plan`);
-the Kubernetes-backed one lives in `_kube.py`.
+the Kubernetes-backed one lives in `_kube.py`. Each also answers from memory alone
+(`from_memory`), raising `NotInMemory` where a read would have to wait for the API: the server
+decides an admission that needs nothing else without a second thread hop or the DRA share.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ class LookupFailed(PeerpodsError):
     fault = Fault.UNAVAILABLE
 
 
+class NotInMemory(Exception):  # not an error: a signal to decide elsewhere
+    """Deciding needs what is not in memory (an object not read yet or expired, a selector not
+    evaluated yet): a call that may wait. Never a denial: the admission is decided again where
+    waiting is allowed (so no handler of admission errors catches it)."""
+
+
 class Resolver(Protocol):
     """Reads DRA objects as plain JSON dicts; raises ObjectNotFound or LookupFailed."""
 
@@ -29,6 +37,10 @@ class Resolver(Protocol):
     def claim_template(self, namespace: str, name: str) -> dict[str, Any]: ...
 
     def device_class(self, name: str) -> dict[str, Any]: ...
+
+    def from_memory(self) -> Resolver:
+        """The same reads, answered from memory only: one that would wait raises NotInMemory."""
+        ...
 
 
 class MemoryResolver:
@@ -60,3 +72,6 @@ class MemoryResolver:
 
     def device_class(self, name: str) -> dict[str, Any]:
         return self._get("DeviceClass", "", name)
+
+    def from_memory(self) -> MemoryResolver:
+        return self  # every read is from memory

@@ -14,7 +14,9 @@ the connection, or of the previous response), the body within `body_timeout_seco
 accepted connection, rather than by uvicorn. Admission runs in worker threads because DRA lookups
 block: plain pods in one pool, pods that evaluate DRA selectors in another, so a slow selector
 never queues an ordinary pod; the selectors themselves run in killable worker processes
-(`_celworker.py`), so the event loop and `/healthz` never wait on CEL.
+(`_celworker.py`), so the event loop and `/healthz` never wait on CEL. A pod with DRA claims
+whose objects and selector outcomes are all in memory (read and evaluated for an earlier pod) is
+decided in the first pool at once: only one that must wait takes the second pool and its share.
 """
 
 from __future__ import annotations
@@ -92,10 +94,10 @@ class ServerLimits:
     require_client_cert: bool
     admission_threads: int = 8  # pods that evaluate no selector
     selector_threads: int = 16  # pods that do (they wait on the CEL workers or the API)
-    # DRA admissions of one namespace in flight at once (0: three quarters of selector_threads,
-    # the rest kept for the others); one more is refused at once (429), never queued behind
-    # them. Most take a millisecond (their selectors' results are cached): the share bounds
-    # what slow ones (API lookups, CEL workers) may hold.
+    # DRA admissions of one namespace in flight at once that must wait (an API lookup, a CEL
+    # worker) (0: three quarters of selector_threads, the rest kept for the others); one more
+    # is refused at once (429), never queued behind them. Those decided from memory (their
+    # objects and selector outcomes cached) take none of it.
     namespace_selector_admissions: int = 0
 
     @property
@@ -234,7 +236,7 @@ class _MutateRoute:
         """The admission response: decided in the plain pool, or, for a pod that evaluates
         selectors, in the selector pool within its namespace's share (else refused with 429)."""
         loop = asyncio.get_running_loop()
-        review, answer = await loop.run_in_executor(self.pools.plain, self._plain, body)
+        review, answer = await loop.run_in_executor(self.pools.plain, self._plain, body, arrived)
         if answer is not None:
             return answer
         namespace = review.request.namespace
@@ -248,11 +250,13 @@ class _MutateRoute:
         finally:
             self.gate.leave(namespace)
 
-    def _plain(self, body: bytes) -> tuple[AdmissionReview, dict[str, Any] | None]:
-        """Parse, and decide at once unless the pod needs the selector pool (one thread hop)."""
+    def _plain(self, body: bytes, arrived: float) -> tuple[AdmissionReview, dict[str, Any] | None]:
+        """Parse, and decide at once (one thread hop) unless the pod needs the selector pool:
+        a pod with DRA claims does only when a lookup or a selector evaluation is not in memory
+        (so a burst of pods from one template neither waits for nor counts against its share)."""
         review = self.admission.parse(body)
         if self.admission.needs_selectors(review):
-            return review, None
+            return review, self.admission.decide_from_memory(review, arrived)
         return review, self.admission.decide(review)
 
 
