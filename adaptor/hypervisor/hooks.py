@@ -38,10 +38,12 @@ class SandboxHook:
     dialled (an error fails the start, which then deletes the VM and calls `vm_stopping`); `save`
     writes ahead what the hook is about to make. `vm_stopping`: at StopVM (and when a started VM
     is torn down) after the proxy stopped and before the VM is deleted; idempotent (it may run
-    again after a restart); TeardownOwed keeps its remains recorded. `vm_reaped`: before the
-    reaper deletes the VM of a failed sandbox that stays recorded (by default `vm_stopping`).
-    `recovered`: at a restart, before the sandbox is served again (PodGone: tear it down).
-    `sandbox_gone`: once the sandbox is forgotten.
+    again after a restart); TeardownOwed keeps its remains recorded. `vm_deleted`: once the VM
+    is deleted (at StopVM, or a start undone), before the record goes: a teardown that
+    `vm_stopping` left finishing in the background, while the VM was deleted, is awaited here.
+    `vm_reaped`: before the reaper deletes the VM of a failed sandbox that stays recorded (by
+    default `vm_stopping`). `recovered`: at a restart, before the sandbox is served again
+    (PodGone: tear it down). `sandbox_gone`: once the sandbox is forgotten.
     """
 
     async def sandbox_created(self, record: SandboxRecord) -> SandboxRecord:
@@ -58,6 +60,9 @@ class SandboxHook:
     async def vm_stopping(self, record: SandboxRecord) -> SandboxRecord:
         """Before the VM is deleted."""
         return record
+
+    async def vm_deleted(self, record: SandboxRecord) -> None:
+        """After the VM is deleted (StopVM, a start undone), before the record is forgotten."""
 
     async def vm_reaped(self, record: SandboxRecord) -> SandboxRecord:
         """Before the reaper deletes a failed sandbox's VM (the record stays)."""
@@ -110,6 +115,10 @@ class Hooks:
             if updated != record:
                 record = await save(updated)
         return record, "; ".join(owed)
+
+    async def vm_deleted(self, record: SandboxRecord) -> None:
+        for hook in self.hooks:
+            await hook.vm_deleted(record)
 
     async def recovered(self, record: SandboxRecord) -> SandboxRecord:
         """The record after every hook's repair (PodGone propagates)."""

@@ -33,6 +33,8 @@ class PodTunnels(Protocol):
 
     async def stop(self, record: SandboxRecord) -> str: ...
 
+    async def removed(self, sandbox_id: str) -> None: ...
+
     async def recovered(self, record: SandboxRecord) -> str: ...
 
     @staticmethod
@@ -78,6 +80,11 @@ class PodNetworkHook(SandboxHook):
             kept = record.evolve(pod_network=self.tunnels.failed_teardown(record, owed))
             raise TeardownOwed(owed, kept) from exc
         return record.evolve(pod_network=remaining)
+
+    async def vm_deleted(self, record: SandboxRecord) -> None:
+        """The tunnel's device, whose deletion `vm_stopping` left running while the VM was
+        deleted, is gone before the record (and with it the VNI lease) is."""
+        await self.tunnels.removed(record.id)
 
     async def vm_reaped(self, record: SandboxRecord) -> SandboxRecord:
         """The tunnel stays with the failed sandbox's record (a later StartVM or StopVM uses it,

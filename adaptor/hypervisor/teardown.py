@@ -142,6 +142,7 @@ class Teardowns:
                 record, owed = await table.hooks.vm_stopping(record, self._save)
                 for instance in await self._vms_of(record, start_aborted, known):
                     await self._delete_vm(record, instance)
+                await table.hooks.vm_deleted(record)
                 if owed:
                     await self._keep_owed(record, owed)
                     return
@@ -258,6 +259,8 @@ class Teardowns:
             # The record keeps the VM: StopVM (or the reaper) deletes it.
             await table.store.put(record.evolve(reason=f"{reason}; {why('delete', exc)}"))
             return
+        finally:
+            await table.hooks.vm_deleted(record)
         if record.id in table.stops:
             return  # the StopVM in flight forgets the sandbox
         await asyncio.to_thread(remove_socket_dir, Path(record.agent_socket))

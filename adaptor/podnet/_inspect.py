@@ -214,3 +214,30 @@ def inspect_pod(
         dedicated=host.dedicated,
         external_net_via_pod_vm=external_net_via_pod_vm,
     )
+
+
+def inspect(
+    netns: str,
+    configured: str = "",
+    *,
+    vxlan_port: int,
+    pod_subnet_cidrs: Sequence[str] = (),
+    external_net_via_pod_vm: bool = False,
+    netns_dirs: Sequence[str] = _netns.NETNS_DIRS,
+    host_netns: str | None = None,
+) -> PodNetwork:
+    """CreateVM's whole read in one call (one hand-off to a worker thread): the worker's host
+    interface (`host_interface`), then the pod (`inspect_pod`); VNI and index are left 0 for
+    the caller to fill in once its lease is taken."""
+    host = host_interface(configured, host_netns)
+    return inspect_pod(
+        netns,
+        host,
+        vni=0,
+        index=0,
+        vxlan_port=vxlan_port,
+        pod_subnet_cidrs=pod_subnet_cidrs,
+        external_net_via_pod_vm=external_net_via_pod_vm,
+        netns_dirs=netns_dirs,
+        host_netns=host_netns,
+    )

@@ -258,6 +258,10 @@ def link_up(index: int) -> Message:
     return Message(RTM_NEWLINK, F_ACK, _ifinfo(index, IFF_UP, IFF_UP))
 
 
+def link_down(index: int) -> Message:
+    return Message(RTM_NEWLINK, F_ACK, _ifinfo(index, 0, IFF_UP))
+
+
 def link_delete(index: int) -> Message:
     return Message(RTM_DELLINK, F_ACK, _ifinfo(index))
 

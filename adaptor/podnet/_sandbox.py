@@ -9,7 +9,9 @@ nothing else about VXLAN:
     started(record, instance)   StartVM, after `prepare` was stored -> tunnel JSON, ready
     stop(record)                StopVM (and an aborted StartVM): teardown, retried a few times;
                                 PodNetError when something stays (the caller keeps the record
-                                and says so; the next StopVM or restart tries again)
+                                and says so; the next StopVM or restart tries again); the
+                                device's deletion goes on while the VM is deleted
+    removed(id)                 StopVM, once the VM is deleted: until that deletion has ended
     recovered(record)           restart -> tunnel JSON, repaired; NetnsGone when the pod is gone
 """
 
@@ -61,6 +63,8 @@ class SandboxPodNetwork:
     def __init__(self, podnet: PodNet, pods_dir: Path) -> None:
         self.podnet = podnet
         self.pods_dir = pods_dir
+        # sandbox id -> the VNI whose device `stop` left being deleted, until `removed`.
+        self._stopped: dict[str, int] = {}
 
     async def created(self, sandbox_id: str, netns: str) -> str:
         tunnel = await self.podnet.inspect(sandbox_id, netns)
@@ -105,6 +109,7 @@ class SandboxPodNetwork:
         for attempt in range(TEARDOWN_ATTEMPTS):
             try:
                 await self.podnet.teardown(tunnel)
+                self._stopped[record.id] = tunnel.vni
                 return ""
             except PodNetError as exc:
                 error = exc
@@ -114,6 +119,13 @@ class SandboxPodNetwork:
                 await asyncio.sleep(TEARDOWN_BACKOFF_SECONDS * (attempt + 1))
         assert error is not None
         raise PodNetError(f"pod network teardown failed: {error}") from error
+
+    async def removed(self, sandbox_id: str) -> None:
+        """Until the device the last `stop` of the sandbox left being deleted is gone (at once
+        when there is none)."""
+        vni = self._stopped.pop(sandbox_id, None)
+        if vni is not None:
+            await self.podnet.deleted(vni)
 
     async def recovered(self, record: SandboxRecord) -> str:
         """Repair after a restart; NetnsGone propagates (the caller cleans the sandbox up)."""

@@ -2,7 +2,8 @@
 
     inspect   CreateVM: the pod netns -> a Tunnel (CAA config + a VNI leased to the sandbox)
     setup     StartVM, once the VM has an address: the worker end of the tunnel
-    teardown  StopVM: remove exactly what setup made
+    teardown  StopVM: cut the pod's traffic off; the device's deletion finishes in a task here
+    deleted   until those deletions have ended (before a sandbox's record and lease go; close)
     repair    restart: re-create what is missing; NetnsGone when the pod is gone
     sweep     at start and periodically: remove tunnel parts of ours that no lease holds
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
@@ -39,6 +41,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 VNI_POOL = "vxlan"
+# A cut-off device whose deletion failed: tried again as a whole teardown this many times.
+DELETE_ATTEMPTS = 3
+DELETE_BACKOFF_SECONDS = 0.2
 
 
 class PodNetSettings(PodNetworkSettings):
@@ -88,6 +93,8 @@ class PodNet:
         self._tag = _sweep.device_tag(host_netns)
         # VNI -> (its lock, callers using it): one call at a time per tunnel.
         self._tunnels: dict[int, tuple[asyncio.Lock, int]] = {}
+        # VNI -> the deletion of its cut-off vxlan1 (`teardown`), until it ends.
+        self._deleting: dict[int, asyncio.Task[None]] = {}
         self._sweeper = OwnedTask("podnet-sweep")
         self.sweeps = 0
 
@@ -123,7 +130,7 @@ class PodNet:
         lease holds; the listing comes first, the leases are read after it (see `_sweep`)."""
         found = await self._run(_sweep.find, self._host_netns, self.settings.vxlan_port, self._tag)
         held = {int(v) for v in await self._leases.leases(VNI_POOL) if v.isdigit()}
-        keep = held | set(self._tunnels)
+        keep = held | set(self._tunnels) | set(self._deleting)
         removed = await self._run(_sweep.remove, self._host_netns, found, keep)
         self.sweeps += 1
         self._foreign = found.foreign - keep
@@ -151,8 +158,10 @@ class PodNet:
                 log.error("network sweep failed (%s): %s", type(exc).__name__, exc)
 
     async def close(self) -> None:
-        """Stop sweeping, then the worker threads (after the calls in flight)."""
+        """Stop sweeping, wait for the deletions still running, then the worker threads (after
+        the calls in flight)."""
         await self._sweeper.stop()
+        await self.deleted()
         await asyncio.to_thread(self._executor.shutdown, True)
         _tunnel.close_sockets()
 
@@ -175,11 +184,13 @@ class PodNet:
 
     @contextlib.asynccontextmanager
     async def _serial(self, vni: int) -> AsyncIterator[None]:
-        """One call at a time on the tunnel of `vni` (its VNI is busy meanwhile: never swept)."""
+        """One call at a time on the tunnel of `vni` (its VNI is busy meanwhile: never swept),
+        each after the deletion of a device a teardown of it left running."""
         lock, users = self._tunnels.get(vni, (asyncio.Lock(), 0))
         self._tunnels[vni] = (lock, users + 1)
         try:
             async with lock:
+                await self.deleted(vni)
                 yield
         finally:
             lock, users = self._tunnels[vni]
@@ -203,11 +214,14 @@ class PodNet:
                 numbers += [v for v in self._foreign if v >= low]
                 self._cursor = max(numbers) + 1 if numbers else low
             start = self._cursor - low
-            span = min(size, len(held) + len(self._foreign) + 1)
+            # A VNI whose device is still being deleted is not free yet (its lease may be gone
+            # with its record): a new device with it would collide on the UDP port.
+            busy = self._foreign | set(self._deleting)
+            span = min(size, len(held) + len(busy) + 1)
             window = [
                 str(vni)
                 for vni in (low + (start + k) % size for k in range(span))
-                if vni not in self._foreign
+                if vni not in busy
             ]
             chosen = await self._leases.acquire_lease(VNI_POOL, sandbox_id, window)
             if chosen is None:
@@ -233,18 +247,15 @@ class PodNet:
             )
             return None
         settings = self.settings
-        vni = await self.allocate_vni(sandbox_id)
+        # The lease (on the state store's thread) and the two netns reads (on one of ours) run
+        # side by side; the VNI is filled in once both are done.
+        allocation = asyncio.create_task(self.allocate_vni(sandbox_id))
         try:
-            host = await self._run(
-                _inspect.host_interface, settings.host_interface, self._host_netns
-            )
             network = await self._run(
                 functools.partial(
-                    _inspect.inspect_pod,
+                    _inspect.inspect,
                     netns,
-                    host,
-                    vni=vni,
-                    index=vni - settings.vxlan_min_id,
+                    settings.host_interface,
                     vxlan_port=settings.vxlan_port,
                     pod_subnet_cidrs=settings.pod_subnet_cidrs,
                     external_net_via_pod_vm=settings.ext_network_via_podvm,
@@ -252,9 +263,11 @@ class PodNet:
                     host_netns=self._host_netns,
                 )
             )
+            vni = await asyncio.shield(allocation)
         except BaseException:
-            await asyncio.shield(self.release_vni(vni))
+            await asyncio.shield(self._give_back(allocation))
             raise
+        network = dataclasses.replace(network, vxlan_id=vni, index=vni - settings.vxlan_min_id)
         log.info(
             "sandbox %s: pod %s on %s, VNI %d, worker %s",
             sandbox_id,
@@ -264,6 +277,14 @@ class PodNet:
             network.worker_node_ip,
         )
         return Tunnel(netns=netns, network=network)
+
+    async def _give_back(self, allocation: asyncio.Task[int]) -> None:
+        """The VNI an inspection that failed had leased goes back (once the lease is taken)."""
+        try:
+            vni = await allocation
+        except (Exception, asyncio.CancelledError):
+            return  # nothing was leased
+        await self.release_vni(vni)
 
     def remote_for(self, tunnel: Tunnel, addresses: Sequence[str]) -> str:
         """The VM end: its first address, or its second with a dedicated host interface."""
@@ -278,7 +299,10 @@ class PodNet:
     async def prepare(self, tunnel: Tunnel, addresses: Sequence[str]) -> Tunnel:
         """StartVM, before any part exists: the tunnel towards the VM, to be recorded first
         (write-ahead), so whatever interrupts `setup` leaves parts a teardown knows about."""
-        remote = await self._run(_tunnel.resolve_ipv4, self.remote_for(tunnel, addresses))
+        host = self.remote_for(tunnel, addresses)
+        # An address needs no lookup, and so no worker thread (a name does: it may block).
+        resolve = _tunnel.resolve_ipv4
+        remote = resolve(host) if _tunnel.is_dotted(host) else await self._run(resolve, host)
         return tunnel.evolve(remote=remote, state=TunnelState.SETTING_UP, error="")
 
     async def setup(self, tunnel: Tunnel, addresses: Sequence[str] = ()) -> Tunnel:
@@ -319,17 +343,71 @@ class PodNet:
         return tunnel.evolve(state=TunnelState.READY, error="")
 
     async def teardown(self, tunnel: Tunnel) -> None:
-        """StopVM: remove the worker end (idempotent; raises PodNetError when something stays)."""
+        """StopVM: cut the pod's traffic and remove the NOTRACK rules (raises PodNetError when
+        that fails); `vxlan1`'s deletion, which the kernel holds for an RCU grace period, goes
+        on in a task of this object's (`deleted` waits for it; so do `close`, the next call on
+        this tunnel, and the sandbox's teardown before its record and VNI lease go). Until it
+        ends, the VNI is neither handed out nor swept. Idempotent."""
         async with self._serial(tunnel.vni):
-            await self._run(
-                _tunnel.teardown,
+            doomed = await self._run(
+                _tunnel.cut,
                 self._host_netns,
                 tunnel.netns,
                 tunnel.network,
                 tunnel.remote,
                 cancellable=False,
             )
-        log.info("tunnel VNI %d removed from %s", tunnel.vni, tunnel.netns)
+            if doomed is not None:
+                self._deleting[tunnel.vni] = asyncio.create_task(
+                    self._delete(tunnel, doomed), name=f"podnet-delete-{tunnel.vni}"
+                )
+        log.info("tunnel VNI %d cut off in %s", tunnel.vni, tunnel.netns)
+
+    async def _delete(self, tunnel: Tunnel, doomed: _tunnel.Doomed) -> None:
+        """The cut-off device deleted; retried as a whole teardown, then left to the sweep (its
+        VNI stays out of use until the next sweep, which removes it once no lease holds it)."""
+        try:
+            try:
+                await self._run(_tunnel.delete, doomed, cancellable=False)
+            except PodNetError as exc:
+                log.warning("tunnel VNI %d: %s; retrying", tunnel.vni, exc)
+                await self._retry_teardown(tunnel)
+            log.info("tunnel VNI %d removed from %s", tunnel.vni, tunnel.netns)
+        except Exception as exc:  # owned here: logged, and the sweep owes the device
+            self._foreign.add(tunnel.vni)
+            log.error(
+                "tunnel VNI %d: %s: %s; the network sweep removes it",
+                tunnel.vni,
+                type(exc).__name__,
+                exc,
+            )
+        finally:
+            del self._deleting[tunnel.vni]
+
+    async def _retry_teardown(self, tunnel: Tunnel) -> None:
+        for attempt in range(DELETE_ATTEMPTS):
+            await asyncio.sleep(DELETE_BACKOFF_SECONDS * (attempt + 1))
+            try:
+                await self._run(
+                    _tunnel.teardown,
+                    self._host_netns,
+                    tunnel.netns,
+                    tunnel.network,
+                    tunnel.remote,
+                    cancellable=False,
+                )
+                return
+            except PodNetError:
+                if attempt == DELETE_ATTEMPTS - 1:
+                    raise
+
+    async def deleted(self, vni: int | None = None) -> None:
+        """Until the device deletion `teardown` left running for `vni` (None: every one) has
+        ended; the kernel has then removed the device (or the sweep owes it, logged)."""
+        tasks = list(self._deleting.values()) if vni is None else [self._deleting.get(vni)]
+        running = [t for t in tasks if t is not None]
+        if running:
+            await asyncio.wait(running)
 
     async def repair(self, tunnel: Tunnel) -> Tunnel:
         """Restart: re-create a missing device, redirect or rule; NetnsGone when the pod is gone."""

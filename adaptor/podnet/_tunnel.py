@@ -12,7 +12,9 @@ Setup, as CAA's worker side does it:
   the pod netns becomes an L2 pipe; the pod interface keeps its address and MAC.
 
 Teardown removes exactly these: filters and ingress qdiscs on both devices, `vxlan1` (only when
-it is the one with this VNI), the pod's NOTRACK rules and a peerpod chain left empty.
+it is the one with this VNI), the pod's NOTRACK rules and a peerpod chain left empty. It comes in
+two steps: `cut` (the pod's traffic stopped, the rules removed: what StopVM waits for) and
+`delete` (the device, whose deletion the kernel makes wait for an RCU grace period).
 
 Setup and teardown speak netlink directly (`_nl`): a fresh setup is three round trips (the
 NOTRACK transaction, the device, the four tc messages in one datagram) and about 2 ms of CPU,
@@ -255,14 +257,28 @@ def check(host_netns: str | None, netns: str, network: PodNetwork, remote: str) 
     return Health(tuple(missing))
 
 
-def teardown(host_netns: str | None, netns: str, network: PodNetwork, remote: str) -> None:
-    """Remove what setup made; a pod netns that is already gone took its part with it.
-    Deleting the pod interface's ingress qdisc takes its redirect along, deleting `vxlan1` its
-    qdisc: one round trip."""
+@dataclass
+class Doomed:
+    """A pod's `vxlan1`, cut off and still to be deleted: the rtnetlink socket open in its pod
+    netns (`delete` closes it) and its index there."""
+
+    sock: _nl.Netlink
+    index: int
+
+
+def cut(host_netns: str | None, netns: str, network: PodNetwork, remote: str) -> Doomed | None:
+    """StopVM's part of the removal: the pod's traffic cut and the NOTRACK rules removed, in
+    one round trip in the pod netns (the pod interface's ingress qdisc goes with its redirect,
+    `vxlan1` is set down, which unhooks it from the tunnel's UDP socket) and one in the
+    worker's. `vxlan1` itself is returned for `delete`: the kernel's deletion of a device
+    waits for an RCU grace period (rcu_barrier in netdev_run_todo), tens of milliseconds on a
+    busy node, which need not hold up StopVM. None when there is no `vxlan1` of this tunnel
+    (a pod netns already gone took its part with it)."""
+    doomed = None
     if _netns.netns_exists(netns):
         try:
             pod, (eth, vxlan) = _pod_socket(netns, network.interface, VXLAN_DEVICE)
-            with pod:
+            try:
                 found = _vxlan(pod) if vxlan is not None else None
                 ours = found is not None and found.vni == network.vxlan_id
                 batch: list[_nl.Message] = []
@@ -270,22 +286,51 @@ def teardown(host_netns: str | None, netns: str, network: PodNetwork, remote: st
                 if eth is not None and (vxlan is None or ours):
                     batch.append(_nl.ingress_delete(eth))
                 if found is not None and ours:
-                    batch.append(_nl.link_delete(found.index))
-                _check("removing", pod.transact(batch), _GONE)
+                    batch.append(_nl.link_down(found.index))
+                _check("cutting the pod off", pod.transact(batch), _GONE)
+                if found is not None and ours:
+                    doomed = Doomed(pod, found.index)
+            finally:
+                if doomed is None:
+                    pod.close()
         except OSError as exc:
             raise TunnelError(f"removing the tunnel from {netns}: {exc}") from None
-    _notrack.remove(host_netns, network.vxlan_id, remote)
+    try:
+        _notrack.remove(host_netns, network.vxlan_id, remote)
+    except BaseException:
+        if doomed is not None:
+            doomed.sock.close()
+        raise
+    return doomed
+
+
+def delete(doomed: Doomed) -> None:
+    """Delete the `vxlan1` that `cut` left (its ingress qdisc and redirect go with it)."""
+    with doomed.sock as pod:
+        try:
+            _check(f"deleting {VXLAN_DEVICE}", pod.transact([_nl.link_delete(doomed.index)]), _GONE)
+        except OSError as exc:
+            raise TunnelError(f"deleting {VXLAN_DEVICE}: {exc}") from None
+
+
+def teardown(host_netns: str | None, netns: str, network: PodNetwork, remote: str) -> None:
+    """Remove what setup made, all of it before returning (`cut`, then `delete`); a pod netns
+    that is already gone took its part with it."""
+    doomed = cut(host_netns, netns, network, remote)
+    if doomed is not None:
+        delete(doomed)
 
 
 def resolve_ipv4(host: str) -> str:
     """The pod VM's IPv4 address (the static provider's endpoints may be names). Blocking."""
     try:
-        return str(socket.inet_ntoa(socket.inet_aton(host))) if _dotted(host) else _lookup(host)
+        return str(socket.inet_ntoa(socket.inet_aton(host))) if is_dotted(host) else _lookup(host)
     except OSError as exc:
         raise PodNetError(f"pod VM address {host!r} has no IPv4 address: {exc}") from None
 
 
-def _dotted(host: str) -> bool:
+def is_dotted(host: str) -> bool:
+    """Whether `host` is written as an IPv4 address (resolving it blocks on nothing)."""
     parts = host.split(".")
     return len(parts) == 4 and all(p.isdigit() for p in parts)
 

@@ -56,6 +56,9 @@ class Tunnels:
             raise PodNetError("pod network teardown failed: nf_tables said no")
         return ""
 
+    async def removed(self, sandbox_id: str) -> None:
+        """Nothing to wait for: `stop` here leaves no deletion running."""
+
     async def recovered(self, record: SandboxRecord) -> str:
         self.calls.append("recovered")
         if json.loads(record.pod_network)["state"] == "teardown":

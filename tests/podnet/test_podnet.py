@@ -218,6 +218,7 @@ async def test_fifty_pods_at_once_then_all_gone(topo: Topology, store: StateStor
         (ip_a, podns_b) = pods[0][1], vms[1][1]
         assert await asyncio.to_thread(tcp_roundtrip, vms[0][1], ip_a, podns_b, b"ab" * 5000)
         await asyncio.gather(*(podnet.teardown(t) for t in tunnels))
+        await podnet.deleted()
         assert await asyncio.to_thread(snapshot, topo.worker) == before
     finally:
         await podnet.close()

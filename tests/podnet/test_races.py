@@ -160,6 +160,7 @@ async def test_sweep_removes_untracked_parts_of_ours_and_keeps_foreign_ones(
         # The live tunnel went on working; the foreign one is still untouched by a second sweep.
         assert (await podnet.sweep()).total == 0
         await podnet.teardown(live.evolve(remote=vms[2][2]))
+        await podnet.deleted()
         await asyncio.to_thread(_tunnel.teardown, topo.worker, caa_pod, caa.network, vms[1][2])
     finally:
         await podnet.close()
@@ -208,6 +209,7 @@ async def test_a_repeated_setup_adds_no_second_part(topo: Topology, tmp_path: Pa
             "NOTRACK rules": 2,
         }
         await podnet.teardown(ready)
+        await podnet.deleted()
         assert not any((await asyncio.to_thread(kernel_leftovers, topo.worker, [pod])).values())
     finally:
         await podnet.close()

@@ -73,6 +73,7 @@ async def test_one_pod_tcp_and_udp_both_ways(topo: Topology, tmp_path: Path) -> 
             await asyncio.to_thread(udp_roundtrip, peer_path, PEER, podns, payload + b"m", df=True)
         assert refused.value.errno == errno.EMSGSIZE
         await podnet.teardown(tunnel)
+        await podnet.deleted()
         assert await asyncio.to_thread(snapshot, topo.worker) == worker_before
         assert await asyncio.to_thread(snapshot, pod) == pod_before
     finally:
