@@ -1,6 +1,8 @@
 """A worker node, its pods and their pod VMs, built from network namespaces (test code).
 
-    underlay netns U:  br0 192.168.0.1/16 (the cloud network; the default gateway of all below)
+    underlay netns U:  br0 192.168.0.1/16 (the cloud network; the default gateway of all below);
+                       its bridged frames skip netfilter (`bridge_netfilter`): a cloud's
+                       network runs no host's iptables on what it carries
     worker netns W:    enc0 192.168.0.2/16 (veth to br0), cni0 10.128.0.1/24 (the CNI bridge),
                        one veth per pod and one for the peer, all on cni0
     pod netns P<i>:    eth0 10.128.0.<10+i>/24 (veth to cni0), default via 10.128.0.1
@@ -39,6 +41,9 @@ POD_SUBNET = "10.128.0.0/24"
 PROTOCOLS = {"kernel": 2, "boot": 3, "static": 4, "dhcp": 16}
 SCOPES = {"universe": 0, "site": 200, "link": 253, "host": 254, "nowhere": 255}
 NUD = {"permanent": 0x80, "noarp": 0x40, "reachable": 0x02, "stale": 0x04}
+# With br_netfilter loaded, a bridge passes each IPv4/IPv6/ARP frame it forwards through its
+# netns's netfilter hooks unless these say 0 (per netns since Linux 5.3; a new netns says 1).
+BRIDGE_NF = ("bridge-nf-call-iptables", "bridge-nf-call-ip6tables", "bridge-nf-call-arptables")
 
 
 def path(name: str) -> str:
@@ -122,6 +127,7 @@ class Topology:
         allow_addresses(UNDERLAY, POD_SUBNET)
         underlay, worker, peer = self._create("U"), self._create("W"), self._create("Q")
         self._bridge(underlay, "br0", "192.168.0.1/16")
+        bridge_netfilter(path(underlay), False)
         self._veth(worker, "enc0", underlay, "u-w", 1500)
         self._enslave(underlay, "u-w", "br0")
         self._address(worker, "enc0", "192.168.0.2/16", "192.168.0.1")
@@ -162,6 +168,22 @@ class Topology:
                 pnetns.remove(name)
         self.names.clear()
         forbid_namespaced_addresses()
+
+
+def bridge_netfilter(ns: str, on: bool) -> bool | None:
+    """Set whether the bridges in `ns` pass what they forward through netfilter (the cloud
+    network of the underlay must not: it would charge the tunnel's path with hooks no real one
+    has); returns what it was, None where br_netfilter is not loaded (nothing to set)."""
+    with _netns.entered(ns):
+        try:
+            with open(f"/proc/sys/net/bridge/{BRIDGE_NF[0]}") as f:
+                was = f.read().strip() == "1"
+        except FileNotFoundError:
+            return None
+        for name in BRIDGE_NF:
+            with open(f"/proc/sys/net/bridge/{name}", "w") as f:
+                f.write("1" if on else "0")
+    return was
 
 
 # --- the pod VM side (CAA's forwarder, A.3) ---------------------------------------------------
