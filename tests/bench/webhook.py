@@ -8,6 +8,9 @@ measured in the same run at the same rate, is GET /healthz over the same connect
 latency, each scenario reports the server's CPU time per request (its /proc stat), so the cost
 of admission shows apart from TLS and HTTP (the /healthz row), and `--profile` splits the
 admission itself into its stages (JSON parse, decide: resources, seal, selection, patch; encode).
+Both processes freeze their GC after start-up, and each watches its own event loop with a 5 ms
+ticker: a tick over 5 ms late is a stall (the loop busy, or the process not scheduled), so a
+p99 over the goal can be told apart as the server's stalls or the client's own.
 
     python tests/bench/webhook.py [--rate 500] [--seconds 5] [--runs 3] [--no-freeze-gc]
     python tests/bench/webhook.py --profile
@@ -15,7 +18,8 @@ admission itself into its stages (JSON parse, decide: resources, seal, selection
     python tests/bench/webhook.py --connection-flood [--seconds 10]
 
 Prints p50/p99 latency, throughput and server CPU per request for each scenario and run, the
-ratio of each p99 to the baseline's, and the median of each figure over the runs.
+ratio of each p99 to the baseline's, each side's loop stalls (count over 5 ms and the longest),
+and the median of each figure over the runs.
 Goal: p99 <= 10 ms at 500 req/s for GPU and DRA pods.
 
 `--flood`: a benign DRA pod of one namespace (a selector never seen before each time, so each
@@ -145,12 +149,33 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+TICK = 0.005  # the loop-stall ticker's period
+STALL = 0.005  # a tick this late or more is a stall
+
+
+async def _watch_loop(stalls: list[tuple[float, float]]) -> None:
+    """Record (wall time, lateness) of each tick of this loop that came STALL or more late."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + TICK
+        await asyncio.sleep(TICK)
+        late = loop.time() - due
+        if late >= STALL:
+            stalls.append((time.time(), late))
+
+
+def _stalls_in(stalls: list[tuple[float, float]], start: float, end: float) -> str:
+    found = [late for at, late in stalls if start <= at <= end]
+    return f"{len(found)}/{max(found, default=0.0) * 1e3:.0f}ms"
+
+
 @dataclass
 class Result:
     name: str
     latencies: list[float]
     throughput: float
     cpu_ms: float  # server CPU per request
+    window: tuple[float, float] = (0.0, 0.0)  # wall-clock start and end of the run
 
     @property
     def p50(self) -> float:
@@ -163,11 +188,12 @@ class Result:
 
 async def _run(
     client: Client, head: bytes, body: bytes, rate: float, seconds: float, pid: int
-) -> tuple[list[float], float, float]:
+) -> Result:
     total = int(rate * seconds)
     latencies: list[float] = []
     refused: list[int] = []
     cpu0 = _cpu_seconds(pid)
+    began = time.time()
     start = time.perf_counter()
 
     async def one(at: float) -> None:
@@ -190,7 +216,7 @@ async def _run(
     cpu_ms = (_cpu_seconds(pid) - cpu0) / total * 1e3
     if refused:
         print(f"  ({len(refused)} of {total} refused with 429: the server fell behind)")
-    return latencies, total / elapsed, cpu_ms
+    return Result("", latencies, total / elapsed, cpu_ms, (began, time.time()))
 
 
 def _bodies() -> tuple[bytes, bytes]:
@@ -218,7 +244,10 @@ def _row(result: Result, base_p99: float | None) -> str:
     )
 
 
-async def _bench(port: int, ca: trustme.CA, args: argparse.Namespace, pid: int) -> None:
+async def _bench(
+    port: int, ca: trustme.CA, args: argparse.Namespace, pid: int
+) -> tuple[list[list[Result]], list[tuple[float, float]]]:
+    """The runs, and the client loop's stalls meanwhile."""
     gpu_body, dra_body = _bodies()
     client = Client("127.0.0.1", port, client_context(ca))
     scenarios = [
@@ -230,6 +259,10 @@ async def _bench(port: int, ca: trustme.CA, args: argparse.Namespace, pid: int) 
         for _ in range(20):
             await client.request(head, body)
     await _run(client, *scenarios[0][1:], args.rate, 1.0, pid)  # warm up at rate: discarded
+    gc.collect()
+    gc.freeze()  # as the server does: the client's own collections are no server latency
+    stalls: list[tuple[float, float]] = []
+    watcher = asyncio.create_task(_watch_loop(stalls))
     print(
         f"rate {args.rate:.0f} req/s for {args.seconds:.0f} s per scenario, TLS on loopback, "
         f"server on CPU {args.server_cpu}, gc frozen after start: {not args.no_freeze_gc}"
@@ -238,8 +271,9 @@ async def _bench(port: int, ca: trustme.CA, args: argparse.Namespace, pid: int) 
     for run in range(args.runs):
         results = []
         for name, head, body in scenarios:
-            lat, tput, cpu = await _run(client, head, body, args.rate, args.seconds, pid)
-            results.append(Result(name, lat, tput, cpu))
+            result = await _run(client, head, body, args.rate, args.seconds, pid)
+            result.name = name
+            results.append(result)
         print(f"run {run + 1}:")
         for result in results:
             print("  " + _row(result, results[0].p99 if result is not results[0] else None))
@@ -256,6 +290,25 @@ async def _bench(port: int, ca: trustme.CA, args: argparse.Namespace, pid: int) 
         )
     print(f"connections opened: {client.opened}")
     client.close()
+    watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher
+    gc.unfreeze()
+    return runs, stalls
+
+
+def _print_stalls(
+    runs: list[list[Result]],
+    client: list[tuple[float, float]],
+    server: list[tuple[float, float]],
+) -> None:
+    print(f"loop stalls (ticks {STALL * 1e3:g} ms or more late: count/longest), server | client:")
+    for i, results in enumerate(runs, 1):
+        cells = [
+            f"{r.name} {_stalls_in(server, *r.window)} | {_stalls_in(client, *r.window)}"
+            for r in results
+        ]
+        print(f"  run {i}: " + ";  ".join(cells))
 
 
 async def _flood(port: int, ca: trustme.CA, seconds: float) -> None:
@@ -465,12 +518,17 @@ def _serve(directory: Path, freeze_gc: bool, flood: bool, cpu: int) -> None:
             shutdown_seconds=2,
             freeze_gc=freeze_gc,
         )
-        with ServerThread(admission, config) as server:
+        thread = ServerThread(admission, config)
+        with thread as server:
             pauses = _GcPauses()
+            stalls: list[tuple[float, float]] = []
+            watching = asyncio.run_coroutine_threadsafe(_watch_loop(stalls), thread.loop)
             print(server.port, flush=True)
             sys.stdin.read()  # until the parent closes stdin
+            watching.cancel()
             pauses.stop()
             print(pauses.summary(), flush=True)
+            print("stalls " + json.dumps(stalls), flush=True)
 
 
 class _GcPauses:
@@ -547,17 +605,26 @@ def main() -> None:
             others = set(cpus) - {args.server_cpu}
             if others:
                 os.sched_setaffinity(0, others)
+            runs: list[list[Result]] = []
+            client_stalls: list[tuple[float, float]] = []
             try:
                 if args.flood:
                     asyncio.run(_flood(port, ca, args.seconds))
                 elif args.connection_flood:
                     asyncio.run(_connection_flood(port, ca, directory, args.seconds))
                 else:
-                    asyncio.run(_bench(port, ca, args, child.pid))
+                    runs, client_stalls = asyncio.run(_bench(port, ca, args, child.pid))
             finally:
                 child.stdin.close()
-                print(child.stdout.read().strip())  # the server's GC summary
+                server_stalls: list[tuple[float, float]] = []
+                for line in child.stdout.read().strip().splitlines():
+                    if line.startswith("stalls "):
+                        server_stalls = [tuple(x) for x in json.loads(line[7:])]
+                    else:
+                        print(line)  # the server's GC summary
                 child.wait(30)
+            if runs:
+                _print_stalls(runs, client_stalls, server_stalls)
 
 
 if __name__ == "__main__":
