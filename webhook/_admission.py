@@ -61,6 +61,10 @@ ANSWER_OF_FAULT: dict[Fault, tuple[int, int, str]] = {
 
 CatalogSource = Callable[[], Catalog | None]
 
+# How long a decision from memory may use the catalog the source last gave before one decision
+# asks the source again (the long way): a reloaded catalog is in use within this much more.
+CATALOG_RECHECK_SECONDS = 1.0
+
 
 class Admission:
     """Admission decisions for pods under one policy, catalog and resolver."""
@@ -82,17 +86,29 @@ class Admission:
         self.vm_choices = vm_choices or VmChoices()
         self._view: CatalogView | None = None
         self._view_lock = threading.Lock()
+        # (time.monotonic(), view) of the last `view()`: what a decision from memory uses
+        self._viewed: tuple[float, CatalogView | None] | None = None
 
     def view(self) -> CatalogView | None:
         """The view of the catalog the source gives now (None: no catalog), built once per
         catalog: a reloaded catalog gets a new one, and the old one goes with it."""
         catalog = self.catalog()
         if catalog is None:
+            self._viewed = (time.monotonic(), None)
             return None
         with self._view_lock:
             if self._view is None or self._view.catalog is not catalog:
                 self._view = CatalogView(catalog)
+            self._viewed = (time.monotonic(), self._view)
             return self._view
+
+    def _remembered_view(self) -> CatalogView | None:
+        """The view `view()` gave less than CATALOG_RECHECK_SECONDS ago, without asking the
+        source (which may read a file or call a cloud's API); NotInMemory when older."""
+        viewed = self._viewed
+        if viewed is None or time.monotonic() - viewed[0] > CATALOG_RECHECK_SECONDS:
+            raise NotInMemory("the catalog")
+        return viewed[1]
 
     def review(self, body: bytes) -> dict[str, Any]:
         """The response review for a request body; InvalidRequest when it is not a review."""
@@ -122,10 +138,12 @@ class Admission:
     def decide_from_memory(
         self, review: AdmissionReview, arrived: float | None = None
     ) -> dict[str, Any] | None:
-        """As `decide`, where nothing needed waits: every DRA object read before (and not
-        expired), every selector's outcome cached. None where something would: a lookup or a
-        selector evaluation (the caller then calls `decide` where waiting is allowed); nothing
-        is counted then. Most DRA pods of a cluster repeat the templates and classes of others."""
+        """As `decide`, where nothing needed waits: the catalog as the source gave it within
+        CATALOG_RECHECK_SECONDS, every DRA object read before (and not expired), every
+        selector's outcome cached. None where something would: asking the catalog source, a
+        lookup or a selector evaluation (the caller then calls `decide` where waiting is
+        allowed); nothing is counted then. Most DRA pods of a cluster repeat the templates and
+        classes of others."""
         started = time.monotonic() if arrived is None else arrived
         try:
             answer = self._decide(review, arrived, memory_only=True)
@@ -192,7 +210,7 @@ class Admission:
         return mutate_pod(
             pod,
             resolver=resolver,
-            catalog=self.view(),
+            catalog=self._remembered_view() if memory_only else self.view(),
             settings=self.settings,
             namespace=namespace,
             limits=limits,

@@ -15,6 +15,7 @@ import pytest
 import trustme
 import yaml
 
+import webhook._admission
 from providers.clouds.kube import KubeClient, kubeconfig_config
 from providers.core.catalog import Catalog
 from tests.webhook.conftest import Running, container, pod, post, review, serve
@@ -141,3 +142,58 @@ def test_the_server_takes_the_dra_share_only_for_what_must_wait(
         assert post(remembering, review(body))["allowed"] is True
     assert entered == ["default"]  # from memory: neither the share nor the second pool
     assert gate.in_flight == {}
+
+
+def _submits(running: Running, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The thread-pool hand-offs of a server from now on, by pool."""
+    pools = running.server.app.state.pools
+    submitted: list[str] = []
+    for name in ("plain", "selectors"):
+        pool = getattr(pools, name)
+
+        def submit(*args: Any, _pool: Any = pool, _name: str = name, **kwargs: Any) -> Any:
+            submitted.append(_name)
+            return type(_pool).submit(_pool, *args, **kwargs)
+
+        monkeypatch.setattr(pool, "submit", submit)
+    return submitted
+
+
+def test_a_small_pod_decided_from_memory_takes_no_thread(
+    remembering: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpu_pod = pod(container("train", {"nvidia.com/gpu": 1}))
+    dra_pod = _claim_pod("big-memory")
+    for body in (gpu_pod, dra_pod):  # the catalog and the selectors' outcomes are in memory
+        assert post(remembering, review(body))["allowed"] is True
+    submitted = _submits(remembering, monkeypatch)
+    for body in (gpu_pod, dra_pod):
+        assert post(remembering, review(body))["allowed"] is True
+    assert submitted == []  # both decided on the event loop
+    limit = remembering.server.config.limits.inline_request_bytes
+    large = pod(container("train", {"nvidia.com/gpu": 1}))
+    large["metadata"]["labels"] = {f"l{i}": "x" * 50 for i in range(limit // 50)}
+    assert post(remembering, review(large))["allowed"] is True
+    assert submitted == ["plain"]  # a large one: decided in the pool
+
+
+def test_a_catalog_is_used_from_memory_only_while_recent(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[int] = []
+
+    def source() -> Catalog:
+        asked.append(1)
+        return catalog
+
+    admission = Admission(Settings(), source)
+    gpu_review = _parsed(pod(container("train", {"nvidia.com/gpu": 1})))
+    assert admission.decide_from_memory(gpu_review) is None  # never asked yet
+    assert asked == []
+    assert admission.decide(gpu_review)["response"]["allowed"] is True
+    assert len(asked) == 1
+    assert admission.decide_from_memory(gpu_review) is not None
+    assert len(asked) == 1  # the source not asked again
+    monkeypatch.setattr(webhook._admission, "CATALOG_RECHECK_SECONDS", 0.0)
+    time.sleep(0.01)
+    assert admission.decide_from_memory(gpu_review) is None  # too old: the long way asks
