@@ -584,6 +584,8 @@ class WebhookServer:
             # uvicorn's records go through peerpods' own log handler (JSON or text, one format)
             log_config=None,
             access_log=False,
+            # no proxy in front: X-Forwarded-* is never to be believed, and not parsed per request
+            proxy_headers=False,
             timeout_graceful_shutdown=int(self.config.shutdown_seconds),
             lifespan="off",
         )
