@@ -22,6 +22,29 @@ ksoftirqd): the figure other load on the machine moves least. Also the outer pac
 worker's enc0 sent during the tunnel runs, their count and mean size: GSO packets whole from
 the peer's TCP to the pod VM's, nothing segmented on the way, so nothing for GRO to merge.
 
+What the tunnel's path costs, and what of it is the tunnel's own settings:
+- Nothing is segmented or checksummed in software: the peer's TSO packets (about 59 KB) cross
+  the redirect, `vxlan1` (GSO partial for UDP tunnels is not needed: the worker's underlay
+  device takes tx-udp_tnl-segmentation), the underlay and the pod VM's `vxlan0` whole, as
+  CHECKSUM_PARTIAL; the outer UDP checksum (the kernel's default, udpcsum) is then one
+  pseudo-header sum per 59 KB packet. GRO on `vxlan1`, on the veths or rx-udp-gro-forwarding
+  changes nothing here: it merges wire-sized packets, and none appear (on a real node the NIC's
+  GRO does that merging before the tunnel).
+- The MTU is not what costs: the pod's interfaces have the CNI's 1450 at both ends, the
+  segments are the veth stream's (MSS 1410), and the outer packets fit the underlay's 1500
+  (`vxlan1` keeps the kernel's 1500, which no frame reaches: the pod's veth admits none larger).
+- The redirects are `mirred egress redirect` from ingress with the STOLEN verdict, which the
+  kernel hands over without cloning; encapsulation copies only the headers TCP still shares
+  with its retransmit queue (pskb_expand_head).
+- What is left is per packet and belongs to the kernel: the tunnel's packets and their ACKs
+  cross a second veth pair and bridge (the underlay), two more IP stacks (the worker's UDP
+  socket, the pod VM's), encapsulation and decapsulation, where the plain veth crosses one
+  bridge. Here all of it runs on the sending CPU; on a node, the pod VM's half runs on the pod
+  VM's CPUs and the underlay is the cloud's network.
+- Of the tunnel's own, what grows with the node is the NOTRACK chains (CAA's layout, one rule
+  per pod in each chain): every packet the tunnel sends or receives in the worker's netns
+  compares against all of them (the line without the other pods' rules shows what they cost).
+
     sudo python tests/bench/podnet_tcp.py [--seconds 1] [--rounds 5] [--others 99]
 """
 
