@@ -104,14 +104,6 @@ def _pod_socket(netns: str, *names: str) -> tuple[_nl.Netlink, list[int | None]]
         return _nl.Netlink(_nl.NETLINK_ROUTE), found
 
 
-def _index(netns: str, name: str) -> int | None:
-    with _netns.entered(netns):
-        try:
-            return socket.if_nametoindex(name)
-        except OSError:
-            return None
-
-
 def _host_socket(host_netns: str | None) -> _nl.Netlink:
     """This thread's rtnetlink socket in the worker's netns, opened once (`close_sockets`)."""
     key = (threading.get_ident(), netns_key(host_netns))
@@ -190,9 +182,11 @@ def setup(
                 batch.append(_nl.link_up(vxlan))
             else:
                 _create_vxlan(host_netns, netns, network, remote, tag)
-                vxlan = _index(netns, VXLAN_DEVICE)
-                if vxlan is None:
+                # Its index, asked on the pod netns's socket (no second entry into the netns).
+                made = _vxlan(pod)
+                if made is None:
                     raise TunnelError(f"{VXLAN_DEVICE} did not appear in {netns}")
+                vxlan = made.index
                 # A redirect left on the pod interface points at the device that is gone.
                 _check("removing a stale redirect", pod.transact([_nl.ingress_delete(eth)]), _GONE)
             batch += [
