@@ -31,12 +31,14 @@ class PodGone(PeerpodsError):
 class SandboxHook:
     """A step added to the lifecycle at fixed points; every method here does nothing. Hooks run
     in the order given, each getting the record as the one before left it; a record a hook
-    returns changed is written to the store.
+    returns changed is written to the store (at `vm_created`, with the step that follows).
 
     `sandbox_created`: at CreateVM, before the record is first written (`create_failed` if that
     write fails). `vm_created`: once the VM exists and is recorded, before the forwarder is
     dialled (an error fails the start, which then deletes the VM and calls `vm_stopping`); `save`
-    writes ahead what the hook is about to make. `vm_stopping`: at StopVM (and when a started VM
+    writes ahead what the hook is about to make, and the record it returns is written with the
+    state running, once the agent socket is served (a start cut short before then is torn down
+    from what was written ahead). `vm_stopping`: at StopVM (and when a started VM
     is torn down) after the proxy stopped and before the VM is deleted; idempotent (it may run
     again after a restart); TeardownOwed keeps its remains recorded. `vm_deleted`: once the VM
     is deleted (at StopVM, or a start undone), before the record goes: a teardown that
@@ -77,7 +79,8 @@ class SandboxHook:
 
 
 class Hooks:
-    """The hooks in their order, run at each point; a record a hook returns changed is saved."""
+    """The hooks in their order, run at each point; a record a hook returns changed is saved
+    (at `vm_created`, by the caller)."""
 
     def __init__(self, hooks: Sequence[SandboxHook], save: SaveRecord) -> None:
         self.hooks = tuple(hooks)
@@ -94,10 +97,10 @@ class Hooks:
             await hook.create_failed(record)
 
     async def vm_created(self, record: SandboxRecord) -> SandboxRecord:
+        """The record after every hook's step, not written: the caller writes it with its next
+        state (each hook wrote ahead with `save` what a teardown must know)."""
         for hook in self.hooks:
-            updated = await hook.vm_created(record, self._save)
-            if updated != record:
-                record = await self._save(updated)
+            record = await hook.vm_created(record, self._save)
         return record
 
     async def vm_stopping(

@@ -151,7 +151,10 @@ class Starts:
         record, instance = await self._create(record, plan)
         proxy: AgentProxyHandle | None = None
         try:
-            record = await self._record_devices(record, plan, instance)
+            if not record.device_plan:  # it could not be made with the VM's record: say why
+                record = await self._record_devices(record, plan, instance)
+            # What the hooks made (the pod's tunnel, ready) is written with the state running:
+            # each wrote ahead what a teardown must know before making it.
             record = await table.hooks.vm_created(record)
             proxy = await self._serve(record, instance)
             record = await table.store.put(record.evolve(state=SandboxState.RUNNING))
@@ -175,7 +178,8 @@ class Starts:
             raise
 
     async def _create(self, record: SandboxRecord, plan: Plan) -> tuple[SandboxRecord, Instance]:
-        """Step 2: the VM, recorded the moment the provider returns it."""
+        """Step 2: the VM, recorded the moment the provider returns it, with its device plan
+        (step 3) in the same write."""
         table = self.table
         record = await table.store.put(record.evolve(state=SandboxState.STARTING, reason=""))
         started = time.monotonic()
@@ -191,13 +195,17 @@ class Starts:
             time.monotonic() - started
         )
         log.info("sandbox %s: VM %s (%s) created", record.id, instance.id, instance.instance_type)
-        record = await asyncio.shield(table.store.put(record.evolve(instance=instance)))
+        recorded = record.evolve(instance=instance, device_plan="")
+        with contextlib.suppress(Exception):  # raised again by `_record_devices`, once recorded
+            recorded = recorded.evolve(device_plan=plan.devices_for(instance).to_json())
+        record = await asyncio.shield(table.store.put(recorded))
         return record, instance
 
     async def _record_devices(
         self, record: SandboxRecord, plan: Plan, instance: Instance
     ) -> SandboxRecord:
-        """Step 3: the device plan of the VM it got, stored for CreateContainer."""
+        """Step 3 on its own, when the plan could not be made as the VM was recorded: the
+        device plan of the VM it got, stored for CreateContainer (or the error, raised)."""
         devices = plan.devices_for(instance)
         return await self.table.store.put(record.evolve(device_plan=devices.to_json()))
 

@@ -137,7 +137,11 @@ class Teardowns:
                 return
             with sandbox_context(record.id, f"{record.pod_namespace}/{record.pod_name}"):
                 reason = reason or record.reason or "StopVM"
-                record = await self._save(record.evolve(state=SandboxState.STOPPING, reason=reason))
+                if record.state is not SandboxState.STOPPING or record.reason != reason:
+                    # (StopVM wrote it already, before the teardown began)
+                    record = await self._save(
+                        record.evolve(state=SandboxState.STOPPING, reason=reason)
+                    )
                 await self._stop_proxy(record)
                 record, owed = await table.hooks.vm_stopping(record, self._save)
                 for instance in await self._vms_of(record, start_aborted, known):

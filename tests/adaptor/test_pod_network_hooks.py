@@ -166,3 +166,71 @@ def test_bad_networking_flags_are_refused(field: str, value: object, message: st
 def test_pod_subnet_cidrs_parse_as_a_list() -> None:
     settings = ServeSettings.build(pod_subnet_cidrs="10.96.0.0/12, 10.0.0.0/8,")
     assert settings.pod_subnet_cidrs == ("10.96.0.0/12", "10.0.0.0/8")
+
+
+class WrittenStore(StateStore):
+    """A store noting each record written: its state, tunnel state, and whether its VM and
+    device plan were in it."""
+
+    written: list[tuple[str, str, bool, bool]]
+
+    async def put(self, record: SandboxRecord) -> SandboxRecord:
+        tunnel_state = json.loads(record.pod_network)["state"] if record.pod_network else ""
+        with_vm = record.instance is not None
+        self.written.append((record.state.value, tunnel_state, with_vm, bool(record.device_plan)))
+        return await super().put(record)
+
+
+async def written_store(path: Path) -> WrittenStore:
+    store = await WrittenStore.open(path)
+    assert isinstance(store, WrittenStore)
+    store.written = []
+    return store
+
+
+async def test_each_start_step_is_written_before_it_is_taken_and_once(tmp_path: Path) -> None:
+    """The record order recovery relies on: starting before the VM is created, the VM with its
+    device plan as soon as it exists, the tunnel's VM end before any part of it is made, and the
+    ready tunnel with the state running; no write beyond those."""
+    store = await written_store(tmp_path / "state")
+    tunnels, provider = Tunnels(), FakeProvider()
+    m = manager(tmp_path, store, tunnels, provider)
+    try:
+        await m.create_vm("sb", ANNOTATIONS, "/var/run/netns/cni-1")
+        await m.start_vm("sb")
+        assert store.written == [
+            ("created", "inspected", False, False),
+            ("starting", "inspected", False, False),
+            ("starting", "inspected", True, True),
+            ("starting", "setting-up", True, True),
+            ("running", "ready", True, True),
+        ]
+    finally:
+        await m.close(0)
+        await store.close()
+
+
+async def test_a_start_failing_after_the_tunnel_tears_down_what_was_written_ahead(
+    tmp_path: Path,
+) -> None:
+    """The ready tunnel is never written when the forwarder cannot be reached: the teardown of
+    the failed start works from the VM end written ahead, and leaves the sandbox failed."""
+    store = await written_store(tmp_path / "state")
+    tunnels, provider = Tunnels(), FakeProvider()
+    config = ManagerConfig(pods_dir=tmp_path / "pods", proxy_timeout_seconds=1)
+    proxies = FakeProxies()
+    proxies.connect_error = PeerpodsError("forwarder unreachable")
+    m = pod_network_manager(config, store, provider, proxies, tunnels)
+    try:
+        await m.create_vm("sb", ANNOTATIONS, "/var/run/netns/cni-1")
+        with pytest.raises(PeerpodsError, match="forwarder unreachable"):
+            await m.start_vm("sb")
+        assert ("running", "ready", True, True) not in store.written
+        assert tunnels.calls[-2:] == ["started 10.0.0.7", "stop"]
+        assert provider.deleted == ["vm-sb"]
+        record = await store.get("sb")
+        assert record is not None and record.state is SandboxState.FAILED
+        assert record.instance is None and record.pod_network == ""
+    finally:
+        await m.close(0)
+        await store.close()
