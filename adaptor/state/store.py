@@ -12,7 +12,7 @@ database's consistency: the log replays a prefix of them, as if the daemon had s
 earlier. Nothing of a sandbox outlives that on the node (the shims and pods die with it); what
 the lost commits described in the cloud is a VM tagged with the node's owner id, which the
 orphan sweep deletes (adaptor.hypervisor.gc). synchronous=FULL would wait for the disk at every
-commit instead (about a dozen per sandbox's lifecycle), milliseconds each on one thread shared
+commit instead (about eight per sandbox's lifecycle), milliseconds each on one thread shared
 by every sandbox, which at a thousand sandboxes made that thread the queue StartVM waited in.
 
 A row that cannot be read back (bad JSON, an unknown state, a malformed instance: a bug of an older
@@ -87,6 +87,29 @@ CREATE TABLE IF NOT EXISTS leases (
 );
 """
 
+_COLUMNS = (
+    "id",
+    "pod_namespace",
+    "pod_name",
+    "annotations",
+    "network_namespace",
+    "agent_socket",
+    "state",
+    "reason",
+    "instance",
+    "created_at",
+    "updated_at",
+    "device_plan",
+    "pod_network",
+)
+# A record written over its row in place: INSERT OR REPLACE would delete the row and insert it
+# anew, changing both the table and its primary key index (about five times the CPU, and the
+# write-ahead log pages, of an update in place).
+_UPSERT = (
+    f"INSERT INTO sandboxes ({', '.join(_COLUMNS)}) VALUES ({','.join('?' * len(_COLUMNS))}) "
+    f"ON CONFLICT(id) DO UPDATE SET {', '.join(f'{c}=excluded.{c}' for c in _COLUMNS[1:])}"
+)
+
 
 class StateError(PeerpodsError):
     """The state database cannot be opened or written."""
@@ -111,6 +134,9 @@ class StateStore:
         self._closed = False
         self._quarantined: dict[str, str] = {}  # id -> why its row cannot be read
         self._checks = dict(checks or {})
+        # (id, column) -> the value of a checked column last found valid: the same value read
+        # again (every read of a sandbox, every listing) is not parsed again
+        self._valid: dict[tuple[str, str], str] = {}
 
     @classmethod
     async def open(
@@ -262,7 +288,7 @@ class StateStore:
 
     def _put_sync(self, record: SandboxRecord) -> None:
         self._db().execute(
-            "INSERT OR REPLACE INTO sandboxes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            _UPSERT,
             (
                 record.id,
                 record.pod_namespace,
@@ -287,8 +313,9 @@ class StateStore:
             record = self._row(row)
             for column, check in self._checks.items():
                 value = getattr(record, column)
-                if value:
+                if value and self._valid.get((sandbox_id, column)) != value:
                     check(value)
+                    self._valid[sandbox_id, column] = value
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, PeerpodsError) as exc:
             # ValueError covers bad JSON, an unknown state and a failed validation
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -296,6 +323,7 @@ class StateStore:
                 log.error("state: sandbox %r quarantined, its record is unreadable: %s",
                           sandbox_id, reason)  # fmt: skip
             self._quarantined[sandbox_id] = reason[:300]
+            self._forget_valid(sandbox_id)
             return None
         self._quarantined.pop(sandbox_id, None)
         return record
@@ -333,6 +361,7 @@ class StateStore:
         row = self._db().execute("SELECT * FROM sandboxes WHERE id=?", (sandbox_id,)).fetchone()
         if not row:
             self._quarantined.pop(sandbox_id, None)
+            self._forget_valid(sandbox_id)
             return None
         record = self._parse(row)
         if record is None:
@@ -347,6 +376,8 @@ class StateStore:
         seen = {str(r[0]) for r in rows}
         for gone in set(self._quarantined) - seen:
             del self._quarantined[gone]
+        for key in [key for key in self._valid if key[0] not in seen]:
+            del self._valid[key]
         return [record for r in rows if (record := self._parse(r)) is not None]
 
     def _set_state_sync(
@@ -369,6 +400,11 @@ class StateStore:
             raise
         db.execute("COMMIT")
         self._quarantined.pop(sandbox_id, None)
+        self._forget_valid(sandbox_id)
+
+    def _forget_valid(self, sandbox_id: str) -> None:
+        for column in self._checks:
+            self._valid.pop((sandbox_id, column), None)
 
     def _acquire_sync(self, pool: str, sandbox_id: str, endpoints: tuple[str, ...]) -> str | None:
         db = self._db()

@@ -88,3 +88,37 @@ async def test_a_wrongly_typed_tunnel_field_is_quarantined(tmp_path: Path) -> No
 async def test_checks_name_only_the_json_columns(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no checked column annotations"):
         await StateStore.open(tmp_path, checks={"annotations": json.loads})
+
+
+async def test_a_checked_value_is_parsed_once_and_a_changed_one_again(tmp_path: Path) -> None:
+    """Reading a sandbox again (each step, each listing) does not check a JSON column whose
+    value was found valid already; a new value is checked, and a bad one quarantines the row."""
+    checked: list[str] = []
+
+    def check(value: str) -> object:
+        checked.append(value)
+        parsed = json.loads(value)
+        if not isinstance(parsed.get("n"), int):
+            raise TypeError("n is not a number")
+        return parsed
+
+    store = await StateStore.open(tmp_path, checks={"pod_network": check})
+    try:
+        record = SandboxRecord(id="sb", pod_namespace="ns", pod_name="p", pod_network='{"n": 1}')
+        await store.put(record)
+        await store.get("sb")
+        await store.put(record.evolve(reason="later step"))
+        await store.get("sb")
+        await store.records()
+        assert checked == ['{"n": 1}']
+        await store.put(record.evolve(pod_network='{"n": 2}'))
+        await store.get("sb")
+        assert checked == ['{"n": 1}', '{"n": 2}']
+        await store.put(record.evolve(pod_network='{"n": "x"}'))
+        with pytest.raises(QuarantinedRecord, match="n is not a number"):
+            await store.get("sb")
+        await store.put(record)  # the first value again: checked anew after the quarantine
+        assert await store.get("sb") is not None
+        assert checked[-1] == '{"n": 1}' and len(checked) == 4
+    finally:
+        await store.close()
