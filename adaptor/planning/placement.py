@@ -40,6 +40,9 @@ from providers.core.selection import Candidate, Selection, Selector
 log = logging.getLogger(__name__)
 
 MAX_CANDIDATES = 8
+# Candidate lists a placement keeps, by request (pods mostly ask for one of a few shapes); the
+# memo starts afresh when full.
+CANDIDATE_MEMO_SIZE = 256
 
 # What a VM will carry: its catalog entry (attached GPUs folded in) or (GPU count, GPU model id).
 Inventory = InstanceType | tuple[int, str]
@@ -262,8 +265,16 @@ class Placement:
             metrics.SELECTION_FAILURES.labels(reason=exc.stage).inc()
             raise
 
+    @cached_property
+    def _found(self) -> dict[str, tuple[PlanCandidate, ...]]:
+        """The candidates `candidates` found, by the intent less its pod: a function of the
+        placement's (frozen) catalog and lists, so each StartVM of a shape seen before reuses
+        them instead of selecting again."""
+        return {}
+
     def candidates(self, intent: VMIntent) -> tuple[PlanCandidate, ...]:
-        """The candidates to try, best first (empty: let the provider decide)."""
+        """The candidates to try, best first (empty: let the provider decide). A request
+        selection refuses (NoMatch) is selected again each time, and counted each time."""
         if self.catalog is None:
             name = intent.machine_type or self.default_type
             if not name:
@@ -276,8 +287,15 @@ class Placement:
                 metrics.SELECTION_FAILURES.labels(reason=error.stage).inc()
                 raise error
             return (PlanCandidate(VMCandidate(name), intent_inventory(intent)),)
-        market = "spot" if intent.capacity_type.wants_spot else "on-demand"
-        return tuple(_typed(c, market, self.reservation) for c in self.ranked(intent))
+        key = intent.model_dump_json(exclude=_POD_FIELDS)
+        found = self._found.get(key)
+        if found is None:
+            market = "spot" if intent.capacity_type.wants_spot else "on-demand"
+            found = tuple(_typed(c, market, self.reservation) for c in self.ranked(intent))
+            if len(self._found) >= CANDIDATE_MEMO_SIZE:
+                self._found.clear()
+            self._found[key] = found
+        return found
 
     async def plan(self, intent: VMIntent, sandbox_id: str) -> Plan:
         """StartVM's plan: the candidates, less those over the quota pool, reserved for the
@@ -355,6 +373,10 @@ def account_quota_cache(
 def allowed(name: str, patterns: Sequence[str]) -> bool:
     """Whether an instance type matches the allow list (globs; empty allows all)."""
     return not patterns or any(fnmatch.fnmatchcase(name, p.strip()) for p in patterns)
+
+
+# What names the pod in a VMIntent, not what it asks of its VM.
+_POD_FIELDS = {"pod_name", "pod_namespace"}
 
 
 def _typed(candidate: Candidate, market: str = "on-demand", reservation: str = "") -> PlanCandidate:

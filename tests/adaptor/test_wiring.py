@@ -225,3 +225,28 @@ async def test_user_data_carries_the_pod_network_and_keeps_an_operator_copy(
     plain = SandboxRecord(id="sb-plain", pod_namespace="default", pod_name="pod-b")
     files = {f["path"]: f["content"] for f in yaml.safe_load(build(plain, plan))["write_files"]}
     assert json.loads(files["/run/peerpod/apf.json"])["pod-network"] is None
+
+
+async def test_pods_of_one_shape_are_selected_for_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A StartVM of a shape the placement has seen reuses its candidates (other pods, same
+    request); another shape is selected for, and a refused request is refused (and counted)
+    every time, never remembered."""
+    placement = placement_for(aws(zones=("us-east-1a", "us-east-1b")), CDI)
+    selections: list[VMIntent] = []
+    explain = Placement.explain
+
+    def counted(self: Placement, wanted: VMIntent) -> Any:
+        selections.append(wanted)
+        return explain(self, wanted)
+
+    monkeypatch.setattr(Placement, "explain", counted)
+    first = await placement.plan(intent(1, "l4"), "sb1")
+    other_pod = VMIntent(pod_name="q", pod_namespace="ns2", gpu=GpuIntent(gpus=1, models=("l4",)))
+    second = await placement.plan(other_pod, "sb2")
+    assert second.candidates == first.candidates and len(selections) == 1
+    bigger = await placement.plan(intent(1, "l4", vcpus=16), "sb3")
+    assert len(selections) == 2 and bigger.candidates != first.candidates
+    for sandbox in ("sb4", "sb5"):
+        with pytest.raises(NoMatch):
+            await placement.plan(intent(1, "l4", vcpus=100_000), sandbox)
+    assert len(selections) == 4
