@@ -343,11 +343,11 @@ class PodNet:
         return tunnel.evolve(state=TunnelState.READY, error="")
 
     async def teardown(self, tunnel: Tunnel) -> None:
-        """StopVM: cut the pod's traffic and remove the NOTRACK rules (raises PodNetError when
-        that fails); `vxlan1`'s deletion, which the kernel holds for an RCU grace period, goes
-        on in a task of this object's (`deleted` waits for it; so do `close`, the next call on
-        this tunnel, and the sandbox's teardown before its record and VNI lease go). Until it
-        ends, the VNI is neither handed out nor swept. Idempotent."""
+        """StopVM: cut the pod's traffic off (raises PodNetError when that fails); `vxlan1`'s
+        deletion, which the kernel holds for an RCU grace period, and then the NOTRACK rules'
+        go on in a task of this object's (`deleted` waits for it; so do `close`, the next call
+        on this tunnel, and the sandbox's teardown before its record and VNI lease go). Until
+        it ends, the VNI is neither handed out nor swept. Idempotent."""
         async with self._serial(tunnel.vni):
             doomed = await self._run(
                 _tunnel.cut,
@@ -357,15 +357,15 @@ class PodNet:
                 tunnel.remote,
                 cancellable=False,
             )
-            if doomed is not None:
-                self._deleting[tunnel.vni] = asyncio.create_task(
-                    self._delete(tunnel, doomed), name=f"podnet-delete-{tunnel.vni}"
-                )
+            self._deleting[tunnel.vni] = asyncio.create_task(
+                self._delete(tunnel, doomed), name=f"podnet-delete-{tunnel.vni}"
+            )
         log.info("tunnel VNI %d cut off in %s", tunnel.vni, tunnel.netns)
 
     async def _delete(self, tunnel: Tunnel, doomed: _tunnel.Doomed) -> None:
-        """The cut-off device deleted; retried as a whole teardown, then left to the sweep (its
-        VNI stays out of use until the next sweep, which removes it once no lease holds it)."""
+        """The cut-off device deleted, then the NOTRACK rules; retried as a whole teardown, then
+        left to the sweep (the VNI stays out of use until the next sweep, which removes what is
+        left once no lease holds it)."""
         try:
             try:
                 await self._run(_tunnel.delete, doomed, cancellable=False)

@@ -13,8 +13,8 @@ Setup, as CAA's worker side does it:
 
 Teardown removes exactly these: filters and ingress qdiscs on both devices, `vxlan1` (only when
 it is the one with this VNI), the pod's NOTRACK rules and a peerpod chain left empty. It comes in
-two steps: `cut` (the pod's traffic stopped, the rules removed: what StopVM waits for) and
-`delete` (the device, whose deletion the kernel makes wait for an RCU grace period).
+two steps: `cut` (the pod's traffic stopped: what StopVM waits for) and `delete` (the device,
+whose deletion the kernel makes wait for an RCU grace period, then the NOTRACK rules).
 
 Setup and teardown speak netlink directly (`_nl`): a fresh setup is three round trips (the
 NOTRACK transaction, the device, the four tc messages in one datagram) and about 2 ms of CPU,
@@ -253,66 +253,70 @@ def check(host_netns: str | None, netns: str, network: PodNetwork, remote: str) 
 
 @dataclass
 class Doomed:
-    """A pod's `vxlan1`, cut off and still to be deleted: the rtnetlink socket open in its pod
-    netns (`delete` closes it) and its index there."""
+    """What `cut` leaves of a tunnel for `delete`: the pod's `vxlan1`, cut off (the rtnetlink
+    socket open in its pod netns, which `delete` closes, and its index there; None when there
+    is none of this tunnel), and the NOTRACK rules."""
 
-    sock: _nl.Netlink
+    sock: _nl.Netlink | None
     index: int
+    host_netns: str | None
+    vni: int
+    remote: str
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
 
 
-def cut(host_netns: str | None, netns: str, network: PodNetwork, remote: str) -> Doomed | None:
-    """StopVM's part of the removal: the pod's traffic cut and the NOTRACK rules removed, in
-    one round trip in the pod netns (the pod interface's ingress qdisc goes with its redirect,
-    `vxlan1` is set down, which unhooks it from the tunnel's UDP socket) and one in the
-    worker's. `vxlan1` itself is returned for `delete`: the kernel's deletion of a device
-    waits for an RCU grace period (rcu_barrier in netdev_run_todo), tens of milliseconds on a
-    busy node, which need not hold up StopVM. None when there is no `vxlan1` of this tunnel
-    (a pod netns already gone took its part with it)."""
-    doomed = None
-    if _netns.netns_exists(netns):
-        try:
-            pod, (eth, vxlan) = _pod_socket(netns, network.interface, VXLAN_DEVICE)
-            try:
-                found = _vxlan(pod) if vxlan is not None else None
-                ours = found is not None and found.vni == network.vxlan_id
-                batch: list[_nl.Message] = []
-                # A vxlan1 of another tunnel owns the redirect on the pod interface: leave both.
-                if eth is not None and (vxlan is None or ours):
-                    batch.append(_nl.ingress_delete(eth))
-                if found is not None and ours:
-                    batch.append(_nl.link_down(found.index))
-                _check("cutting the pod off", pod.transact(batch), _GONE)
-                if found is not None and ours:
-                    doomed = Doomed(pod, found.index)
-            finally:
-                if doomed is None:
-                    pod.close()
-        except OSError as exc:
-            raise TunnelError(f"removing the tunnel from {netns}: {exc}") from None
+def cut(host_netns: str | None, netns: str, network: PodNetwork, remote: str) -> Doomed:
+    """StopVM's part of the removal: the pod's traffic cut, in one round trip in the pod netns
+    (the pod interface's ingress qdisc goes with its redirect, `vxlan1` is set down, which
+    unhooks it from the tunnel's UDP socket). The rest is left for `delete`: the kernel's
+    deletion of a device waits for an RCU grace period (rcu_barrier in netdev_run_todo), tens
+    of milliseconds on a busy node, and the NOTRACK rules, which carry no traffic, go after it
+    (an nf_tables transaction can wait for the cleanup of the one before it)."""
+    doomed = Doomed(None, 0, host_netns, network.vxlan_id, remote)
+    if not _netns.netns_exists(netns):
+        return doomed  # the pod netns, gone, took its part with it
     try:
-        _notrack.remove(host_netns, network.vxlan_id, remote)
-    except BaseException:
-        if doomed is not None:
-            doomed.sock.close()
-        raise
+        pod, (eth, vxlan) = _pod_socket(netns, network.interface, VXLAN_DEVICE)
+        try:
+            found = _vxlan(pod) if vxlan is not None else None
+            ours = found is not None and found.vni == network.vxlan_id
+            batch: list[_nl.Message] = []
+            # A vxlan1 of another tunnel owns the redirect on the pod interface: leave both.
+            if eth is not None and (vxlan is None or ours):
+                batch.append(_nl.ingress_delete(eth))
+            if found is not None and ours:
+                batch.append(_nl.link_down(found.index))
+            _check("cutting the pod off", pod.transact(batch), _GONE)
+            if found is not None and ours:
+                doomed.sock, doomed.index = pod, found.index
+        finally:
+            if doomed.sock is None:
+                pod.close()
+    except OSError as exc:
+        raise TunnelError(f"removing the tunnel from {netns}: {exc}") from None
     return doomed
 
 
 def delete(doomed: Doomed) -> None:
-    """Delete the `vxlan1` that `cut` left (its ingress qdisc and redirect go with it)."""
-    with doomed.sock as pod:
-        try:
-            _check(f"deleting {VXLAN_DEVICE}", pod.transact([_nl.link_delete(doomed.index)]), _GONE)
-        except OSError as exc:
-            raise TunnelError(f"deleting {VXLAN_DEVICE}: {exc}") from None
+    """Delete the `vxlan1` that `cut` left (its ingress qdisc and redirect go with it), then
+    the pod's NOTRACK rules."""
+    if doomed.sock is not None:
+        with doomed.sock as pod:
+            try:
+                results = pod.transact([_nl.link_delete(doomed.index)])
+                _check(f"deleting {VXLAN_DEVICE}", results, _GONE)
+            except OSError as exc:
+                raise TunnelError(f"deleting {VXLAN_DEVICE}: {exc}") from None
+    _notrack.remove(doomed.host_netns, doomed.vni, doomed.remote)
 
 
 def teardown(host_netns: str | None, netns: str, network: PodNetwork, remote: str) -> None:
     """Remove what setup made, all of it before returning (`cut`, then `delete`); a pod netns
     that is already gone took its part with it."""
-    doomed = cut(host_netns, netns, network, remote)
-    if doomed is not None:
-        delete(doomed)
+    delete(cut(host_netns, netns, network, remote))
 
 
 def resolve_ipv4(host: str) -> str:

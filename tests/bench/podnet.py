@@ -8,11 +8,12 @@ pod VM netns), then:
   and CPU time; alternating with each of them, the same tunnel on another pod built and removed
   through pyroute2's generic calls (tests/bench/podnet_pyroute2.py, the code before it packed
   its own messages): the baseline, and the ratio new/baseline of each figure. `teardown` is
-  what StopVM waits for before it deletes the VM: the pod's traffic cut off and the NOTRACK
-  rules removed; `vxlan1`'s deletion, which the kernel holds for an RCU grace period, goes on
-  meanwhile, and StopVM waits for its end only after the VM's delete (PodNet.deleted). The line
-  `teardown, gone` is the time from the teardown's start until the device is gone: what StopVM
-  would wait for if the VM's delete took no time (the baseline removes everything at once);
+  what StopVM waits for before it deletes the VM: the pod's traffic cut off; `vxlan1`'s
+  deletion, which the kernel holds for an RCU grace period, and then the NOTRACK rules' go on
+  meanwhile, and StopVM waits for their end only after the VM's delete (PodNet.deleted). The line
+  `teardown, gone` is the time from the teardown's start until the device and rules are gone:
+  what StopVM would wait for if the VM's delete took no time (the baseline removes everything
+  at once);
 - TCP throughput (one stream) from the peer on the worker's bridge: to a pod's IP inside its pod
   VM netns through the tunnel (pod VM side built from apf.json), and to a pod without a tunnel
   over its plain veth on the same bridge with the same MTU; alternated (--tcp-rounds), medians.
