@@ -138,6 +138,10 @@ class _SelectorGate:
         self.in_flight: dict[str, int] = {}
         self.refusals = 0
 
+    def at_share(self, namespace: str) -> bool:
+        """Whether the namespace holds its whole share (its next DRA pod is refused)."""
+        return self.in_flight.get(namespace, 0) >= self.share
+
     def enter(self, namespace: str) -> str:
         """ "" when admitted, else why not (the caller answers 429)."""
         held = self.in_flight.get(namespace, 0)
@@ -247,8 +251,12 @@ class _MutateRoute:
         loop = asyncio.get_running_loop()
         if len(body) <= self.limits.inline_request_bytes:
             review = self.admission.parse(body)
-            answer = self.admission.decide_from_memory(review, arrived)
-            if answer is None and not self.admission.needs_selectors(review):
+            selectors = self.admission.needs_selectors(review)
+            answer = None
+            # a namespace holding its whole share is refused at once, as cheaply as it was sent
+            if not (selectors and self.gate.at_share(review.request.namespace)):
+                answer = self.admission.decide_from_memory(review, arrived)
+            if answer is None and not selectors:
                 plain = self.pools.plain
                 answer = await loop.run_in_executor(plain, self.admission.decide, review, arrived)
         else:

@@ -197,3 +197,22 @@ def test_a_catalog_is_used_from_memory_only_while_recent(
     monkeypatch.setattr(webhook._admission, "CATALOG_RECHECK_SECONDS", 0.0)
     time.sleep(0.01)
     assert admission.decide_from_memory(gpu_review) is None  # too old: the long way asks
+
+
+def test_a_namespace_holding_its_share_is_refused_before_any_work(
+    remembering: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its slow pods hold the whole share (a flood of selectors that run to the time limit):
+    its next DRA pod is refused at once, as before, even one that memory could decide; another
+    namespace's is decided from memory."""
+    body = _claim_pod("big-memory")
+    assert post(remembering, review(body))["allowed"] is True  # in memory from now on
+    gate = remembering.server.app.state.selector_gate
+    monkeypatch.setattr(gate, "in_flight", {"default": gate.share})
+    refused = post(remembering, review(body))
+    assert refused["allowed"] is False and refused["status"]["code"] == 429
+    # another namespace's pod is decided (here: its template does not exist there), not refused
+    other = post(remembering, review(_claim_pod("big-memory", namespace="o"), namespace="o"))
+    assert other["allowed"] is False and other["status"]["code"] == 400
+    monkeypatch.setattr(gate, "in_flight", {"o": gate.share})
+    assert post(remembering, review(body))["allowed"] is True
