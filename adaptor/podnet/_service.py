@@ -133,7 +133,14 @@ class PodNet:
         keep = held | set(self._tunnels) | set(self._deleting)
         removed = await self._run(_sweep.remove, self._host_netns, found, keep)
         self.sweeps += 1
-        self._foreign = found.foreign - keep
+        # A device of ours the kernel would not delete keeps its VNI out of use until it goes.
+        self._foreign = (found.foreign - keep) | removed.left
+        if removed.left:
+            log.error(
+                "network sweep could not remove the VXLAN devices of VNIs %s: kept out of use "
+                "until a later sweep removes them",
+                ", ".join(str(v) for v in sorted(removed.left)),
+            )
         if removed.total:
             log.warning(
                 "network sweep removed tunnel parts no sandbox holds: %d VXLAN devices, "
@@ -370,14 +377,16 @@ class PodNet:
             try:
                 await self._run(_tunnel.delete, doomed, cancellable=False)
             except PodNetError as exc:
-                log.warning("tunnel VNI %d: %s; retrying", tunnel.vni, exc)
+                log.warning("tunnel VNI %d in %s: %s; retrying", tunnel.vni, tunnel.netns, exc)
                 await self._retry_teardown(tunnel)
             log.info("tunnel VNI %d removed from %s", tunnel.vni, tunnel.netns)
         except Exception as exc:  # owned here: logged, and the sweep owes the device
             self._foreign.add(tunnel.vni)
             log.error(
-                "tunnel VNI %d: %s: %s; the network sweep removes it",
+                "tunnel VNI %d in %s: removing the cut-off device and NOTRACK rules failed "
+                "(%s: %s); the VNI stays out of use until the network sweep removes them",
                 tunnel.vni,
+                tunnel.netns,
                 type(exc).__name__,
                 exc,
             )

@@ -79,11 +79,13 @@ class Found:
 
 @dataclass
 class Removed:
-    """What one removal took away (the leftovers a sweep found)."""
+    """What one removal took away (the leftovers a sweep found), and the VNIs of the devices
+    it could not (`left`: still in use by the kernel until a later sweep removes them)."""
 
     devices: int = 0
     redirects: int = 0
     rules: int = 0
+    left: set[int] = field(default_factory=set)
 
     @property
     def total(self) -> int:
@@ -164,9 +166,9 @@ def find(host_netns: str | None, port: int, tag: int, extra: Iterable[str] = ())
 _GONE = (errno.ENOENT, errno.ENODEV, errno.EINVAL)
 
 
-def _remove_in(ns: str | None, redirects: list[Redirect], devices: set[int]) -> Removed:
+def _remove_in(ns: str | None, redirects: list[Redirect], devices: dict[int, int]) -> Removed:
     """In one netns: the doomed redirects (an ingress qdisc left without any goes too), then
-    the doomed devices (their own qdiscs go with them)."""
+    the doomed devices (index -> VNI; their own qdiscs go with them)."""
     removed = Removed()
     with _netns.entered(ns):
         sock = _nl.Netlink(_nl.NETLINK_ROUTE)
@@ -177,35 +179,37 @@ def _remove_in(ns: str | None, redirects: list[Redirect], devices: set[int]) -> 
             left = [_nl.redirect_of(p) for p in sock.get(_nl.ingress_filters_get(index))]
             if not any(left):
                 sock.transact([_nl.ingress_delete(index)])
-        results = sock.transact([_nl.link_delete(index) for index in sorted(devices)])
+        indexes = sorted(devices)
+        results = sock.transact([_nl.link_delete(index) for index in indexes])
         removed.devices = sum(1 for code in results if not code)
-        for code in results:
-            if code and code not in _GONE:
-                raise OSError(code, os.strerror(code))
+        refused = zip(indexes, results, strict=True)
+        removed.left = {devices[i] for i, code in refused if code not in (0, *_GONE)}
     return removed
 
 
 def remove(host_netns: str | None, found: Found, keep: Collection[int]) -> Removed:
     """Remove the parts of `found` that belong to no VNI in `keep`."""
     removed = Removed()
-    doomed: dict[str | None, set[int]] = {}
+    doomed: dict[str | None, dict[int, int]] = {}
     for device in found.devices:
         if device.vni not in keep:
-            doomed.setdefault(device.netns, set()).add(device.index)
+            doomed.setdefault(device.netns, {})[device.index] = device.vni
     # Only a redirect at a doomed device, or one the kernel reports pointing nowhere: a target
     # missing from the listing may be a device made since.
     redirects: dict[str | None, list[Redirect]] = {}
     for r in found.redirects:
-        targets = doomed.get(r.netns, set())
+        targets = doomed.get(r.netns, {})
         if r.index not in targets and (r.target in targets or r.target == 0):
             redirects.setdefault(r.netns, []).append(r)
     for ns in set(doomed) | set(redirects):
         try:
-            done = _remove_in(ns, redirects.get(ns, []), doomed.get(ns, set()))
+            done = _remove_in(ns, redirects.get(ns, []), doomed.get(ns, {}))
         except (PodNetError, OSError):
+            removed.left |= set(doomed.get(ns, {}).values())
             continue
         removed.devices += done.devices
         removed.redirects += done.redirects
+        removed.left |= done.left
     rules = [r for r in found.rules if r.vni not in keep and r.vni not in found.foreign]
     if rules:
         removed.rules = _notrack.remove_handles(host_netns, [(r.chain, r.handle) for r in rules])

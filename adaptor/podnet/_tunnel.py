@@ -309,7 +309,7 @@ def delete(doomed: Doomed) -> None:
                 results = pod.transact([_nl.link_delete(doomed.index)])
                 _check(f"deleting {VXLAN_DEVICE}", results, _GONE)
             except OSError as exc:
-                raise TunnelError(f"deleting {VXLAN_DEVICE}: {exc}") from None
+                raise TunnelError(str(exc)) from None  # it names the step
     _notrack.remove(doomed.host_netns, doomed.vni, doomed.remote)
 
 
