@@ -139,7 +139,7 @@ class TunnelState(enum.StrEnum):
     inspected      CreateVM read the pod netns and holds a VNI; nothing exists in the kernel yet
     setting-up     StartVM knows the VM's address and may have made parts: written before the
                    first part is made, so a teardown after any interruption knows what to remove
-    ready          the VXLAN device, redirects and NOTRACK rules exist
+    ready          the VXLAN device, redirects and NOTRACK element exist
     failed         setup or repair failed (`error` says why)
     teardown       StopVM could not remove everything; retried by the next StopVM or restart
     """

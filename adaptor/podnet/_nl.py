@@ -9,7 +9,8 @@ acknowledgement is queued before send() returns. Dumps are read until NLMSG_DONE
 
 Only what the tunnel needs: rtnetlink (a VXLAN link, the ingress qdisc, a u32 filter whose
 action is `mirred egress redirect`, deletes, a link by name) and nf_tables (rules added and
-deleted in one batch, the rules of one chain). Blocking; errors are errno values per message.
+deleted in one batch, the rules of one chain, a set and its elements). Blocking; errors are
+errno values per message.
 """
 
 from __future__ import annotations
@@ -57,15 +58,19 @@ U32_HANDLE = 0x80000800
 # nf_tables
 NFNL_SUBSYS_NFTABLES = 10
 NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END = 0x10, 0x11
-NFT_MSG_NEWRULE, NFT_MSG_GETRULE, NFT_MSG_DELRULE = 6, 7, 8
-NFTA_RULE_TABLE, NFTA_RULE_CHAIN, NFTA_RULE_HANDLE = 1, 2, 3
+NFT_MSG_NEWRULE = 6
+NFTA_RULE_TABLE, NFTA_RULE_CHAIN = 1, 2
 NFTA_RULE_EXPRESSIONS, NFTA_RULE_USERDATA = 4, 7
-NFT_MSG_GETCHAIN = 4
-NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME, NFTA_CHAIN_USE = 1, 3, 6
 NFTA_LIST_ELEM = 1
 NFTA_EXPR_NAME, NFTA_EXPR_DATA = 1, 2
 NFTA_DATA_VALUE = 1
 NFPROTO_IPV4 = 2
+NFT_MSG_NEWSET, NFT_MSG_DELSET = 9, 11
+NFT_MSG_NEWSETELEM, NFT_MSG_GETSETELEM, NFT_MSG_DELSETELEM = 12, 13, 14
+NFTA_SET_TABLE, NFTA_SET_NAME, NFTA_SET_KEY_TYPE, NFTA_SET_KEY_LEN = 1, 2, 4, 5
+NFTA_SET_ID = 10
+NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_ELEMENTS = 1, 2, 3
+NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_USERDATA = 1, 6
 
 
 class NetlinkFailure(OSError):
@@ -427,65 +432,78 @@ def rule_add(
     return Message(_nft(NFT_MSG_NEWRULE), flags, body)
 
 
-def rule_delete(table: str, chain: str, handle: int) -> Message:
+def set_add(table: str, name: str, key_type: int, key_len: int) -> Message:
+    """A set (kept as it is when it exists already)."""
     body = (
         _nfgen()
-        + asciiz(NFTA_RULE_TABLE, table)
-        + asciiz(NFTA_RULE_CHAIN, chain)
-        + attr(NFTA_RULE_HANDLE, struct.pack(">Q", handle))
+        + asciiz(NFTA_SET_TABLE, table)
+        + asciiz(NFTA_SET_NAME, name)
+        + be32(NFTA_SET_KEY_TYPE, key_type)
+        + be32(NFTA_SET_KEY_LEN, key_len)
+        + be32(NFTA_SET_ID, 1)
     )
-    return Message(_nft(NFT_MSG_DELRULE), F_ACK, body)
+    return Message(_nft(NFT_MSG_NEWSET), F_ACK | F_CREATE, body)
 
 
-def rule_get(table: str, chain: str, handle: int) -> Message:
-    """One rule by its handle (the kernel looks it up: nothing else is sent back)."""
-    body = (
-        _nfgen()
-        + asciiz(NFTA_RULE_TABLE, table)
-        + asciiz(NFTA_RULE_CHAIN, chain)
-        + attr(NFTA_RULE_HANDLE, struct.pack(">Q", handle))
-    )
-    return Message(_nft(NFT_MSG_GETRULE), 0, body)
+def set_delete(table: str, name: str) -> Message:
+    body = _nfgen() + asciiz(NFTA_SET_TABLE, table) + asciiz(NFTA_SET_NAME, name)
+    return Message(_nft(NFT_MSG_DELSET), F_ACK, body)
 
 
-def chain_get(table: str, chain: str) -> Message:
-    body = _nfgen() + asciiz(NFTA_CHAIN_TABLE, table) + asciiz(NFTA_CHAIN_NAME, chain)
-    return Message(_nft(NFT_MSG_GETCHAIN), 0, body)
+def _elements(table: str, name: str, *elements: bytes) -> bytes:
+    body = _nfgen() + asciiz(NFTA_SET_ELEM_LIST_TABLE, table) + asciiz(NFTA_SET_ELEM_LIST_SET, name)
+    if elements:
+        body += nest(NFTA_SET_ELEM_LIST_ELEMENTS, *elements)
+    return body
 
 
-def chain_use(payload: bytes) -> int:
-    """The kernel's use count of a chain: its rules plus the jumps and gotos into it."""
-    raw = attr_map(payload, 4).get(NFTA_CHAIN_USE)
-    return int(struct.unpack(">I", raw)[0]) if raw is not None else 0
+def _element(key: bytes, comment: str = "") -> bytes:
+    parts = [nest(NFTA_SET_ELEM_KEY, attr(NFTA_DATA_VALUE, key))]
+    if comment:
+        parts.append(attr(NFTA_SET_ELEM_USERDATA, udata_comment(comment)))
+    return nest(NFTA_LIST_ELEM, *parts)
 
 
-def rules_get(table: str, chain: str) -> Message:
-    body = _nfgen() + asciiz(NFTA_RULE_TABLE, table) + asciiz(NFTA_RULE_CHAIN, chain)
-    return Message(_nft(NFT_MSG_GETRULE), F_DUMP, body)
+def element_add(table: str, name: str, key: bytes, comment: str) -> Message:
+    """One element with its comment; EEXIST when the key is there already."""
+    body = _elements(table, name, _element(key, comment))
+    return Message(_nft(NFT_MSG_NEWSETELEM), F_ACK | F_CREATE | F_EXCL, body)
 
 
-@dataclass(frozen=True)
-class RuleFacts:
-    """A rule's handle, its userdata (our comment), the raw bytes of its expressions and its
-    chain."""
-
-    handle: int
-    userdata: bytes
-    expressions: bytes
-    chain: str = ""
+def element_delete(table: str, name: str, key: bytes) -> Message:
+    return Message(_nft(NFT_MSG_DELSETELEM), F_ACK, _elements(table, name, _element(key)))
 
 
-def is_new_rule(kind: int) -> bool:
-    return kind == _nft(NFT_MSG_NEWRULE)
+def element_get(table: str, name: str, key: bytes) -> Message:
+    """One element by its key (the kernel looks it up: nothing else is sent back)."""
+    return Message(_nft(NFT_MSG_GETSETELEM), 0, _elements(table, name, _element(key)))
 
 
-def rule_of(payload: bytes) -> RuleFacts:
-    top = attr_map(payload, 4)
-    handle = struct.unpack(">Q", top[NFTA_RULE_HANDLE])[0] if NFTA_RULE_HANDLE in top else 0
-    chain = top.get(NFTA_RULE_CHAIN, b"").split(b"\0", 1)[0].decode()
-    return RuleFacts(
-        handle, top.get(NFTA_RULE_USERDATA, b""), top.get(NFTA_RULE_EXPRESSIONS, b""), chain
-    )
+def elements_get(table: str, name: str) -> Message:
+    return Message(_nft(NFT_MSG_GETSETELEM), F_DUMP, _elements(table, name))
+
+
+def comment_of(userdata: bytes) -> str:
+    """The comment TLV (type 0) of a rule's or an element's userdata; "" when none."""
+    offset = 0
+    while offset + 2 <= len(userdata):
+        kind, length = userdata[offset], userdata[offset + 1]
+        value = userdata[offset + 2 : offset + 2 + length]
+        if kind == 0:
+            return value.split(b"\0", 1)[0].decode(errors="replace")
+        offset += 2 + length
+    return ""
+
+
+def elements_of(payload: bytes) -> list[tuple[bytes, str]]:
+    """(key, comment) of each element of a set element reply."""
+    found = []
+    listed = attr_map(payload, 4).get(NFTA_SET_ELEM_LIST_ELEMENTS, b"")
+    for _kind, element in attrs(listed):
+        fields = attr_map(element)
+        key = attr_map(fields.get(NFTA_SET_ELEM_KEY, b"")).get(NFTA_DATA_VALUE, b"")
+        found.append((key, comment_of(fields.get(NFTA_SET_ELEM_USERDATA, b""))))
+    return found
 
 
 # --- reading a netns: links, IPv4 addresses, routes and neighbours --------------------------------

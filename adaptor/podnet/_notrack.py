@@ -1,28 +1,39 @@
-"""CAA's NOTRACK rules for the VXLAN underlay, in the worker's netns, through nf_tables.
+"""NOTRACK for the VXLAN underlay in the worker's netns, through nf_tables: CAA's chains, one set.
 
 CAA adds (with iptables, `raw` table) a chain `peerpod-OUTPUT` jumped to from `OUTPUT` and a chain
 `peerpod-PREROUTING` jumped to from `PREROUTING`, each holding one rule per pod:
 `-d|-s <pod VM IP> -p udp --dport <vxlan port> -m comment --comment "peerpod [vni:N]" -j NOTRACK`.
-This writes the same rules over netlink into table `ip raw` (the table iptables-nft uses for
-`-t raw`, base chains at priority raw = -300): no binary to exec and no C library to load, and
-`nft list table ip raw` (or iptables-nft) shows them with their comments. A pod's two rules go in
-one nf_tables transaction packed directly (`_nl`) once the chains are known to exist; creating
-chains and jumps, and pruning them, go through pyroute2 (once per node, not per pod).
+Every VXLAN packet of the node walks those rules one by one, so each packet's cost grows with the
+pods on the node (with 100 pods, 4-10% more CPU per byte of tunnel TCP than with one pod's rules).
+Here the same chains and jumps exist, in table `ip raw` (the table iptables-nft uses for `-t raw`,
+base chains at priority raw = -300), but each holds ONE rule whatever the pods:
 
-Removing: the handles the kernel echoed when this process added a pod's rules are read back one by
-one (a lookup, not a dump: the cost does not grow with the pods) and, still the pod's by comment
-and address, deleted in one transaction; the chains' use counts then say whether one may be empty.
-A pod whose handles are not known (added before a restart, or by the slow path) is found as before:
-one filtered dump per chain, parsed by hand. A `peerpod-*` chain left empty goes with its jump. A
-base chain or the table is deleted only when this module created it (it carries the comment
-`peerpod`) and it is empty, so a node whose raw table belongs to someone else keeps it exactly as
-it was.
+    peerpod-OUTPUT:      ip daddr . udp dport @peerpod-vms notrack
+    peerpod-PREROUTING:  ip saddr . udp dport @peerpod-vms notrack
+
+and a pod is one element `<pod VM IP> . <vxlan port>` of the hashed set `peerpod-vms` (key type
+`ipv4_addr . inet_service`), with the element comment `peerpod [vni:N]`: a lookup per packet
+instead of a walk. Two pods whose tunnels share a pod VM address and port share the element, its
+comment naming both (`peerpod [vni:N] [vni:M]`); it goes with the last of them. Written over
+netlink (`_nl`, packed by hand): no binary to exec and no C library to load; `nft list table ip
+raw` shows the chains, the set and its elements with their comments.
+
+Adding a pod is one element added (F_EXCL: a key already there, another pod's, is read and its
+comment rewritten, delete and add in one transaction); removing it is one element read by key and
+deleted (or rewritten): neither reads anything that grows with the pods. The chains, jumps, set and
+lookup rules are made once per node (table and chains through pyroute2). The number of elements
+this process knows of says when the set may be empty (unknown after a restart: one dump tells).
+An empty set goes with the lookup rules, the `peerpod-*` chains and their jumps; a base chain or
+the table is deleted only when this module created it (it carries the comment `peerpod`) and it
+is empty, so a node whose raw table belongs to someone else keeps it exactly as it was. Per-pod
+rules an older version left in the chains (comment `peerpod [vni:N]`) are removed by the sweep.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import socket
 import struct
 import threading
@@ -35,35 +46,59 @@ from adaptor.podnet import _netns, _nl
 from adaptor.podnet._errors import TunnelError
 
 TABLE = "raw"
+SET = "peerpod-vms"
 OWNER_COMMENT = "peerpod"
 NF_IP_PRI_RAW = -300
 NFT_JUMP = -3
 NFT_META_L4PROTO = 16
 NFT_PAYLOAD_NETWORK_HEADER = 1
 NFT_PAYLOAD_TRANSPORT_HEADER = 2
+NFT_REG32_00, NFT_REG32_01 = 8, 9
+# nft's type of `ipv4_addr . inet_service` (7 and 13, 6 bits each) and its length (two
+# registers: the port is zero-padded to 4 bytes).
+KEY_TYPE = (7 << 6) | 13
+KEY_LEN = 8
 # (base chain, its hook, our chain, which address the rule matches)
 CHAINS = (
     ("OUTPUT", "output", "peerpod-OUTPUT", "dst"),
     ("PREROUTING", "prerouting", "peerpod-PREROUTING", "src"),
 )
+_OWNERS = re.compile(r"^peerpod((?: \[vni:\d+\])+)$")
 
 # One process-wide lock, as CAA has: nf_tables commands are atomic one by one, but "create the
-# chain if missing, then add the rule" and "delete the chain if empty" are not.
+# chain if missing, then add the element" and "delete the chain if empty" are not.
 _LOCK = threading.Lock()
-# Worker netns whose chains and jumps this process made or saw (cleared when it prunes one):
-# there a fresh pod's rules are added without reading anything first. All under _LOCK, as is
-# the one nf_tables socket kept open per worker netns.
+# Worker netns whose chains, jumps, set and lookup rules this process made or saw (cleared when
+# it prunes them): there a fresh pod's element is added without reading anything first. All
+# under _LOCK, as is the one nf_tables socket kept open per worker netns and the number of
+# elements of the set this process knows of (absent: unknown, a dump tells).
 _READY: set[int] = set()
 _SOCKETS: dict[int, _nl.Netlink] = {}
-# By worker netns and VNI, the (chain, handle) of each rule this process added for the pod; None
-# where some are not known (the slow path), so removal reads the chains. Handles are unique in a
-# table while it lives: forgotten with the sockets and when a chain or the table is pruned.
-_HANDLES: dict[int, dict[int, list[tuple[str, int]] | None]] = {}
+_COUNTS: dict[int, int] = {}
 
 
 def comment(vni: int) -> str:
-    """CAA's rule comment for a pod."""
+    """CAA's rule comment for a pod (the comment of its set element)."""
     return f"peerpod [vni:{vni}]"
+
+
+def owners_comment(vnis: list[int]) -> str:
+    return "peerpod" + "".join(f" [vni:{v}]" for v in vnis)
+
+
+def owners(text: str) -> list[int] | None:
+    """The VNIs a comment of ours names (None: not ours)."""
+    match = _OWNERS.match(text)
+    return [int(v) for v in re.findall(r"\d+", match.group(1))] if match else None
+
+
+def key(remote: str, port: int) -> bytes:
+    """A set key: the pod VM's address and the VXLAN port, as the lookup's registers hold them."""
+    return socket.inet_aton(remote) + struct.pack(">H", port) + b"\0\0"
+
+
+def address_of(raw: bytes) -> str:
+    return socket.inet_ntoa(raw[:4]) if len(raw) >= 4 else ""
 
 
 def _expr(name: str, **attrs: Any) -> dict[str, Any]:
@@ -74,37 +109,40 @@ def _expr(name: str, **attrs: Any) -> dict[str, Any]:
     return {"attrs": expr}
 
 
-def _value(data: bytes) -> dict[str, Any]:
-    return {"attrs": [("NFTA_DATA_VALUE", data)]}
-
-
-def _match(address: str, port: int, which: str) -> list[dict[str, Any]]:
-    """`ip saddr|daddr ADDRESS udp dport PORT notrack`."""
-    return [
-        _expr(
-            "payload",
-            dreg=1,
-            base=NFT_PAYLOAD_NETWORK_HEADER,
-            offset=12 if which == "src" else 16,
-            len=4,
-        ),
-        _expr("cmp", sreg=1, op=0, data=_value(socket.inet_aton(address))),
-        _expr("meta", key=NFT_META_L4PROTO, dreg=1),
-        _expr("cmp", sreg=1, op=0, data=_value(bytes([socket.IPPROTO_UDP]))),
-        _expr("payload", dreg=1, base=NFT_PAYLOAD_TRANSPORT_HEADER, offset=2, len=2),
-        _expr("cmp", sreg=1, op=0, data=_value(struct.pack(">H", port))),
-        {"attrs": [("NFTA_EXPR_NAME", "notrack")]},
-    ]
-
-
 def _jump(chain: str) -> list[dict[str, Any]]:
     verdict = {"attrs": [("NFTA_VERDICT_CODE", NFT_JUMP), ("NFTA_VERDICT_CHAIN", chain)]}
     return [_expr("immediate", dreg=0, data={"attrs": [("NFTA_DATA_VERDICT", verdict)]})]
 
 
+def _lookup(which: str) -> list[bytes]:
+    """`meta l4proto udp ip saddr|daddr . udp dport @peerpod-vms notrack`, packed."""
+    offset = 12 if which == "src" else 16
+    udp = _nl.nest(3, _nl.attr(_nl.NFTA_DATA_VALUE, bytes([socket.IPPROTO_UDP])))
+    return [
+        _nl.expr("meta", _nl.be32(1, 1), _nl.be32(2, NFT_META_L4PROTO)),
+        _nl.expr("cmp", _nl.be32(1, 1), _nl.be32(2, 0), udp),
+        _nl.expr(
+            "payload",
+            _nl.be32(1, NFT_REG32_00),
+            _nl.be32(2, NFT_PAYLOAD_NETWORK_HEADER),
+            _nl.be32(3, offset),
+            _nl.be32(4, 4),
+        ),
+        _nl.expr(
+            "payload",
+            _nl.be32(1, NFT_REG32_01),
+            _nl.be32(2, NFT_PAYLOAD_TRANSPORT_HEADER),
+            _nl.be32(3, 2),
+            _nl.be32(4, 2),
+        ),
+        _nl.expr("lookup", _nl.asciiz(1, SET), _nl.be32(2, NFT_REG32_00)),
+        _nl.expr("notrack"),
+    ]
+
+
 def rules_in(nft: Any, chain: str) -> list[Any]:
     """The rules of one chain of table `raw`: a dump the kernel filters, so an operation decodes
-    only the chains it reads (decoding is what costs, and peerpod chains grow with pods)."""
+    only the chains it reads."""
     msg = nft_rule_msg()
     msg["attrs"] = [("NFTA_RULE_TABLE", TABLE), ("NFTA_RULE_CHAIN", chain)]
     try:
@@ -115,11 +153,8 @@ def rules_in(nft: Any, chain: str) -> list[Any]:
         raise
 
 
-def _ours_rule(rule: Any, vni: int, remote: str) -> bool:
-    return bool(
-        rule.get_attr("NFTA_RULE_USERDATA") == comment(vni)
-        and (not remote or _matches_address(rule, remote))
-    )
+def _is_lookup(rule: Any) -> bool:
+    return bool(rule.get_attr("NFTA_RULE_USERDATA") == OWNER_COMMENT)
 
 
 def _jumps_to(rule: Any, chain: str) -> bool:
@@ -132,31 +167,6 @@ def _jumps_to(rule: Any, chain: str) -> bool:
         if verdict is not None and verdict.get_attr("NFTA_VERDICT_CHAIN") == chain:
             return True
     return False
-
-
-def _matches_address(rule: Any, address: str) -> bool:
-    packed = socket.inet_aton(address)
-    for expr in rule.get_attr("NFTA_RULE_EXPRESSIONS") or ():
-        if expr.get_attr("NFTA_EXPR_NAME") != "cmp":
-            continue
-        data = expr.get_attr("NFTA_EXPR_DATA")
-        value = data.get_attr("NFTA_CMP_DATA") if data is not None else None
-        raw = value.get_attr("NFTA_DATA_VALUE") if value is not None else None
-        if _as_bytes(raw) == packed:
-            return True
-    return False
-
-
-def _as_bytes(raw: Any) -> bytes:
-    if isinstance(raw, bytes):
-        return raw
-    if isinstance(raw, str):
-        # pyroute2 decodes binary values as "aa:bb:cc" hex strings.
-        try:
-            return bytes(int(part, 16) for part in raw.split(":"))
-        except ValueError:
-            return raw.encode()
-    return b""
 
 
 def _chains(nft: Any) -> dict[str, Any]:
@@ -189,7 +199,7 @@ def _drop_sockets() -> None:
     for sock in _SOCKETS.values():
         sock.close()
     _SOCKETS.clear()
-    _HANDLES.clear()
+    _COUNTS.clear()
 
 
 def close_sockets() -> None:
@@ -199,206 +209,228 @@ def close_sockets() -> None:
         _READY.clear()
 
 
-def _raw_match(address: str, port: int, which: str) -> list[bytes]:
-    """`_match` packed directly (the same expressions, attribute for attribute)."""
-
-    def value(data: bytes) -> bytes:
-        return _nl.nest(3, _nl.attr(_nl.NFTA_DATA_VALUE, data))
-
-    offset = 12 if which == "src" else 16
-    eq = (_nl.be32(1, 1), _nl.be32(2, 0))
-    return [
-        _nl.expr(
-            "payload",
-            _nl.be32(1, 1),
-            _nl.be32(2, NFT_PAYLOAD_NETWORK_HEADER),
-            _nl.be32(3, offset),
-            _nl.be32(4, 4),
-        ),
-        _nl.expr("cmp", *eq, value(socket.inet_aton(address))),
-        _nl.expr("meta", _nl.be32(1, 1), _nl.be32(2, NFT_META_L4PROTO)),
-        _nl.expr("cmp", *eq, value(bytes([socket.IPPROTO_UDP]))),
-        _nl.expr(
-            "payload",
-            _nl.be32(1, 1),
-            _nl.be32(2, NFT_PAYLOAD_TRANSPORT_HEADER),
-            _nl.be32(3, 2),
-            _nl.be32(4, 2),
-        ),
-        _nl.expr("cmp", *eq, value(struct.pack(">H", port))),
-        _nl.expr("notrack"),
-    ]
+def elements(host_netns: str | None) -> list[tuple[bytes, str]]:
+    """(key, comment) of every element of the set; [] when there is no set."""
+    with _LOCK:
+        return _elements(host_netns)
 
 
-def _add_fresh(host_netns: str | None, vni: int, remote: str, port: int) -> bool:
-    """A fresh pod's two rules, one transaction, into chains known to exist; False when they
-    were not there (nothing was added: a transaction is all or nothing)."""
-    rules = [
-        _nl.rule_add(TABLE, ours, _raw_match(remote, port, which), comment(vni), echo=True)
-        for _base, _hook, ours, which in CHAINS
-    ]
-    echoes: list[tuple[int, bytes]] = []
+def _elements(host_netns: str | None) -> list[tuple[bytes, str]]:
     try:
-        results = _socket(host_netns).transact(_nl.nft_batch(*rules), echoes)
-    except OSError:
-        results = [errno.EIO]
-    if any(results):
-        _READY.clear()
+        replies = _socket(host_netns).get(_nl.elements_get(TABLE, SET))
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return []
+        raise
+    return [element for payload in replies for element in _nl.elements_of(payload)]
+
+
+def _element(host_netns: str | None, k: bytes) -> str | None:
+    """The comment of the element `k` (None: there is none)."""
+    try:
+        replies = _socket(host_netns).get(_nl.element_get(TABLE, SET, k))
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise
+    found = [c for payload in replies for key, c in _nl.elements_of(payload) if key[:6] == k[:6]]
+    return found[0] if found else None
+
+
+def _transact(host_netns: str | None, *messages: _nl.Message) -> list[int]:
+    try:
+        return _socket(host_netns).transact(_nl.nft_batch(*messages))
+    except OSError as exc:
         _drop_sockets()
-        return False
-    pods = _HANDLES.setdefault(_key(host_netns), {})
-    echoed = [_nl.rule_of(payload) for kind, payload in echoes if _nl.is_new_rule(kind)]
-    added = [(r.chain, r.handle) for r in echoed if r.chain and r.handle]
-    known = pods.get(vni, [])
-    pods[vni] = known + added if known is not None and len(added) == len(rules) else None
-    return True
+        return [exc.errno or errno.EIO]
+
+
+def _count(host_netns: str | None, delta: int) -> None:
+    netns = _key(host_netns)
+    if netns in _COUNTS:
+        _COUNTS[netns] = max(_COUNTS[netns] + delta, 0)
+
+
+def _join(host_netns: str | None, vni: int, k: bytes) -> None:
+    """The pod's VNI into the element `k`: added, or named by the element already there."""
+    for _attempt in range(3):
+        current = _element(host_netns, k)
+        if current is None:
+            results = _transact(host_netns, _nl.element_add(TABLE, SET, k, comment(vni)))
+            if not any(results):
+                _count(host_netns, 1)
+                return
+            if results != [errno.EEXIST]:
+                raise TunnelError(f"NOTRACK element for VNI {vni}: {os.strerror(results[0])}")
+            continue
+        named = owners(current) or []
+        if vni in named:
+            return
+        rewrite = owners_comment([*named, vni])
+        results = _transact(
+            host_netns,
+            _nl.element_delete(TABLE, SET, k),
+            _nl.element_add(TABLE, SET, k, rewrite),
+        )
+        if not any(results):
+            return
+    raise TunnelError(f"NOTRACK element for VNI {vni}: the set keeps changing")
+
+
+def _setup(nft: Any, host_netns: str | None) -> None:
+    """Table, base chains, peerpod chains and jumps, the set and the lookup rules, each made
+    when missing."""
+    chains = _chains(nft)
+    if not chains:
+        tables = [t.get_attr("NFTA_TABLE_NAME") for t in nft.get_tables()]
+        if TABLE not in tables:
+            nft.table("add", name=TABLE, userdata=OWNER_COMMENT)
+    for base, hook, ours, _which in CHAINS:
+        if base not in chains:
+            nft.chain(
+                "add",
+                table=TABLE,
+                name=base,
+                hook=hook,
+                type="filter",
+                priority=NF_IP_PRI_RAW,
+                userdata=OWNER_COMMENT,
+            )
+        if ours not in chains:
+            nft.chain("add", table=TABLE, name=ours)
+        base_rules = rules_in(nft, base) if base in chains else []
+        if not any(_jumps_to(r, ours) for r in base_rules):
+            nft.rule("add", table=TABLE, chain=base, expressions=[_jump(ours)])
+    messages = [_nl.set_add(TABLE, SET, KEY_TYPE, KEY_LEN)]
+    for _base, _hook, ours, which in CHAINS:
+        if not any(_is_lookup(r) for r in rules_in(nft, ours)):
+            messages.append(_nl.rule_add(TABLE, ours, _lookup(which), OWNER_COMMENT))
+    results = _transact(host_netns, *messages)
+    if any(results):
+        raise TunnelError("NOTRACK set: " + ", ".join(os.strerror(c) for c in results if c))
 
 
 def add(host_netns: str | None, vni: int, remote: str, port: int, fresh: bool = False) -> None:
-    """Both NOTRACK rules for a pod (each once), with chains and jumps created as needed.
-    `fresh`: the pod has none yet, so where the chains are known, nothing is read first (a
-    rule added twice by a retry is removed with the other: removal takes every match)."""
+    """The pod's set element (once), with the chains, jumps, set and rules made as needed.
+    `fresh`: the pod has none yet, so where the set is known, nothing is read first."""
+    k = key(remote, port)
     with _LOCK:
-        if fresh and _key(host_netns) in _READY and _add_fresh(host_netns, vni, remote, port):
-            return
+        if fresh and _key(host_netns) in _READY:
+            results = _transact(host_netns, _nl.element_add(TABLE, SET, k, comment(vni)))
+            if not any(results):
+                _count(host_netns, 1)
+                return
+            if results != [errno.EEXIST]:
+                _READY.clear()
+                _drop_sockets()
         try:
-            with _netns.nftables(host_netns) as nft:
-                chains = _chains(nft)
-                if not chains:
-                    tables = [t.get_attr("NFTA_TABLE_NAME") for t in nft.get_tables()]
-                    if TABLE not in tables:
-                        nft.table("add", name=TABLE, userdata=OWNER_COMMENT)
-                for base, hook, ours, which in CHAINS:
-                    if base not in chains:
-                        nft.chain(
-                            "add",
-                            table=TABLE,
-                            name=base,
-                            hook=hook,
-                            type="filter",
-                            priority=NF_IP_PRI_RAW,
-                            userdata=OWNER_COMMENT,
-                        )
-                    if ours not in chains:
-                        nft.chain("add", table=TABLE, name=ours)
-                    base_rules = rules_in(nft, base) if base in chains else []
-                    if not any(_jumps_to(r, ours) for r in base_rules):
-                        nft.rule("add", table=TABLE, chain=base, expressions=[_jump(ours)])
-                    our_rules = rules_in(nft, ours) if ours in chains else []
-                    if not any(_ours_rule(r, vni, remote) for r in our_rules):
-                        nft.rule(
-                            "add",
-                            table=TABLE,
-                            chain=ours,
-                            expressions=[_match(remote, port, which)],
-                            userdata=comment(vni),
-                        )
-            _READY.add(_key(host_netns))
-            _HANDLES.setdefault(_key(host_netns), {})[vni] = None
-        except NetlinkError as exc:
-            raise TunnelError(f"NOTRACK rules for VNI {vni}: {exc}") from None
+            if _key(host_netns) not in _READY:
+                with _netns.nftables(host_netns) as nft:
+                    _setup(nft, host_netns)
+                _READY.add(_key(host_netns))
+            _join(host_netns, vni, k)
+        except (NetlinkError, OSError) as exc:
+            _drop_sockets()
+            raise TunnelError(f"NOTRACK element for VNI {vni}: {exc}") from None
 
 
-def present(host_netns: str | None, vni: int, remote: str) -> bool:
-    """Whether both of a pod's rules are in place."""
+def present(host_netns: str | None, vni: int, remote: str, port: int) -> bool:
+    """Whether the pod's element and both lookup rules are in place."""
+    with _LOCK:
+        current = _element(host_netns, key(remote, port))
+    if current is None or vni not in (owners(current) or []):
+        return False
     with _netns.nftables(host_netns) as nft:
         return all(
-            any(_ours_rule(r, vni, remote) for r in rules_in(nft, ours))
-            for _base, _hook, ours, _which in CHAINS
+            any(_is_lookup(r) for r in rules_in(nft, ours)) for _base, _hook, ours, _which in CHAINS
         )
 
 
-def _matching(host_netns: str | None, vni: int, remote: str) -> tuple[list[_nl.Message], bool]:
-    """The deletes of a pod's rules, read with one dump per peerpod chain parsed by hand, and
-    whether a chain is left empty by them (or is missing: the slow path then looks)."""
-    sock = _socket(host_netns)
-    mark = _nl.udata_comment(comment(vni))
-    address = _nl.attr(_nl.NFTA_DATA_VALUE, socket.inet_aton(remote)) if remote else b""
-    deletes: list[_nl.Message] = []
-    emptied = False
-    for _base, _hook, ours, _which in CHAINS:
-        try:
-            rules = [_nl.rule_of(p) for p in sock.get(_nl.rules_get(TABLE, ours))]
-        except OSError as exc:
-            if exc.errno == errno.ENOENT:
-                emptied = True
-                continue
-            raise
-        mine = [r for r in rules if r.userdata == mark and address in r.expressions]
-        deletes += [_nl.rule_delete(TABLE, ours, r.handle) for r in mine]
-        emptied = emptied or len(mine) == len(rules)
-    return deletes, emptied
+def _leave(host_netns: str | None, vni: int, keys: list[tuple[bytes, str]]) -> int:
+    """The pod's VNI out of each element (k, comment) that names it: the element deleted when
+    it named no other, else rewritten; how many elements were deleted."""
+    messages: list[_nl.Message] = []
+    deleted = 0
+    for k, text in keys:
+        named = owners(text)
+        if named is None or vni not in named:
+            continue
+        messages.append(_nl.element_delete(TABLE, SET, k))
+        rest = [v for v in named if v != vni]
+        if rest:
+            messages.append(_nl.element_add(TABLE, SET, k, owners_comment(rest)))
+        else:
+            deleted += 1
+    results = _transact(host_netns, *messages) if messages else []
+    if any(code not in (0, errno.ENOENT) for code in results):
+        raise TunnelError(
+            f"removing the NOTRACK element of VNI {vni}: "
+            + ", ".join(os.strerror(c) for c in results if c)
+        )
+    return deleted
 
 
-def _recorded(
-    host_netns: str | None, vni: int, remote: str, known: list[tuple[str, int]]
-) -> list[_nl.Message] | None:
-    """The deletes of a pod's rules by the handles recorded when they were added, each read
-    back first; None when one is no longer the pod's (the chains are read instead)."""
-    sock = _socket(host_netns)
-    mark = _nl.udata_comment(comment(vni))
-    address = _nl.attr(_nl.NFTA_DATA_VALUE, socket.inet_aton(remote)) if remote else b""
-    deletes: list[_nl.Message] = []
-    for chain, handle in known:
-        try:
-            found = [_nl.rule_of(p) for p in sock.get(_nl.rule_get(TABLE, chain, handle))]
-        except OSError as exc:
-            if exc.errno == errno.ENOENT:
-                continue
-            raise
-        if not all(r.userdata == mark and address in r.expressions for r in found):
-            return None
-        deletes.append(_nl.rule_delete(TABLE, chain, handle))
-    return deletes
-
-
-def _may_be_empty(host_netns: str | None) -> bool:
-    """Whether a peerpod chain is missing or holds at most one rule besides the jump into it
-    (its use count is its rules plus the jumps into it): then `_prune` reads it."""
-    sock = _socket(host_netns)
-    for _base, _hook, ours, _which in CHAINS:
-        try:
-            chains = sock.get(_nl.chain_get(TABLE, ours))
-        except OSError as exc:
-            if exc.errno == errno.ENOENT:
-                return True
-            raise
-        if any(_nl.chain_use(payload) <= 2 for payload in chains):
-            return True
-    return False
-
-
-def remove(host_netns: str | None, vni: int, remote: str) -> None:
-    """A pod's rules; then each emptied peerpod chain with its jump; then what we created."""
+def remove(host_netns: str | None, vni: int, remote: str, port: int = 0) -> None:
+    """The pod's VNI out of its element (read by key; without a port or address, the elements
+    are read); then, once the set is empty, the set, rules, chains, jumps we made."""
     with _LOCK:
         try:
-            known = _HANDLES.get(_key(host_netns), {}).pop(vni, None)
-            deletes = _recorded(host_netns, vni, remote, known) if known is not None else None
-            emptied: bool | None = None
-            if deletes is None:
-                deletes, emptied = _matching(host_netns, vni, remote)
-            results = _socket(host_netns).transact(_nl.nft_batch(*deletes)) if deletes else []
-            if any(code not in (0, errno.ENOENT) for code in results):
-                raise TunnelError(
-                    f"removing NOTRACK rules of VNI {vni}: "
-                    + ", ".join(os.strerror(c) for c in results if c)
-                )
-            if emptied is None:
-                emptied = _may_be_empty(host_netns)
+            if remote and port:
+                k = key(remote, port)
+                current = _element(host_netns, k)
+                found = [(k, current)] if current is not None else []
+            else:
+                found = [
+                    (k, text)
+                    for k, text in _elements(host_netns)
+                    if not remote or address_of(k) == remote
+                ]
+            _count(host_netns, -_leave(host_netns, vni, found))
+            if _COUNTS.get(_key(host_netns), 0) > 0:
+                return
+            left = len(_elements(host_netns))
         except OSError as exc:
             _drop_sockets()
-            raise TunnelError(f"removing NOTRACK rules of VNI {vni}: {exc}") from None
-        if not emptied:
+            raise TunnelError(f"removing the NOTRACK element of VNI {vni}: {exc}") from None
+        _COUNTS[_key(host_netns)] = left
+        if left:
             return
         try:
             with _netns.nftables(host_netns) as nft:
-                _prune(nft, _chains(nft))
+                _prune(nft, host_netns)
         except NetlinkError as exc:
             raise TunnelError(f"removing NOTRACK rules of VNI {vni}: {exc}") from None
 
 
+def remove_owned(host_netns: str | None, doomed: dict[bytes, list[int]]) -> int:
+    """Each element's VNIs of `doomed` (key -> VNIs) taken out of it, as `remove` does, then
+    the prune; how many VNIs were taken out."""
+    taken = 0
+    with _LOCK:
+        try:
+            for k, vnis in doomed.items():
+                for vni in vnis:
+                    current = _element(host_netns, k)
+                    if current is not None and vni in (owners(current) or []):
+                        _leave(host_netns, vni, [(k, current)])
+                        taken += 1
+            _COUNTS.pop(_key(host_netns), None)
+            empty = not _elements(host_netns)
+        except OSError as exc:
+            _drop_sockets()
+            raise TunnelError(f"removing orphan NOTRACK elements: {exc}") from None
+        if empty:
+            try:
+                with _netns.nftables(host_netns) as nft:
+                    _prune(nft, host_netns)
+            except NetlinkError as exc:
+                raise TunnelError(f"removing orphan NOTRACK elements: {exc}") from None
+    return taken
+
+
 def remove_handles(host_netns: str | None, rules: list[tuple[str, int]]) -> int:
-    """Delete rules by (chain, handle), then prune as `remove` does; how many were deleted."""
+    """Delete rules by (chain, handle) (per-pod rules an older version added), then prune as
+    `remove` does when the set is empty; how many were deleted."""
     deleted = 0
     with _LOCK:
         try:
@@ -411,21 +443,30 @@ def remove_handles(host_netns: str | None, rules: list[tuple[str, int]]) -> int:
                             raise
                     else:
                         deleted += 1
-                _prune(nft, _chains(nft))
-        except NetlinkError as exc:
+                if not _elements(host_netns):
+                    _prune(nft, host_netns)
+        except (NetlinkError, OSError) as exc:
+            _drop_sockets()
             raise TunnelError(f"removing orphan NOTRACK rules: {exc}") from None
     return deleted
 
 
-def _prune(nft: Any, chains: dict[str, Any]) -> None:
-    """Each peerpod chain left empty goes with its jump; then a base chain and the table that
+def _prune(nft: Any, host_netns: str | None) -> None:
+    """With the set empty: each peerpod chain holding nothing but the lookup rule goes with
+    that rule and its jump; the set once no rule uses it; then a base chain and the table that
     this module created, once empty."""
+    chains = _chains(nft)
+    _READY.clear()
+    _COUNTS.pop(_key(host_netns), None)
     left = len(chains)
     for base, _hook, ours, _which in CHAINS:
-        if ours not in chains or rules_in(nft, ours):
+        if ours not in chains:
             continue
-        _READY.clear()
-        _HANDLES.clear()
+        rules = rules_in(nft, ours)
+        if not all(_is_lookup(r) for r in rules):
+            continue
+        for rule in rules:
+            _delete_rule(nft, ours, rule)
         base_rules = []
         for rule in rules_in(nft, base) if base in chains else []:
             if _jumps_to(rule, ours):
@@ -438,7 +479,10 @@ def _prune(nft: Any, chains: dict[str, Any]) -> None:
         if base_chain is not None and _ours(base_chain, "NFTA_CHAIN_USERDATA") and not base_rules:
             nft.chain("del", table=TABLE, name=base)
             left -= 1
-    if chains and not left:
+    results = _transact(host_netns, _nl.set_delete(TABLE, SET))
+    if any(code not in (0, errno.ENOENT, errno.EBUSY) for code in results):
+        raise TunnelError("NOTRACK set: " + ", ".join(os.strerror(c) for c in results if c))
+    if chains and not left and results != [errno.EBUSY]:
         tables = {t.get_attr("NFTA_TABLE_NAME"): t for t in nft.get_tables()}
         table = tables.get(TABLE)
         if table is not None and _ours(table, "NFTA_TABLE_USERDATA"):

@@ -126,7 +126,7 @@ class PodNet:
         return set(self._foreign)
 
     async def sweep(self) -> _sweep.Removed:
-        """Remove tunnel parts of ours (VXLAN devices, redirects, NOTRACK rules) whose VNI no
+        """Remove tunnel parts of ours (VXLAN devices, redirects, NOTRACK elements) whose VNI no
         lease holds; the listing comes first, the leases are read after it (see `_sweep`)."""
         found = await self._run(_sweep.find, self._host_netns, self.settings.vxlan_port, self._tag)
         held = {int(v) for v in await self._leases.leases(VNI_POOL) if v.isdigit()}
@@ -144,7 +144,7 @@ class PodNet:
         if removed.total:
             log.warning(
                 "network sweep removed tunnel parts no sandbox holds: %d VXLAN devices, "
-                "%d redirects, %d NOTRACK rules",
+                "%d redirects, %d NOTRACK elements",
                 removed.devices,
                 removed.redirects,
                 removed.rules,
@@ -351,7 +351,7 @@ class PodNet:
 
     async def teardown(self, tunnel: Tunnel) -> None:
         """StopVM: cut the pod's traffic off (raises PodNetError when that fails); `vxlan1`'s
-        deletion, which the kernel holds for an RCU grace period, and then the NOTRACK rules'
+        deletion, which the kernel holds for an RCU grace period, and then the NOTRACK element's
         go on in a task of this object's (`deleted` waits for it; so do `close`, the next call
         on this tunnel, and the sandbox's teardown before its record and VNI lease go). Until
         it ends, the VNI is neither handed out nor swept. Idempotent."""
@@ -370,7 +370,7 @@ class PodNet:
         log.info("tunnel VNI %d cut off in %s", tunnel.vni, tunnel.netns)
 
     async def _delete(self, tunnel: Tunnel, doomed: _tunnel.Doomed) -> None:
-        """The cut-off device deleted, then the NOTRACK rules; retried as a whole teardown, then
+        """The cut-off device deleted, then the NOTRACK element; retried as a whole teardown, then
         left to the sweep (the VNI stays out of use until the next sweep, which removes what is
         left once no lease holds it)."""
         try:
@@ -383,7 +383,7 @@ class PodNet:
         except Exception as exc:  # owned here: logged, and the sweep owes the device
             self._foreign.add(tunnel.vni)
             log.error(
-                "tunnel VNI %d in %s: removing the cut-off device and NOTRACK rules failed "
+                "tunnel VNI %d in %s: removing the cut-off device and NOTRACK element failed "
                 "(%s: %s); the VNI stays out of use until the network sweep removes them",
                 tunnel.vni,
                 tunnel.netns,

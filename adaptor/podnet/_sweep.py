@@ -10,8 +10,10 @@ The sweep lists, in the worker's netns and every named netns:
 - redirects left dangling: an ingress u32 filter of our shape (prio 1, handle 800::800) whose
   `mirred egress redirect` target is gone (the kernel reports ifindex 0 once the target device
   is deleted), with its ingress qdisc when nothing else is left on it;
-- NOTRACK rules in the worker's netns carrying the comment `peerpod [vni:N]` for an N that no
-  lease holds and no foreign device (one without our tag, e.g. CAA's) uses.
+- NOTRACK elements of the set `peerpod-vms` in the worker's netns whose comment `peerpod [vni:N]`
+  names an N that no lease holds and no foreign device (one without our tag, e.g. CAA's) uses
+  (that N is taken out of the element: it goes when it names no other), and per-pod NOTRACK rules
+  with such a comment (an older version's) in the `peerpod-*` chains.
 
 The caller reads the leases *after* the listing (`find` first, then `remove` with the VNIs to
 keep): a lease is taken before the first part of a tunnel exists and released only after the
@@ -67,6 +69,14 @@ class Rule:
     vni: int
 
 
+@dataclass(frozen=True)
+class Element:
+    """A NOTRACK set element with our comment: its key and the VNIs it names."""
+
+    key: bytes
+    vnis: tuple[int, ...]
+
+
 @dataclass
 class Found:
     """What one listing saw."""
@@ -74,6 +84,7 @@ class Found:
     devices: list[VxlanDevice] = field(default_factory=list)
     redirects: list[Redirect] = field(default_factory=list)
     rules: list[Rule] = field(default_factory=list)
+    elements: list[Element] = field(default_factory=list)
     foreign: set[int] = field(default_factory=set)
 
 
@@ -84,7 +95,7 @@ class Removed:
 
     devices: int = 0
     redirects: int = 0
-    rules: int = 0
+    rules: int = 0  # NOTRACK elements (and an older version's per-pod rules)
     left: set[int] = field(default_factory=set)
 
     @property
@@ -160,6 +171,10 @@ def find(host_netns: str | None, port: int, tag: int, extra: Iterable[str] = ())
                 if match:
                     handle = int(rule.get_attr("NFTA_RULE_HANDLE"))
                     found.rules.append(Rule(ours, handle, int(match.group(1))))
+    for key, text in _notrack.elements(host_netns):
+        vnis = _notrack.owners(text)
+        if vnis:
+            found.elements.append(Element(key, tuple(vnis)))
     return found
 
 
@@ -210,7 +225,15 @@ def remove(host_netns: str | None, found: Found, keep: Collection[int]) -> Remov
         removed.devices += done.devices
         removed.redirects += done.redirects
         removed.left |= done.left
-    rules = [r for r in found.rules if r.vni not in keep and r.vni not in found.foreign]
+
+    def orphan(vni: int) -> bool:
+        return vni not in keep and vni not in found.foreign
+
+    rules = [r for r in found.rules if orphan(r.vni)]
     if rules:
         removed.rules = _notrack.remove_handles(host_netns, [(r.chain, r.handle) for r in rules])
+    elements = {e.key: [v for v in e.vnis if orphan(v)] for e in found.elements}
+    elements = {key: vnis for key, vnis in elements.items() if vnis}
+    if elements:
+        removed.rules += _notrack.remove_owned(host_netns, elements)
     return removed

@@ -1,7 +1,8 @@
 """The worker end of CAA's VXLAN tunnel: device, redirects, NOTRACK rules; set up, check, remove.
 
 Setup, as CAA's worker side does it:
-- NOTRACK rules for the VM's VXLAN traffic in the worker's netns (`_notrack`);
+- NOTRACK for the VM's VXLAN traffic in the worker's netns: the pod's element in the set the
+  `peerpod-*` chains look packets up in (`_notrack`);
 - a VXLAN device (VNI, remote = the pod VM, dstport, no learning, no local address, no lower
   link) created from the worker's netns, so its UDP socket lives there, and placed in the pod
   netns as `vxlan1`. The kernel does create, move and rename in one RTM_NEWLINK here (link
@@ -12,9 +13,10 @@ Setup, as CAA's worker side does it:
   the pod netns becomes an L2 pipe; the pod interface keeps its address and MAC.
 
 Teardown removes exactly these: filters and ingress qdiscs on both devices, `vxlan1` (only when
-it is the one with this VNI), the pod's NOTRACK rules and a peerpod chain left empty. It comes in
-two steps: `cut` (the pod's traffic stopped: what StopVM waits for) and `delete` (the device,
-whose deletion the kernel makes wait for an RCU grace period, then the NOTRACK rules).
+it is the one with this VNI), the pod's NOTRACK element and, with the set left empty, the
+peerpod chains. It comes in two steps: `cut` (the pod's traffic stopped: what StopVM waits
+for) and `delete` (the device, whose deletion the kernel makes wait for an RCU grace period,
+then the NOTRACK element).
 
 Setup and teardown speak netlink directly (`_nl`): a fresh setup is three round trips (the
 NOTRACK transaction, the device, the four tc messages in one datagram) and about 2 ms of CPU,
@@ -246,7 +248,7 @@ def check(host_netns: str | None, netns: str, network: PodNetwork, remote: str) 
                     missing.append(f"redirect on {name}")
     except NetlinkError as exc:
         raise TunnelError(f"checking the tunnel in {netns}: {exc}") from None
-    if not _notrack.present(host_netns, network.vxlan_id, remote):
+    if not _notrack.present(host_netns, network.vxlan_id, remote, network.vxlan_port):
         missing.append("NOTRACK rules")
     return Health(tuple(missing))
 
@@ -262,6 +264,7 @@ class Doomed:
     host_netns: str | None
     vni: int
     remote: str
+    port: int = 0
 
     def close(self) -> None:
         if self.sock is not None:
@@ -275,7 +278,7 @@ def cut(host_netns: str | None, netns: str, network: PodNetwork, remote: str) ->
     deletion of a device waits for an RCU grace period (rcu_barrier in netdev_run_todo), tens
     of milliseconds on a busy node, and the NOTRACK rules, which carry no traffic, go after it
     (an nf_tables transaction can wait for the cleanup of the one before it)."""
-    doomed = Doomed(None, 0, host_netns, network.vxlan_id, remote)
+    doomed = Doomed(None, 0, host_netns, network.vxlan_id, remote, network.vxlan_port)
     if not _netns.netns_exists(netns):
         return doomed  # the pod netns, gone, took its part with it
     try:
@@ -310,7 +313,7 @@ def delete(doomed: Doomed) -> None:
                 _check(f"deleting {VXLAN_DEVICE}", results, _GONE)
             except OSError as exc:
                 raise TunnelError(str(exc)) from None  # it names the step
-    _notrack.remove(doomed.host_netns, doomed.vni, doomed.remote)
+    _notrack.remove(doomed.host_netns, doomed.vni, doomed.remote, doomed.port)
 
 
 def teardown(host_netns: str | None, netns: str, network: PodNetwork, remote: str) -> None:

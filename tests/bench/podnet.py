@@ -9,7 +9,7 @@ pod VM netns), then:
   through pyroute2's generic calls (tests/bench/podnet_pyroute2.py, the code before it packed
   its own messages): the baseline, and the ratio new/baseline of each figure. `teardown` is
   what StopVM waits for before it deletes the VM: the pod's traffic cut off; `vxlan1`'s
-  deletion, which the kernel holds for an RCU grace period, and then the NOTRACK rules' go on
+  deletion, which the kernel holds for an RCU grace period, and then the NOTRACK element's go on
   meanwhile, and StopVM waits for their end only after the VM's delete (PodNet.deleted). The line
   `teardown, gone` is the time from the teardown's start until the device and rules are gone:
   what StopVM would wait for if the VM's delete took no time (the baseline removes everything
@@ -21,7 +21,7 @@ pod VM netns), then:
   the worker to the pod VM over the underlay without a tunnel (the same veths and bridge the
   tunnel crosses), splits the gap: the test topology's longer path, and what encapsulation,
   decapsulation and the redirects cost on top;
-- leftovers: VXLAN devices, ingress qdiscs, redirects, NOTRACK rules, records and VNI leases
+- leftovers: VXLAN devices, ingress qdiscs, redirects, NOTRACK elements, records and VNI leases
   after the pods above are torn down, and after --race sandboxes were started and stopped
   concurrently through the sandbox manager (StopVM 0-300 ms after StartVM).
 

@@ -1,6 +1,7 @@
 """The benchmark's baseline (benchmark code): the same worker end of a tunnel built and removed
 through pyroute2's generic calls, as adaptor.podnet did before it packed its own netlink
-messages. Same parts, same order: NOTRACK rules after reading the chains and their rules, the
+messages. Same parts, same order: per-pod NOTRACK rules (the layout before the set) after
+reading the chains and their rules, the
 pod interface and vxlan1 read by RTM_GETLINK, the device created then set up, an ingress qdisc
 and a u32 redirect per device; teardown reads the qdiscs, filters and rules it deletes."""
 
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
+import struct
 from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
@@ -16,6 +19,28 @@ from adaptor.podnet import _netns, _notrack
 from adaptor.podnet._model import VXLAN_DEVICE, PodNetwork
 
 INGRESS = 0xFFFF0000
+
+
+def _value(data: bytes) -> dict[str, Any]:
+    return {"attrs": [("NFTA_DATA_VALUE", data)]}
+
+
+def _match(address: str, port: int, which: str) -> list[dict[str, Any]]:
+    """`ip saddr|daddr ADDRESS udp dport PORT notrack`."""
+    expr = _notrack._expr
+    return [
+        expr("payload", dreg=1, base=1, offset=12 if which == "src" else 16, len=4),
+        expr("cmp", sreg=1, op=0, data=_value(socket.inet_aton(address))),
+        expr("meta", key=_notrack.NFT_META_L4PROTO, dreg=1),
+        expr("cmp", sreg=1, op=0, data=_value(bytes([socket.IPPROTO_UDP]))),
+        expr("payload", dreg=1, base=2, offset=2, len=2),
+        expr("cmp", sreg=1, op=0, data=_value(struct.pack(">H", port))),
+        {"attrs": [("NFTA_EXPR_NAME", "notrack")]},
+    ]
+
+
+def _ours_rule(rule: Any, vni: int) -> bool:
+    return bool(rule.get_attr("NFTA_RULE_USERDATA") == _notrack.comment(vni))
 
 
 def _link(ipr: Any, name: str) -> Any | None:
@@ -52,12 +77,12 @@ def _notrack_add(host: str, vni: int, remote: str, port: int) -> None:
                     "add", table=_notrack.TABLE, chain=base, expressions=[_notrack._jump(ours)]
                 )
             our_rules = _notrack.rules_in(nft, ours) if ours in chains else []
-            if not any(_notrack._ours_rule(r, vni, remote) for r in our_rules):
+            if not any(_ours_rule(r, vni) for r in our_rules):
                 nft.rule(
                     "add",
                     table=_notrack.TABLE,
                     chain=ours,
-                    expressions=[_notrack._match(remote, port, which)],
+                    expressions=[_match(remote, port, which)],
                     userdata=_notrack.comment(vni),
                 )
 
@@ -123,9 +148,9 @@ def teardown(host: str, netns: str, network: PodNetwork, remote: str) -> None:
         _unredirect(pod, vxlan["index"])
         pod.link("del", index=vxlan["index"])
     with _notrack._LOCK, _netns.nftables(host) as nft:
-        chains = _notrack._chains(nft)
         for _base, _hook, ours, _which in _notrack.CHAINS:
             for rule in _notrack.rules_in(nft, ours):
-                if _notrack._ours_rule(rule, network.vxlan_id, remote):
+                if _ours_rule(rule, network.vxlan_id):
                     _notrack._delete_rule(nft, ours, rule)
-        _notrack._prune(nft, chains)
+        if not any(_notrack.rules_in(nft, ours) for _b, _h, ours, _w in _notrack.CHAINS):
+            _notrack._prune(nft, host)

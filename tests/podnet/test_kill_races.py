@@ -1,6 +1,6 @@
 """`peerpods serve` killed with SIGKILL while sandboxes with networking are being created and
 started, several rounds: after the restart and the StopVMs the kubelet sends, no VXLAN device,
-redirect, NOTRACK rule, record or VNI lease is left."""
+redirect, NOTRACK element, record or VNI lease is left."""
 
 from __future__ import annotations
 

@@ -284,7 +284,7 @@ async def test_vnis_of_tunnels_this_daemon_did_not_make_are_skipped(
 
 async def test_a_failed_setup_leaves_nothing_behind(topo: Topology, store: StateStore) -> None:
     """The worker netns already has a VXLAN device with the VNI (unknown to this daemon, no scan
-    ran): the kernel refuses ours, and the NOTRACK rules setup had added go again."""
+    ran): the kernel refuses ours, and the NOTRACK element setup had added goes again."""
     pod, _ip = await asyncio.to_thread(topo.add_pod)
     _vm, _podns, vm_ip = await asyncio.to_thread(topo.add_vm)
 

@@ -1,6 +1,7 @@
 """Tunnels under races: StopVM landing while StartVM builds the tunnel, many sandboxes started
 and stopped at once, and the network sweep that removes parts no sandbox holds. After each,
-nothing is left: no VXLAN device, ingress qdisc, redirect or NOTRACK rule, no record, no lease."""
+nothing is left: no VXLAN device, ingress qdisc, redirect or NOTRACK element, no record, no
+lease."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ CONCURRENT = 50
 
 
 def own_range() -> PodNetSettings:
-    """A VNI range of this test's own: the sweep keeps NOTRACK rules whose VNI a foreign device
+    """A VNI range of this test's own: the sweep keeps NOTRACK elements whose VNI a foreign device
     uses, and other tests' tunnels on this machine count as foreign."""
     return PodNetSettings(vxlan_min_id=random.randrange(1_000_000, 16_000_000, 1000))
 
@@ -117,7 +118,7 @@ async def _orphan_foreign_and_live(
 async def test_sweep_removes_untracked_parts_of_ours_and_keeps_foreign_ones(
     topo: Topology, tmp_path: Path
 ) -> None:
-    """What an interrupted older daemon leaves (a tunnel and NOTRACK rules with no record and
+    """What an interrupted older daemon leaves (a tunnel and NOTRACK elements with no record and
     no lease) is removed at start, and its VNI is handed out again; a tunnel that is not ours
     (CAA's: no device tag) and a leased one are kept."""
     (orphan_pod, _), (caa_pod, _), (live_pod, _) = [
@@ -131,7 +132,7 @@ async def test_sweep_removes_untracked_parts_of_ours_and_keeps_foreign_ones(
         remotes = tuple(vm[2] for vm in vms)
         orphan, caa, live = await _orphan_foreign_and_live(topo, podnet, pods, remotes)
         before = await asyncio.to_thread(kernel_leftovers, topo.worker, [orphan_pod])
-        assert before["vxlan devices"] == 1 and before["NOTRACK rules"] == 6
+        assert before["vxlan devices"] == 1 and before["NOTRACK elements"] == 3
 
         async def known() -> list[str]:
             return ["live"]
@@ -144,14 +145,14 @@ async def test_sweep_removes_untracked_parts_of_ours_and_keeps_foreign_ones(
             "vxlan devices": 0,
             "ingress qdiscs": 0,
             "u32 redirects": 0,
-            "NOTRACK rules": 4,  # the foreign tunnel's and the live one's
+            "NOTRACK elements": 2,  # the foreign tunnel's and the live one's
         }
         caa_left = await asyncio.to_thread(kernel_leftovers, topo.worker, [caa_pod, live_pod])
         assert caa_left == {
             "vxlan devices": 2,
             "ingress qdiscs": 4,
             "u32 redirects": 4,
-            "NOTRACK rules": 4,
+            "NOTRACK elements": 2,
         }
         # The orphan's VNI is free again (the cursor starts after the highest held).
         again = await podnet.inspect("next", orphan_pod)
@@ -191,7 +192,7 @@ async def test_a_lease_without_a_sandbox_is_freed_at_start(topo: Topology, tmp_p
 
 async def test_a_repeated_setup_adds_no_second_part(topo: Topology, tmp_path: Path) -> None:
     """Setup twice on the same tunnel (a retried StartVM, a repair): one device, one qdisc and
-    one redirect per device, two NOTRACK rules; one teardown leaves nothing."""
+    one redirect per device, one NOTRACK element; one teardown leaves nothing."""
     pod, _ip = await asyncio.to_thread(topo.add_pod)
     _vm, _podns, vm_ip = await asyncio.to_thread(topo.add_vm)
     store = await StateStore.open(tmp_path / "state")
@@ -206,7 +207,7 @@ async def test_a_repeated_setup_adds_no_second_part(topo: Topology, tmp_path: Pa
             "vxlan devices": 1,
             "ingress qdiscs": 2,
             "u32 redirects": 2,
-            "NOTRACK rules": 2,
+            "NOTRACK elements": 1,
         }
         await podnet.teardown(ready)
         await podnet.deleted()
@@ -259,7 +260,7 @@ async def test_sweep_removes_a_redirect_of_ours_left_pointing_nowhere(
         await asyncio.to_thread(cut)
         await podnet.release_vni(ready.vni)  # nothing holds it now
         removed = await podnet.sweep()
-        assert removed.redirects == 1 and removed.devices == 0 and removed.rules == 2
+        assert removed.redirects == 1 and removed.devices == 0 and removed.rules == 1
         assert not any((await asyncio.to_thread(kernel_leftovers, topo.worker, [ours])).values())
         kept = await asyncio.to_thread(kernel_leftovers, topo.worker, [theirs])
         assert kept["ingress qdiscs"] == 1 and kept["u32 redirects"] == 1

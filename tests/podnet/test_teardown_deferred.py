@@ -1,6 +1,6 @@
 """StopVM's tunnel teardown in two steps: the pod's traffic is cut off (the pod interface's
 redirect gone, vxlan1 down) before `teardown` returns, and vxlan1's deletion, which the kernel
-holds for an RCU grace period, then the NOTRACK rules' finish in a task of PodNet's. Its VNI is
+holds for an RCU grace period, then the NOTRACK element's finish in a task of PodNet's. Its VNI is
 not handed out before the device is gone, StopVM forgets the sandbox (and its lease) only after
 it, `close` waits for it, and a daemon killed in between leaves what the next start's sweep
 removes.
@@ -112,7 +112,7 @@ async def test_traffic_is_cut_before_teardown_returns_and_the_vni_waits_for_the_
             "vxlan devices": 1,
             "ingress qdiscs": 1,
             "u32 redirects": 1,
-            "NOTRACK rules": 2,
+            "NOTRACK elements": 1,
         }
         await podnet.release_vni(tunnel.vni)
         with pytest.raises(VniExhausted):
@@ -223,7 +223,7 @@ async def test_a_daemon_killed_between_cut_and_deletion_leaves_what_the_sweep_re
     doomed.close()  # killed: the deletion never comes
     await store.release_lease(VNI_POOL, str(tunnel.vni))
     left = await asyncio.to_thread(kernel_leftovers, topo.worker, [pod])
-    assert (left["vxlan devices"], left["NOTRACK rules"]) == (1, 2)
+    assert (left["vxlan devices"], left["NOTRACK elements"]) == (1, 1)
     restarted = PodNet(own_range(), store, host_netns=topo.worker)
     try:
 
@@ -296,7 +296,7 @@ async def test_a_deletion_the_kernel_refuses_is_retried_logged_and_left_to_the_s
         (error,) = deletion_errors(caplog)
         assert f"VNI {MAX_VNI}" in error and pod in error and "sweep" in error
         left = await asyncio.to_thread(kernel_leftovers, topo.worker, [pod])
-        assert (left["vxlan devices"], left["NOTRACK rules"]) == (1, 2)
+        assert (left["vxlan devices"], left["NOTRACK elements"]) == (1, 1)
         assert await asyncio.to_thread(vxlan_state, pod) == (False, False)
         await podnet.release_vni(tunnel.vni)  # as StopVM does once the deletion has ended
         with pytest.raises(VniExhausted):
@@ -395,7 +395,7 @@ async def test_stopvm_with_a_refused_deletion_returns_and_forgets_the_sandbox(
         (error,) = deletion_errors(caplog)
         assert f"VNI {vni}" in error
         left = await asyncio.to_thread(kernel_leftovers, topo.worker, [pod])
-        assert (left["vxlan devices"], left["NOTRACK rules"]) == (1, 2)
+        assert (left["vxlan devices"], left["NOTRACK elements"]) == (1, 1)
         refused.armed = False
         assert (await podnet.sweep()).devices == 1
         # (The rules' removal is the tests' above: this manager's VNI range is the default one,
