@@ -17,7 +17,11 @@ StartVM's own share
 tunnel setup's part of it; and after: sandbox records, VNI leases, VMs and tunnel parts left
 (each must be 0). Goals: RSS <= 400 MiB, CPU <= 20 ms per lifecycle.
 
-    sudo python tests/bench/scale.py [--sandboxes 1000] [--profile adaptor.pstat]
+The baseline, in the same run on the same adaptor: --baseline sandboxes (20) first go through the
+same lifecycle together, on a node with nothing else running; their CPU per lifecycle, and the
+ratio of the full wave's to it, say how a sandbox's cost grows with the sandboxes beside it.
+
+    sudo python tests/bench/scale.py [--sandboxes 1000] [--baseline 20] [--profile adaptor.pstat]
 
 `--profile` writes the adaptor's CPU profile over every thread (yappi, installed apart; it slows
 the adaptor several times over, so the figures of such a run are not the adaptor's own):
@@ -261,7 +265,7 @@ def ms(values: list[float]) -> str:
     return f"p50 {statistics.median(values) * 1e3:.1f} ms, p99 {pct(values, 0.99) * 1e3:.1f} ms"
 
 
-async def node(sandboxes: int, profile: Path | None) -> int:
+async def node(sandboxes: int, baseline: int, profile: Path | None) -> int:
     from tests.adaptor.daemon_proc import ANNOTATIONS, ServeProcess
     from tests.podnet.leftovers import kernel_leftovers, nothing_left
     from tests.podnet.test_restart_no_leak import agents, bound, live_vms, moto_in
@@ -292,9 +296,7 @@ async def node(sandboxes: int, profile: Path | None) -> int:
                 assert proc.process is not None
                 pid = proc.process.pid
                 moto = _child("moto.server")
-                moto0 = _proc_stat(moto)[0] if moto else 0.0
-                cpu0, rss0, fds0 = _proc_stat(pid)
-                threads0 = _thread_cpu(pid)
+                _, rss0, fds0 = _proc_stat(pid)
                 shims = [
                     ShimEmulator(
                         proc.socket,
@@ -313,6 +315,35 @@ async def node(sandboxes: int, profile: Path | None) -> int:
                     started_at.append(time.perf_counter() - t0)
                     await shim.start_pause()
 
+                async def drain() -> None:
+                    # an OK StopVM may leave the VM's delete to finish in the background
+                    # (durably): the sandbox is forgotten when it has
+                    deadline = time.monotonic() + DRAIN_SECONDS
+                    while proc.rows("SELECT id FROM sandboxes") and time.monotonic() < deadline:  # noqa: ASYNC110 - another process's database
+                        await asyncio.sleep(0.2)
+
+                # the baseline: a few sandboxes alone, the same lifecycle, the same adaptor
+                alone = [
+                    ShimEmulator(
+                        proc.socket,
+                        f"b{i:063x}",
+                        {**ANNOTATIONS, "io.kubernetes.cri.sandbox-name": f"alone-{i}"},
+                        netns=pods[i],
+                    )
+                    for i in range(baseline)
+                ]
+                base0 = _proc_stat(pid)[0]
+                await asyncio.gather(*(run(s) for s in alone))
+                await asyncio.gather(*(s.stop_vm() for s in alone))
+                for shim in alone:
+                    await shim.close()
+                await drain()
+                base_cpu = (_proc_stat(pid)[0] - base0) / max(baseline, 1) * 1e3
+                started_at.clear()
+                cpu0, _, _ = _proc_stat(pid)
+                threads0 = _thread_cpu(pid)
+                moto0 = _proc_stat(moto)[0] if moto else 0.0
+
                 began = time.perf_counter()
                 outcomes = await asyncio.gather(*(run(s) for s in shims), return_exceptions=True)
                 up = time.perf_counter() - began
@@ -324,11 +355,7 @@ async def node(sandboxes: int, profile: Path | None) -> int:
                 down = time.perf_counter() - began
                 for shim in shims:
                     await shim.close()
-                # an OK StopVM may leave the VM's delete to finish in the background (durably):
-                # the sandbox is forgotten when it has
-                deadline = time.monotonic() + DRAIN_SECONDS
-                while proc.rows("SELECT id FROM sandboxes") and time.monotonic() < deadline:  # noqa: ASYNC110 - another process's database
-                    await asyncio.sleep(1)
+                await drain()
                 drained = time.perf_counter() - began
                 cpu1, rss_after, fds_after = _proc_stat(pid)
                 threads1 = _thread_cpu(pid)
@@ -355,20 +382,25 @@ async def node(sandboxes: int, profile: Path | None) -> int:
     print(f"adaptor open fds     {fds0} idle, {fds_up} with all running, {fds_after} after")
     print(f"adaptor CPU          {cpu_per:.1f} ms per sandbox lifecycle (create, start, stop)"
           f"{' (profiled)' if profile else ''}")  # fmt: skip
+    if baseline:
+        print(f"  baseline           {base_cpu:.1f} ms per lifecycle with {baseline} sandboxes "
+              f"alone; ratio {cpu_per / base_cpu:.2f}")  # fmt: skip
     by_thread = {n: c - threads0.get(n, 0.0) for n, c in threads1.items()}
     print("  by thread (alive)  " + ", ".join(
         f"{name} {spent / sandboxes * 1e3:.1f} ms"
         for name, spent in sorted(by_thread.items(), key=lambda kv: -kv[1]) if spent > 0
     ))  # fmt: skip
-    calls = stats["calls"]
-    print(f"EC2 calls            {sum(calls.values()) / sandboxes:.2f} per lifecycle: " + ", ".join(
-        f"{method} {n / sandboxes:.2f}" for method, n in sorted(calls.items())
+    calls = stats["calls"]  # counted over both waves
+    lives = sandboxes + baseline
+    print(f"EC2 calls            {sum(calls.values()) / lives:.2f} per lifecycle: " + ", ".join(
+        f"{method} {n / lives:.2f}" for method, n in sorted(calls.items())
     ))  # fmt: skip
     print(f"moto CPU             {(moto1 - moto0) / sandboxes * 1e3:.1f} ms per lifecycle "
           "(its own process, not the adaptor's)")  # fmt: skip
     print(f"StartVM (shim)       {ms(started_at)}")
-    print(f"StartVM own share    {ms(stats['own'])} (less the provider's VM create)")
-    print(f"  tunnel setup       {ms(stats['tunnel'])}")
+    # the baseline's starts were recorded first
+    print(f"StartVM own share    {ms(stats['own'][baseline:])} (less the provider's VM create)")
+    print(f"  tunnel setup       {ms(stats['tunnel'][baseline:])}")
     print(f"left after           {records} records, {leases} leases, {vms} VMs, "
           f"tunnel parts {left}")  # fmt: skip
     clean = not failures and records == leases == vms == 0 and nothing_left(left)
@@ -378,6 +410,7 @@ async def node(sandboxes: int, profile: Path | None) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sandboxes", type=int, default=1000)
+    parser.add_argument("--baseline", type=int, default=20, help="sandboxes alone first (0: none)")
     parser.add_argument("--profile", type=Path, help="write the adaptor's CPU profile (pstat)")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -388,13 +421,15 @@ def main() -> None:
         raise SystemExit("scale.py needs root (network namespaces)")
     if not 1 <= args.sandboxes <= 8000:
         parser.error("--sandboxes must be 1..8000")
+    if not 0 <= args.baseline <= args.sandboxes:
+        parser.error("--baseline must be 0..--sandboxes")
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(key, "testing")
     with contextlib.suppress(ValueError):
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
     profile = args.profile.resolve() if args.profile else None
-    sys.exit(asyncio.run(node(args.sandboxes, profile)))
+    sys.exit(asyncio.run(node(args.sandboxes, args.baseline, profile)))
 
 
 if __name__ == "__main__":
