@@ -64,8 +64,21 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def throughput_gbps(server_ns: str, server_ip: str, client_ns: str, seconds: float) -> float:
-    """Bytes a single TCP stream carries from client to server in `seconds`, as Gbit/s."""
+def _ksoftirqd_seconds() -> float:
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if "(ksoftirqd/" in text:
+            fields = text.rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def stream(server_ns: str, server_ip: str, client_ns: str, seconds: float) -> tuple[float, float]:
+    """One TCP stream client -> server for `seconds`: (Gbit/s, CPU seconds per GB)."""
     received = [0]
     with sock(server_ns) as listener, sock(client_ns) as client:
         listener.bind((server_ip, 0))
@@ -75,23 +88,21 @@ def throughput_gbps(server_ns: str, server_ip: str, client_ns: str, seconds: flo
             conn, _ = listener.accept()
             buffer = bytearray(CHUNK)
             with conn:
-                while True:
-                    n = conn.recv_into(buffer)
-                    if not n:
-                        return
+                while n := conn.recv_into(buffer):
                     received[0] += n
 
         thread = threading.Thread(target=sink)
         thread.start()
         client.connect((server_ip, listener.getsockname()[1]))
         payload = b"\0" * CHUNK
-        start = time.monotonic()
+        soft, cpu, start = _ksoftirqd_seconds(), time.process_time(), time.monotonic()
         while time.monotonic() - start < seconds:
             client.sendall(payload)
         client.shutdown(2)
         thread.join()
         elapsed = time.monotonic() - start
-    return received[0] * 8 / elapsed / 1e9
+        spent = time.process_time() - cpu + _ksoftirqd_seconds() - soft
+    return received[0] * 8 / elapsed / 1e9, spent / (received[0] / 1e9)
 
 
 def apf(tunnel: Tunnel) -> dict[str, object]:
@@ -221,13 +232,11 @@ async def _throughput(
     veth_runs, tunnel_runs, underlay_runs = [], [], []
     for _ in range(rounds):
         underlay_runs.append(
-            await asyncio.to_thread(throughput_gbps, vm0, vm0_ip, topo.worker, seconds)
+            (await asyncio.to_thread(stream, vm0, vm0_ip, topo.worker, seconds))[0]
         )
-        veth_runs.append(
-            await asyncio.to_thread(throughput_gbps, plain, plain_ip, topo.peer, seconds)
-        )
+        veth_runs.append((await asyncio.to_thread(stream, plain, plain_ip, topo.peer, seconds))[0])
         tunnel_runs.append(
-            await asyncio.to_thread(throughput_gbps, podns0, pod_list[0][1], topo.peer, seconds)
+            (await asyncio.to_thread(stream, podns0, pod_list[0][1], topo.peer, seconds))[0]
         )
     return {
         "veth": statistics.median(veth_runs),

@@ -64,59 +64,15 @@ import asyncio
 import os
 import statistics
 import tempfile
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from adaptor.podnet import PodNet, PodNetSettings, _netns, _notrack
 from adaptor.state import StateStore
-from tests.bench.podnet import apf, offloads
-from tests.podnet.topology import Topology, bridge_netfilter, path, podvm_setup, sock
+from tests.bench.podnet import apf, offloads, stream
+from tests.podnet.topology import Topology, bridge_netfilter, path, podvm_setup
 
-CHUNK = 256 * 1024
 OTHERS_BASE = 777000
-
-
-def _ksoftirqd_seconds() -> float:
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        if "(ksoftirqd/" in text:
-            fields = text.rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def stream(server_ns: str, server_ip: str, client_ns: str, seconds: float) -> tuple[float, float]:
-    """One TCP stream client -> server for `seconds`: (Gbit/s, CPU seconds per GB)."""
-    received = [0]
-    with sock(server_ns) as listener, sock(client_ns) as client:
-        listener.bind((server_ip, 0))
-        listener.listen(1)
-
-        def sink() -> None:
-            conn, _ = listener.accept()
-            buffer = bytearray(CHUNK)
-            with conn:
-                while n := conn.recv_into(buffer):
-                    received[0] += n
-
-        thread = threading.Thread(target=sink)
-        thread.start()
-        client.connect((server_ip, listener.getsockname()[1]))
-        payload = b"\0" * CHUNK
-        soft, cpu, start = _ksoftirqd_seconds(), time.process_time(), time.monotonic()
-        while time.monotonic() - start < seconds:
-            client.sendall(payload)
-        client.shutdown(2)
-        thread.join()
-        elapsed = time.monotonic() - start
-        spent = time.process_time() - cpu + _ksoftirqd_seconds() - soft
-    return received[0] * 8 / elapsed / 1e9, spent / (received[0] / 1e9)
 
 
 def enc0_tx(worker: str) -> tuple[int, int]:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from adaptor.podnet import _notrack
 from tests.podnet.snapshot import snapshot
 from tests.podnet.topology import Topology
 
@@ -48,4 +49,6 @@ def topo() -> Iterator[Topology]:
     try:
         yield topology
     finally:
+        # a cached nf_tables socket would keep the worker's netns alive after it is deleted
+        _notrack.close_sockets()
         topology.close()

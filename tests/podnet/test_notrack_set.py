@@ -162,16 +162,6 @@ def _send(worker: str, address: str, port: int) -> None:
         s.sendto(b"x" * 64, (address, port))
 
 
-@pytest.fixture
-def topo() -> Iterator[Topology]:
-    topology = Topology().build()
-    try:
-        yield topology
-    finally:
-        _notrack.close_sockets()
-        topology.close()
-
-
 def test_vxlan_packets_of_a_pod_vm_are_not_tracked(topo: Topology) -> None:
     worker = topo.worker
     vm1, _podns1, ip1 = topo.add_vm()
