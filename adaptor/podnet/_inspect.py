@@ -164,21 +164,22 @@ def _routes(view: _nl.NetView) -> list[Route]:
     return [route for _key, route in sorted(listed, key=lambda item: item[0])]
 
 
-def inspect_pod(
+def inspect(
     netns: str,
-    host: HostInterface,
+    configured: str = "",
     *,
-    vni: int,
-    index: int,
     vxlan_port: int,
     pod_subnet_cidrs: Sequence[str] = (),
     external_net_via_pod_vm: bool = False,
     netns_dirs: Sequence[str] = _netns.NETNS_DIRS,
     host_netns: str | None = None,
 ) -> PodNetwork:
-    """CAA's Inspect: the pod interface (single IPv4 address, MAC, MTU), its routes and
-    permanent neighbours, plus an extra route via the pod's gateway per --pod-subnet-cidrs.
-    `netns` must be a pod's: directly in `netns_dirs`, not the worker's (`host_netns`)."""
+    """CAA's Inspect, CreateVM's whole read in one call (one hand-off to a worker thread): the
+    worker's host interface (`host_interface`), then the pod interface (single IPv4 address,
+    MAC, MTU), its routes and permanent neighbours, plus an extra route via the pod's gateway
+    per --pod-subnet-cidrs. `netns` must be a pod's: directly in `netns_dirs`, not the worker's
+    (`host_netns`). VNI and index are left 0 for the caller to fill in once its lease is taken."""
+    host = host_interface(configured, host_netns)
     _netns.check_pod_netns(netns, netns_dirs, host_netns)
     try:
         view = _view(netns)
@@ -208,36 +209,9 @@ def inspect_pod(
         routes=(*routes, *extra),
         neighbors=neighbors,
         mtu=link.mtu,
-        index=index,
-        vxlan_port=vxlan_port,
-        vxlan_id=vni,
-        dedicated=host.dedicated,
-        external_net_via_pod_vm=external_net_via_pod_vm,
-    )
-
-
-def inspect(
-    netns: str,
-    configured: str = "",
-    *,
-    vxlan_port: int,
-    pod_subnet_cidrs: Sequence[str] = (),
-    external_net_via_pod_vm: bool = False,
-    netns_dirs: Sequence[str] = _netns.NETNS_DIRS,
-    host_netns: str | None = None,
-) -> PodNetwork:
-    """CreateVM's whole read in one call (one hand-off to a worker thread): the worker's host
-    interface (`host_interface`), then the pod (`inspect_pod`); VNI and index are left 0 for
-    the caller to fill in once its lease is taken."""
-    host = host_interface(configured, host_netns)
-    return inspect_pod(
-        netns,
-        host,
-        vni=0,
         index=0,
         vxlan_port=vxlan_port,
-        pod_subnet_cidrs=pod_subnet_cidrs,
+        vxlan_id=0,
+        dedicated=host.dedicated,
         external_net_via_pod_vm=external_net_via_pod_vm,
-        netns_dirs=netns_dirs,
-        host_netns=host_netns,
     )
