@@ -119,6 +119,29 @@ class QuarantinedRecord(StateError):
     """A sandbox whose stored record cannot be read (it is kept aside, not served)."""
 
 
+def own_directory(directory: Path) -> None:
+    """Narrow the state directory to 0700: it may exist already, wider (a hostPath volume of
+    type DirectoryOrCreate is made 0755), and it holds the CA key and every sandbox's record.
+    A symbolic link or another user's directory is refused (blocking)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StateError(f"state directory {directory}: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid():
+            raise StateError(
+                f"state directory {directory} belongs to uid {info.st_uid}, not {os.geteuid()}"
+            )
+        if info.st_mode & 0o077:
+            log.warning(
+                "state directory %s was mode %o; narrowed to 0700", directory, info.st_mode & 0o777
+            )
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
 class StateStore:
     """Sandbox records and endpoint leases; open with `await StateStore.open(dir)`."""
 
@@ -241,6 +264,7 @@ class StateStore:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise StateError(f"cannot create state directory {self.path.parent}: {exc}") from exc
+        own_directory(self.path.parent)
         self._own_files()
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:

@@ -13,6 +13,7 @@ import pytest
 
 from adaptor.node.wiring import stored_json_checks
 from adaptor.state import QuarantinedRecord, SandboxRecord, StateStore
+from adaptor.state.store import StateError
 
 
 @pytest.fixture
@@ -122,3 +123,30 @@ async def test_a_checked_value_is_parsed_once_and_a_changed_one_again(tmp_path: 
         assert checked[-1] == '{"n": 1}' and len(checked) == 4
     finally:
         await store.close()
+
+
+async def test_an_existing_wider_state_directory_is_narrowed_to_0700(
+    tmp_path: Path, open_umask: None
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    state.chmod(0o755)  # as a hostPath volume of type DirectoryOrCreate leaves it
+    store = await StateStore.open(state)
+    try:
+        assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    finally:
+        await store.close()
+
+
+async def test_a_symlinked_or_foreign_state_directory_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir(mode=0o755)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(StateError, match="state directory"):
+        await StateStore.open(tmp_path / "link")
+    assert stat.S_IMODE(real.stat().st_mode) == 0o755  # nothing changed through the link
+    assert not (real / "sandboxes.db").exists()
+    if os.geteuid() == 0:
+        os.chown(real, 65534, 65534)
+        with pytest.raises(StateError, match="belongs to uid 65534"):
+            await StateStore.open(real)
