@@ -41,7 +41,8 @@ from adaptor.hypervisor.sandboxes import (
 from adaptor.hypervisor.service import HypervisorService
 from adaptor.node.advertise import CapacityAdvertiser, KubeNodeApi, NodeApi
 from adaptor.node.catalogs import CatalogReloader, PlacementInUse
-from adaptor.node.handoff import HandoffListener, Inherited, Session, inherit
+from adaptor.node.handoff import HandoffListener, Inherited, Session, check_listener, inherit
+from adaptor.node.handoff_wire import HandoffError
 from adaptor.node.readiness import Readiness
 from adaptor.node.settings import ServeSettings
 from adaptor.node.wiring import (
@@ -412,8 +413,20 @@ class Daemon:
         settings = self.settings
         server = Server()
         HypervisorService(manager).register(server)
-        if self._inherited is not None:
-            await server.adopt_unix(self._inherited.hypervisor, str(settings.socket))
+        hypervisor = self._inherited.hypervisor if self._inherited is not None else None
+        if hypervisor is not None:
+            try:
+                await asyncio.to_thread(check_listener, hypervisor, str(settings.socket))
+            except HandoffError as exc:
+                log.error(
+                    "hand-off: refusing the hypervisor socket handed over (%s); binding %s anew",
+                    exc,
+                    settings.socket,
+                )
+                hypervisor.close()
+                hypervisor = None
+        if hypervisor is not None:
+            await server.adopt_unix(hypervisor, str(settings.socket))
         else:
             await server.start_unix(str(settings.socket), mode=0o600)
         self.server = server

@@ -28,8 +28,10 @@ import logging
 import os
 import queue
 import socket
+import stat
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -483,6 +485,30 @@ class _Descriptors:
                 os.close(fd)
 
 
+def check_listener(sock: socket.socket, path: str) -> None:
+    """The hypervisor listener handed over must be what this process binds itself: a listening
+    unix stream socket bound in the configured directory, whose file at `path` is ours with no
+    permission beyond 0660 (a shim of another user must not reach it). HandoffError says what
+    is wrong (blocking: one lstat)."""
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        raise HandoffError(f"not a unix stream socket ({sock.family!r}, {sock.type!r})")
+    if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        raise HandoffError("not listening")
+    name = sock.getsockname()
+    if not isinstance(name, str) or os.path.dirname(name) != os.path.dirname(path):
+        raise HandoffError(f"bound at {name!r}, not in the directory of {path}")
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise HandoffError(f"{path}: {exc.strerror}") from None
+    if not stat.S_ISSOCK(info.st_mode):
+        raise HandoffError(f"{path} is not a socket")
+    if info.st_uid != os.geteuid():
+        raise HandoffError(f"{path} belongs to uid {info.st_uid}, not {os.geteuid()}")
+    if stat.S_IMODE(info.st_mode) & ~0o660:
+        raise HandoffError(f"{path} has mode {stat.S_IMODE(info.st_mode):04o}, wider than 0660")
+
+
 # --- the predecessor's side -------------------------------------------------------------------
 
 
@@ -540,6 +566,8 @@ class HandoffListener:
             try:
                 if await self._one(channel):
                     return
+            except Exception:  # whatever one connection did, the next successor is heard
+                log.exception("hand-off: a connection failed; listening on")
             finally:
                 channel.close()
 
@@ -549,7 +577,7 @@ class HandoffListener:
         channel.settimeout(HELLO_SECONDS)
         try:
             _check_peer(channel)
-            hello = await asyncio.to_thread(_receive, channel)
+            hello = await asyncio.to_thread(_receive, channel, HELLO_SECONDS)
         except HandoffClosed:
             return False  # a probe (predecessor_listening), or a successor that gave up
         except (OSError, HandoffError) as exc:
@@ -702,9 +730,15 @@ def _check_peer(channel: socket.socket) -> None:
         raise HandoffError(f"peer uid {uid} is not {os.getuid()}")
 
 
-def _read_exactly(channel: socket.socket, count: int) -> bytes:
+def _read_exactly(channel: socket.socket, count: int, deadline: float | None = None) -> bytes:
+    """`count` bytes; by `deadline` (time.monotonic) in all when given, however they drip in."""
     chunks = bytearray()
     while len(chunks) < count:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the hand-off message did not come in time")
+            channel.settimeout(left)
         chunk = channel.recv(count - len(chunks))
         if not chunk:
             raise HandoffClosed("the other side closed the hand-off")
@@ -712,9 +746,12 @@ def _read_exactly(channel: socket.socket, count: int) -> bytes:
     return bytes(chunks)
 
 
-def _receive(channel: socket.socket) -> Message:
-    length = frame_length(_read_exactly(channel, HEADER_BYTES))
-    return decode(_read_exactly(channel, length))
+def _receive(channel: socket.socket, seconds: float | None = None) -> Message:
+    """The next message, whole within `seconds` when given (a client dripping bytes slower
+    than the socket's timeout is still cut off)."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    length = frame_length(_read_exactly(channel, HEADER_BYTES, deadline))
+    return decode(_read_exactly(channel, length, deadline))
 
 
 def _send_released(channel: socket.socket) -> None:

@@ -24,6 +24,7 @@ JSON; bytes fields (a request frame's data, a partial frame) are base64.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from typing import Literal
 
@@ -155,11 +156,33 @@ _MESSAGES: dict[str, type[Message]] = {
 }
 
 
+# No message nests deeper than 6 (Offer > sandboxes > sandbox > shims > shim > calls > call);
+# a deeper one is refused before any parser recurses into it.
+MAX_DEPTH = 16
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def _too_deep(body: bytes) -> bool:
+    """Whether the JSON nests deeper than MAX_DEPTH (brackets inside strings do not count)."""
+    depth = 0
+    for match in _BRACKET.finditer(_STRING.sub(b"", body)):
+        if match.group() in (b"[", b"{"):
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
 def decode(body: bytes) -> Message:
     """A frame body as its message; malformed JSON or another version is a HandoffError."""
+    if _too_deep(body):
+        raise HandoffError(f"malformed hand-off message: nested deeper than {MAX_DEPTH}")
     try:
         kind = json.loads(body).get("kind")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         raise HandoffError("malformed hand-off message: not a JSON object") from None
     model = _MESSAGES.get(kind) if isinstance(kind, str) else None
     if model is None:
