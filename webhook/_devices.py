@@ -42,6 +42,7 @@ from celpy import celtypes
 
 from providers.core.catalog import Catalog
 from providers.core.errors import Fault
+from providers.core.gpus import COMPUTE_CAPABILITY as _COMPUTE
 from providers.core.gpus import GPU_MODELS
 from providers.core.mig import profiles_for
 from providers.core.skus import product_name
@@ -71,15 +72,6 @@ POST_BOOT_ATTRIBUTES = (
 )
 _MIB = 1 << 20
 _GIB = 1 << 30
-# CUDA compute capability per model (the driver publishes it as a version attribute).
-_COMPUTE: dict[str, tuple[int, int, int]] = {
-    "b300": (10, 3, 0), "b200": (10, 0, 0), "gb200": (10, 0, 0), "rtx-pro-6000": (12, 0, 0),
-    "h200": (9, 0, 0), "gh200": (9, 0, 0), "h100-80gb": (9, 0, 0), "h100-nvl": (9, 0, 0),
-    "a100-80gb": (8, 0, 0), "a100-40gb": (8, 0, 0), "a30": (8, 0, 0), "a10g": (8, 6, 0),
-    "a10": (8, 6, 0), "l40s": (8, 9, 0), "l40": (8, 9, 0), "l4": (8, 9, 0), "t4": (7, 5, 0),
-    "t4g": (7, 5, 0), "v100-32gb": (7, 0, 0), "v100": (7, 0, 0), "p100": (6, 0, 0),
-    "p40": (6, 1, 0), "p4": (6, 1, 0), "m60": (5, 2, 0), "k80": (3, 7, 0),
-}  # fmt: skip
 _PROFILE_MEMORY = re.compile(r"\.([0-9]+)gb")
 SELECTOR_CACHE_SIZE = 1024  # selector results kept per device space (least recently used go)
 

@@ -18,6 +18,7 @@ from providers.core.errors import InvalidRequest
 from providers.core.mig import MIG_PROFILES, MigProfileSpec
 
 __all__ = [
+    "COMPUTE_CAPABILITY",
     "GPU_MODELS",
     "UNKNOWN_PREFIX",
     "GpuModel",
@@ -101,6 +102,16 @@ _ALL = (
 )  # fmt: skip
 
 GPU_MODELS: Mapping[str, GpuModel] = MappingProxyType({m.id: m for m in _ALL})
+
+# CUDA compute capability per model (NVIDIA's DRA driver publishes it as a version attribute).
+COMPUTE_CAPABILITY: Mapping[str, tuple[int, int, int]] = {
+    "b300": (10, 3, 0), "b200": (10, 0, 0), "gb200": (10, 0, 0), "rtx-pro-6000": (12, 0, 0),
+    "h200": (9, 0, 0), "gh200": (9, 0, 0), "h100-80gb": (9, 0, 0), "h100-nvl": (9, 0, 0),
+    "a100-80gb": (8, 0, 0), "a100-40gb": (8, 0, 0), "a30": (8, 0, 0), "a10g": (8, 6, 0),
+    "a10": (8, 6, 0), "l40s": (8, 9, 0), "l40": (8, 9, 0), "l4": (8, 9, 0), "t4": (7, 5, 0),
+    "t4g": (7, 5, 0), "v100-32gb": (7, 0, 0), "v100": (7, 0, 0), "p100": (6, 0, 0),
+    "p40": (6, 1, 0), "p4": (6, 1, 0), "m60": (5, 2, 0), "k80": (3, 7, 0),
+}  # fmt: skip
 
 # Family names: what a user means by the bare name (every variant), and which variant a bare
 # name resolves to when one model must be picked without a memory figure.
