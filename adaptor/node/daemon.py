@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import resource
 import signal
 import socket
 import ssl
@@ -41,7 +42,14 @@ from adaptor.hypervisor.sandboxes import (
 from adaptor.hypervisor.service import HypervisorService
 from adaptor.node.advertise import CapacityAdvertiser, KubeNodeApi, NodeApi
 from adaptor.node.catalogs import CatalogReloader, PlacementInUse
-from adaptor.node.handoff import HandoffListener, Inherited, Session, check_listener, inherit
+from adaptor.node.handoff import (
+    Detached,
+    HandoffListener,
+    Inherited,
+    Session,
+    check_listener,
+    inherit,
+)
 from adaptor.node.handoff_wire import HandoffError
 from adaptor.node.readiness import Readiness
 from adaptor.node.settings import ServeSettings
@@ -404,8 +412,10 @@ class Daemon:
             ),
         )
         self.status = StatusServer(app, settings.status_address)
-        await self.status.start()
-        log.info("status API on %s", self.status.url)
+        inherited = self._inherited.take_status() if self._inherited is not None else None
+        await self.status.start(inherited)
+        if self.status.listening:
+            log.info("status API on %s", self.status.url)
 
     async def _serve_hypervisor(self, manager: SandboxManager) -> None:
         """The hypervisor socket (a predecessor's, when taking over) and the hand-off listener
@@ -474,11 +484,11 @@ class Daemon:
             self._handoff = None
         await self._close(grace_seconds)
 
-    async def detach(self) -> socket.socket:
+    async def detach(self) -> Detached:
         """Give everything but the agent proxies up to a successor (adaptor.node.handoff): the
         hypervisor socket stops accepting once its calls are answered, the background loops,
-        the status API and the state store (unlocked) close. Returns the hypervisor listener,
-        still listening."""
+        the status API and the state store (unlocked) close. Returns the hypervisor listener
+        and the status API's, still listening."""
         self._handing_off = True
         grace = self.settings.shutdown_grace_seconds
         self._handoff = None  # it is the one calling
@@ -492,7 +502,7 @@ class Daemon:
             if not isinstance(proxy, AgentProxy):
                 await proxy.stop()
         await self._close(grace)
-        return hypervisor
+        return Detached(hypervisor, status)
 
     async def freeze(self, moved: Callable[[str, MovedProxy], None]) -> None:
         """Then the agent proxies stop, side by side, and each one's sockets go to `moved`,
@@ -500,6 +510,8 @@ class Daemon:
         cannot move is stopped."""
         grace = self.settings.shutdown_grace_seconds
         moving, self._moving = self._moving, {}
+        status = await self.status.detach() if self.status is not None else None
+        self.status = None
 
         async def one(sandbox_id: str, proxy: AgentProxy) -> None:
             try:
@@ -652,7 +664,8 @@ async def serve(settings: ServeSettings, **hooks: Any) -> None:
         loop.add_signal_handler(signum, on_signal, signum)
     try:
         await daemon.start()
-        status = f" (status API {daemon.status.url})" if daemon.status else ""
+        listening = daemon.status is not None and daemon.status.listening
+        status = f" (status API {daemon.status.url})" if daemon.status and listening else ""
         print(f"peerpods serve: listening on {settings.socket}{status}", flush=True)
         ended = asyncio.create_task(daemon.ended.wait(), name="daemon-handed-over")
         stopping = asyncio.create_task(stop.wait(), name="daemon-stop")
@@ -664,6 +677,17 @@ async def serve(settings: ServeSettings, **hooks: Any) -> None:
             await stop.wait()
         closing = asyncio.create_task(daemon.close(), name="daemon-close")
         forced = asyncio.create_task(force.wait(), name="daemon-force")
+def raise_fd_limit() -> None:
+    """The soft limit of open files up to the hard one: under containerd 2.x and systemd the
+    soft limit is often 1024, and every agent connection holds two descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.debug("open files: soft limit %d raised to %d", soft, target)
+
+
         await asyncio.wait({closing, forced}, return_when=asyncio.FIRST_COMPLETED)
         forced.cancel()
         if not closing.done():
@@ -673,5 +697,6 @@ async def serve(settings: ServeSettings, **hooks: Any) -> None:
             await closing
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
+    raise_fd_limit()
             loop.remove_signal_handler(signum)
         await daemon.close(grace_seconds=0)

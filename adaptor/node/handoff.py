@@ -67,6 +67,9 @@ from .handoff_wire import (
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = ".handoff"
+# The status API's listener travels in the Offer as a sandbox of this id (one that no sandbox
+# can have): a successor of the same version before it closes it as a sandbox it does not know.
+STATUS_LISTENER = ":status"
 FD_BATCH = 200  # descriptors per message (the kernel takes at most 253)
 HELLO_SECONDS = 10.0  # a connected successor says Hello within this
 OFFER_SECONDS = 120.0  # the predecessor drains its calls, then offers, within this
@@ -106,6 +109,12 @@ class Inherited:
     predecessor_pid: int
     predialed: Predialed | None = None
     _channel: socket.socket | None = field(default=None, repr=False)
+    status: socket.socket | None = None  # the status API's listener, when it had one
+
+    def take_status(self) -> socket.socket | None:
+        """The status API's listener, now the caller's to serve or close."""
+        status, self.status = self.status, None
+        return status
 
     async def adopt(self, sandbox_id: str, proxy: object) -> bool:
         """Serve the sandbox's inherited sockets with `proxy` (the manager's `adopt` hook);
@@ -154,6 +163,9 @@ class Inherited:
     def close(self) -> None:
         """Close everything still held (a take-over that failed half way)."""
         self.hypervisor.close()
+        if self.status is not None:
+            self.status.close()
+            self.status = None
         for moved in self.proxies.values():
             moved.close()
         self.proxies.clear()
@@ -427,7 +439,15 @@ def _receive_offer(
     except BaseException:
         channel.close()
         raise
-    return Inherited(hypervisor, proxies, message.pid, predialed, channel)
+    status = proxies.pop(STATUS_LISTENER, None)
+    return Inherited(
+        hypervisor,
+        proxies,
+        message.pid,
+        predialed,
+        channel,
+        status=status.listener if status is not None else None,
+    )
 
 
 def _inherit_one(sandbox: WireSandbox, fds: list[int]) -> MovedProxy:
@@ -512,12 +532,26 @@ def check_listener(sock: socket.socket, path: str) -> None:
 # --- the predecessor's side -------------------------------------------------------------------
 
 
+@dataclass
+class Detached:
+    """The listeners a predecessor hands over last, still listening."""
+
+    hypervisor: socket.socket
+    status: socket.socket | None = None
+
+    def close(self) -> None:
+        self.hypervisor.close()
+        if self.status is not None:
+            self.status.close()
+
+
 class Predecessor(Protocol):
     """What the running daemon gives up to its successor."""
 
-    async def detach(self) -> socket.socket:
+    async def detach(self) -> Detached:
         """Stop everything but the agent proxies and return the hypervisor listener (a
-        duplicate, still listening); the state store is unlocked when this returns."""
+        duplicate, still listening) and the status API's; the state store is unlocked when
+        this returns."""
         ...
 
     async def freeze(self, moved: Callable[[str, MovedProxy], None]) -> None:
@@ -588,16 +622,16 @@ class HandoffListener:
             return False
         log.info("hand-off: successor pid %d asks to take over", hello.pid)
         self.busy = True
-        hypervisor: socket.socket | None = None
+        detached: Detached | None = None
         proxies: dict[str, MovedProxy] = {}
         ok = False
         try:
-            hypervisor = await self._daemon.detach()
+            detached = await self._daemon.detach()
             channel.settimeout(OFFER_SECONDS)
             await asyncio.to_thread(_send_released, channel)
             log.info("hand-off: the successor is ready; moving the agent sockets")
             channel.settimeout(ACK_SECONDS)
-            await self._move(channel, hypervisor, proxies)
+            await self._move(channel, detached, proxies)
             ack = await asyncio.to_thread(_receive, channel)
             ok = isinstance(ack, Ack) and ack.ok
             if not ok:
@@ -608,8 +642,8 @@ class HandoffListener:
         except Exception:
             log.exception("hand-off failed")
         finally:
-            if hypervisor is not None:
-                hypervisor.close()
+            if detached is not None:
+                detached.close()
             for moved in proxies.values():
                 moved.close()
             await self._daemon.handed_over(ok)
@@ -618,7 +652,7 @@ class HandoffListener:
         return True
 
     async def _move(
-        self, channel: socket.socket, hypervisor: socket.socket, proxies: dict[str, MovedProxy]
+        self, channel: socket.socket, detached: Detached, proxies: dict[str, MovedProxy]
     ) -> None:
         """Stop the proxies and send each one's sockets as soon as it has stopped (kept in
         `proxies`, to close once the successor has them), then the hypervisor listener."""
@@ -631,7 +665,10 @@ class HandoffListener:
 
             await self._daemon.freeze(stopped)
             log.info("hand-off: %d agent proxies stopped and sent", len(proxies))
-            sender.send(*_offer(hypervisor, {}))
+            status = {}
+            if detached.status is not None:
+                status[STATUS_LISTENER] = MovedProxy(detached.status)
+            sender.send(*_offer(detached.hypervisor, status))
         finally:
             await sender.finish()
 

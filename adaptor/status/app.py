@@ -23,6 +23,9 @@ with 400 (adaptor.status.hosts: a browser on the node cannot reach this through 
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -51,6 +54,9 @@ class SandboxSource(Protocol):
     async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
 
     async def quarantined(self) -> dict[str, str]: ...
+
+
+LISTING_SECONDS = 1.0  # how old a listing may be
 
 
 def quarantined_json(sandbox_id: str, reason: str) -> dict[str, Any]:
@@ -109,6 +115,7 @@ def build_app(
     up after a restart; `host_names`: the node's names a request's Host may carry (besides IP
     addresses and localhost)."""
     api = _Endpoints(
+        listing=_Listing(source, devices, abandoned or AbandonedBook()),
         source=source,
         devices=devices,
         abandoned=abandoned or AbandonedBook(),
@@ -130,10 +137,48 @@ def build_app(
     )
 
 
+class _Listing:
+    """The sandbox list as last rendered, at most LISTING_SECONDS old: a flood of listings
+    costs the state thread (which CreateVM and StopVM wait on) one read a second, and the
+    event loop one rendering a second; the encoding runs in a thread."""
+
+    def __init__(self, source: SandboxSource, devices: DeviceBook, abandoned: AbandonedBook):
+        self._source = source
+        self._devices = devices
+        self._abandoned = abandoned
+        self._body = b""
+        self._at = -LISTING_SECONDS
+        self._pending: asyncio.Future[bytes] | None = None
+
+    async def body(self) -> bytes:
+        if time.monotonic() - self._at < LISTING_SECONDS:
+            return self._body
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._render())
+        pending = self._pending
+        try:
+            return await asyncio.shield(pending)
+        finally:
+            if pending.done() and self._pending is pending:
+                self._pending = None
+
+    async def _render(self) -> bytes:
+        records = await self._source.records()
+        quarantined = await self._source.quarantined()
+        # the device book changes on the loop: read here; only the encoding runs in the thread
+        listed = [sandbox_json(r, self._devices) for r in records]
+        listed += [quarantined_json(i, why) for i, why in quarantined.items()]
+        document = {"sandboxes": listed, "abandoned": self._abandoned.snapshot()}
+        self._body = await asyncio.to_thread(lambda: json.dumps(document).encode())
+        self._at = time.monotonic()
+        return self._body
+
+
 @dataclass(frozen=True)
 class _Endpoints:
     """The handlers of the routes, over what they read."""
 
+    listing: _Listing
     source: SandboxSource
     devices: DeviceBook
     abandoned: AbandonedBook
@@ -142,11 +187,7 @@ class _Endpoints:
     account_quota: Callable[[], AccountQuota | None] | None
 
     async def list_sandboxes(self, request: Request) -> Response:
-        records = await self.source.records()
-        listed = [sandbox_json(r, self.devices) for r in records]
-        quarantined = await self.source.quarantined()
-        listed += [quarantined_json(i, why) for i, why in quarantined.items()]
-        return JSONResponse({"sandboxes": listed, "abandoned": self.abandoned.snapshot()})
+        return Response(await self.listing.body(), media_type="application/json")
 
     async def get_sandbox(self, request: Request) -> Response:
         sandbox_id = request.path_params["sandbox_id"]
