@@ -185,7 +185,7 @@ def test_install_nvidia_builds_for_the_image_kernel_not_the_hosts(tmp_path: Path
 
 
 def test_the_recipe_never_installs_peerpods_by_name() -> None:
-    for path in [*SCRIPTS.iterdir(), *(PODVM / "mkosi").rglob("*")]:
+    for path in [*SCRIPTS.iterdir(), *(PODVM / "mkosi.images").rglob("*")]:
         if path.is_file():
             text = path.read_text()
             assert "peerpods[podvm]" not in text.replace('"$dist/$wheel[podvm]"', ""), path
@@ -198,11 +198,11 @@ def test_the_guard_lives_on_the_state_partition_mounted_before_prepare() -> None
     assert "Where=/var/lib/peerpods/podvm" in mount
     assert "What=/dev/disk/by-partlabel/peerpods-state" in mount
     assert "Before=peerpods-podvm-prepare.service" in mount and "nofail" in mount
-    repart = (PODVM / "mkosi/mkosi.repart/60-peerpods-state.conf").read_text()
+    repart = (PODVM / "mkosi.images/system/mkosi.repart/60-peerpods-state.conf").read_text()
     assert "Label=peerpods-state" in repart and "Format=ext4" in repart
     prepare = (PODVM / "systemd/peerpods-podvm-prepare.service").read_text()
     assert "After=var-lib-peerpods-podvm.mount" in prepare
-    for distro in ("ubuntu", "fedora"):
-        conf = (PODVM / f"mkosi/mkosi.conf.d/50-peerpods-gpu-{distro}.conf").read_text()
+    for distro in ("ubuntu", "debian"):
+        conf = (PODVM / f"mkosi.images/system/mkosi.conf.d/60-peerpods-{distro}.conf").read_text()
         assert f"Distribution={distro}" in conf
         assert "PostInstallationScripts=peerpods.postinst.chroot" in conf
