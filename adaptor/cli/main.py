@@ -28,6 +28,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "adaptor.cli.node",
         "on a worker node: install or remove the kata-remote runtime (Kata and containerd)",
     ),
+    "dra": (
+        "adaptor.cli.dra",
+        "the DRA driver gpu.peerpods.io: publish the cloud's GPUs as ResourceSlices",
+    ),
     "podvm": (
         "adaptor.cli.podvm",
         "in the pod VM: create the planned devices, write their CDI specs",
