@@ -225,6 +225,11 @@ class Daemon:
         provider = prepared.finish(store)  # a static pool's leases live in the store
         placement = PlacementInUse(
             build_placement(
+        # So are the operator's agent TLS files: on a take-over they must load before the
+        # predecessor lets go of its store and sockets (the own CA lives in the state
+        # directory, read once it is ours).
+        given_tls = settings.agent_tls.enabled and settings.agent_tls.ca_file is not None
+        early = await asyncio.to_thread(agent_tls_context, settings) if given_tls else None
                 provider,
                 catalog,
                 self._cdi,
@@ -233,7 +238,7 @@ class Daemon:
                 account_quota_refresh_seconds=settings.account_quota_refresh_seconds,
             )
         )
-        tls, pki = await asyncio.to_thread(agent_tls_context, settings)
+        tls, pki = early or await asyncio.to_thread(agent_tls_context, settings)
         # dropped agent connections, checked by the preemption watcher (a provider that inspects)
         dropped = DroppedConnections() if isinstance(provider, Inspectable) else None
         proxy_factory = self._proxy_factory or agent_proxy_factory(
