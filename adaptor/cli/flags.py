@@ -61,6 +61,8 @@ def add_settings(
             kwargs["action"] = argparse.BooleanOptionalAction if optional else "store_true"
         else:
             kwargs["type"] = _converter(setting)
+            if setting.flag.repeated:
+                kwargs["action"] = "extend"
             metavar = setting.flag.metavar
             if metavar is None and setting.choices:
                 metavar = "{" + ",".join(setting.choices) + "}"

@@ -186,7 +186,10 @@ class Starts:
         try:
             user_data = table.user_data(record, plan) if table.user_data is not None else ""
             spec = plan.vm_spec(user_data)
-            instance = await table.provider.create(spec)
+            # a warm VM when the placement's choice matches one; else, or when adopting it
+            # fails (the pod does not notice), a VM launched for it
+            adopted = await table.warm.adopt(spec) if table.warm is not None else None
+            instance = adopted or await table.provider.create(spec)
         except BaseException as exc:
             table.placement.release(record.id)
             await self._failed(record, "create", exc)

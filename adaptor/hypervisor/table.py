@@ -28,6 +28,7 @@ from adaptor.hypervisor.errors import SandboxNotFound, ShuttingDown, check_sandb
 from adaptor.hypervisor.hooks import Hooks, SandboxHook
 from adaptor.runtime.logs import bind_sandbox
 from adaptor.state import SandboxRecord, StateStore
+from adaptor.warmpool import WarmPool
 from providers.core.base import Instance, Provider
 from providers.core.contract import VMIntent
 from providers.core.errors import ProviderError
@@ -79,6 +80,8 @@ class SandboxTable:
         self.proxy_factory = proxies
         # told of each sandbox given up because its shim never came back (the status API)
         self.on_abandoned = on_abandoned
+        # the warm pools StartVM adopts a stopped VM from before it launches one (None: none)
+        self.warm: WarmPool | None = None
         self.proxies: dict[str, AgentProxyHandle] = {}
         # intents CreateVM parsed and checked, until their StartVM (or teardown) takes them: a
         # sandbox recorded by an earlier process is parsed again from its annotations

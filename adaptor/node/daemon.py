@@ -53,6 +53,7 @@ from adaptor.node.handoff import (
 from adaptor.node.handoff_wire import HandoffError
 from adaptor.node.readiness import Readiness
 from adaptor.node.settings import ServeSettings
+from adaptor.node.warm import warm_pool_for
 from adaptor.node.wiring import (
     ForgetDevices,
     build_placement,
@@ -72,7 +73,9 @@ from adaptor.state import SandboxRecord, StateStore
 from adaptor.status import AbandonedBook, DeviceBook, build_app
 from adaptor.status.app import refresh_sandbox_gauge
 from adaptor.status.server import StatusServer
+from adaptor.status.warmpool import add_warm_pool_route
 from adaptor.ttrpc.server import Server
+from adaptor.warmpool import WarmPool
 from providers.clouds import registry
 from providers.clouds.sdk import CloudCalls
 from providers.clouds.settings import CloudSettings
@@ -197,6 +200,7 @@ class Daemon:
         self.advertiser: CapacityAdvertiser | None = None
         self.readiness: Readiness | None = None
         self.catalogs: CatalogReloader | None = None
+        self.warm: WarmPool | None = None  # the warm pools (--warm-pool), None without
         # The hand-off (adaptor.node.handoff): a successor's listener, a predecessor's sockets.
         self._handoff: HandoffListener | None = None
         self._taking: Session | None = None
@@ -221,15 +225,15 @@ class Daemon:
         settings = self.settings
         # Checked first: a bad provider setting fails before anything is written.
         prepared, catalog = await self._prepare_provider()
-        store = await self._open_store()
-        provider = prepared.finish(store)  # a static pool's leases live in the store
-        placement = PlacementInUse(
-            build_placement(
         # So are the operator's agent TLS files: on a take-over they must load before the
         # predecessor lets go of its store and sockets (the own CA lives in the state
         # directory, read once it is ours).
         given_tls = settings.agent_tls.enabled and settings.agent_tls.ca_file is not None
         early = await asyncio.to_thread(agent_tls_context, settings) if given_tls else None
+        store = await self._open_store()
+        provider = prepared.finish(store)  # a static pool's leases live in the store
+        placement = PlacementInUse(
+            build_placement(
                 provider,
                 catalog,
                 self._cdi,
@@ -238,6 +242,7 @@ class Daemon:
                 account_quota_refresh_seconds=settings.account_quota_refresh_seconds,
             )
         )
+        self.warm = warm_pool_for(settings, provider, store, placement)
         tls, pki = early or await asyncio.to_thread(agent_tls_context, settings)
         # dropped agent connections, checked by the preemption watcher (a provider that inspects)
         dropped = DroppedConnections() if isinstance(provider, Inspectable) else None
@@ -254,6 +259,7 @@ class Daemon:
             proxy_factory = self._taking.predialing(proxy_factory)
         podnet = await self._start_pod_network(store)
         self.manager = self._sandbox_manager(provider, placement, store, proxy_factory, pki, podnet)
+        self.manager.table.warm = self.warm
         await self._recover(self.manager)
         self._start_loops(self.manager, provider, placement, store, dropped)
         await self._start_status(placement, store)
@@ -398,6 +404,8 @@ class Daemon:
             self.catalogs.start()
         self.readiness = Readiness(provider, lambda: self.server is not None)
         self.readiness.start()
+        if self.warm is not None:
+            self.warm.start()
 
     async def _start_status(self, placement: PlacementInUse, store: StateStore) -> None:
         """The status API, when an address is set."""
@@ -416,6 +424,7 @@ class Daemon:
                 quota.value if (quota := placement.current.account_quota) else None
             ),
         )
+        add_warm_pool_route(app, self.warm.snapshot if self.warm is not None else None)
         self.status = StatusServer(app, settings.status_address)
         inherited = self._inherited.take_status() if self._inherited is not None else None
         await self.status.start(inherited)
@@ -506,6 +515,8 @@ class Daemon:
         for proxy in proxies.values():
             if not isinstance(proxy, AgentProxy):
                 await proxy.stop()
+        status = await self.status.detach() if self.status is not None else None
+        self.status = None
         await self._close(grace)
         return Detached(hypervisor, status)
 
@@ -515,8 +526,6 @@ class Daemon:
         cannot move is stopped."""
         grace = self.settings.shutdown_grace_seconds
         moving, self._moving = self._moving, {}
-        status = await self.status.detach() if self.status is not None else None
-        self.status = None
 
         async def one(sandbox_id: str, proxy: AgentProxy) -> None:
             try:
@@ -561,6 +570,8 @@ class Daemon:
         if self.watcher is not None:
             await self.watcher.stop()
             self.watcher = None
+        if self.warm is not None:
+            await self._close_warm_pool()
         await self._release_shims(drain)
         if self.server is not None:
             await _graceful(self.server.close, grace)
@@ -590,6 +601,21 @@ class Daemon:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    async def _close_warm_pool(self) -> None:
+        """Stop keeping the pools; with --warm-pool-drain-on-exit (an uninstall, never a
+        hand-off) delete their VMs too."""
+        assert self.warm is not None
+        warm, self.warm = self.warm, None
+        if self.manager is not None:
+            self.manager.table.warm = None
+        if self.settings.warm_pool_drain_on_exit and not self._handing_off:
+            try:
+                await warm.drain()
+            except PeerpodsError as exc:
+                log.error("warm pool: drain failed, its VMs stay for the next start: %s", exc)
+        else:
+            await warm.stop()
 
     async def _release_shims(self, drain_seconds: float) -> None:
         """Close every agent socket, then wait (at most `drain_seconds`) until the sandboxes
@@ -655,6 +681,17 @@ def _lock_state_dir(state_dir: str) -> int:
     return fd
 
 
+def raise_fd_limit() -> None:
+    """The soft limit of open files up to the hard one: under containerd 2.x and systemd the
+    soft limit is often 1024, and every agent connection holds two descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.debug("open files: soft limit %d raised to %d", soft, target)
+
+
 async def serve(settings: ServeSettings, **hooks: Any) -> None:
     """Run the daemon until SIGTERM or SIGINT; a second signal skips the grace period."""
     loop = asyncio.get_running_loop()
@@ -664,6 +701,7 @@ async def serve(settings: ServeSettings, **hooks: Any) -> None:
         log.info("received %s, shutting down", signal.Signals(signum).name)
         (force if stop.is_set() else stop).set()
 
+    raise_fd_limit()
     daemon = Daemon(settings, **hooks)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
@@ -682,17 +720,6 @@ async def serve(settings: ServeSettings, **hooks: Any) -> None:
             await stop.wait()
         closing = asyncio.create_task(daemon.close(), name="daemon-close")
         forced = asyncio.create_task(force.wait(), name="daemon-force")
-def raise_fd_limit() -> None:
-    """The soft limit of open files up to the hard one: under containerd 2.x and systemd the
-    soft limit is often 1024, and every agent connection holds two descriptors."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            log.debug("open files: soft limit %d raised to %d", soft, target)
-
-
         await asyncio.wait({closing, forced}, return_when=asyncio.FIRST_COMPLETED)
         forced.cancel()
         if not closing.done():
@@ -702,6 +729,5 @@ def raise_fd_limit() -> None:
             await closing
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
-    raise_fd_limit()
             loop.remove_signal_handler(signum)
         await daemon.close(grace_seconds=0)

@@ -12,7 +12,13 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
-from adaptor.settings import AgentTls, PodNetworkSettings, ReclaimSettings, SandboxSettings
+from adaptor.settings import (
+    AgentTls,
+    PodNetworkSettings,
+    ReclaimSettings,
+    SandboxSettings,
+    WarmPoolSettings,
+)
 from providers.clouds import registry
 from providers.clouds.static import Endpoint, parse_endpoints
 from providers.core.errors import InvalidRequest
@@ -39,7 +45,9 @@ def _quota(value: str) -> str:
     return value
 
 
-class ServeSettings(SandboxSettings, ReclaimSettings, PodNetworkSettings, Section):
+class ServeSettings(
+    SandboxSettings, ReclaimSettings, PodNetworkSettings, WarmPoolSettings, Section
+):
     """Everything the node daemon is configured with."""
 
     socket: Annotated[Path, Flag("--socket")] = Field(

@@ -80,6 +80,37 @@ ABANDONED = Counter(
     registry=REGISTRY,
 )
 
+WARM_POOL_SIZE = Gauge(
+    "peerpods_warm_pool_size",
+    "VMs of each warm pool by state: launching (booting, pulling), warm (stopped, ready), "
+    "adopting (being handed to a sandbox).",
+    ["pool", "state"],
+    registry=REGISTRY,
+)
+WARM_POOL_ADOPTIONS = Counter(
+    "peerpods_warm_pool_adoptions_total",
+    "StartVMs that got a warm VM.",
+    ["pool"],
+    registry=REGISTRY,
+)
+WARM_POOL_MISSES = Counter(
+    "peerpods_warm_pool_misses_total",
+    "StartVMs that launched a VM cold, by why: no-pool, empty, spot, image, adopt-failed.",
+    ["reason"],
+    registry=REGISTRY,
+)
+WARM_POOL_REFILL_SECONDS = Histogram(
+    "peerpods_warm_pool_refill_seconds",
+    "From a warm VM's launch to its being stopped and ready.",
+    buckets=(5, 15, 30, 60, 90, 120, 180, 300, 600, 1200, 2400, 3600),
+    registry=REGISTRY,
+)
+WARM_POOL_COST_PER_HOUR = Gauge(
+    "peerpods_warm_pool_cost_per_hour",
+    "What the warm pools' VMs bill per hour while stopped (their disks), in USD.",
+    registry=REGISTRY,
+)
+
 STATES = ("created", "starting", "running", "stopping", "failed", "preempted")
 
 

@@ -19,7 +19,9 @@ terminate, so a preempted VM bills nothing more; `inspect` tells the adaptor a V
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import time
@@ -39,6 +41,7 @@ from providers.core.base import (
     TAG_SANDBOX,
     Instance,
     Resolver,
+    VMCandidate,
     VMSpec,
     identity,
 )
@@ -52,6 +55,18 @@ from providers.core.errors import (
 )
 from providers.core.markets import VMCondition, create_in_markets
 from providers.core.offers import offer_for
+from providers.core.warm import (
+    GONE,
+    PENDING,
+    RUNNING,
+    STOPPED,
+    STOPPING,
+    TAG_WARM_POOL,
+    TAG_WARM_SLOT,
+    WarmSpec,
+    disk_cost_per_hour,
+    slot_token,
+)
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +103,21 @@ NOT_FOUND_CODES = frozenset(
     {"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed", "InvalidVolume.NotFound"}
 )
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
+# EC2's instance states as a warm VM's power state (providers.core.warm)
+_POWER = {
+    "pending": PENDING,
+    "running": RUNNING,
+    "stopping": STOPPING,
+    "stopped": STOPPED,
+    "shutting-down": GONE,
+    "terminated": GONE,
+}
+# What a stopped instance bills: its EBS volumes. gp3 in us-east-1 is $0.08 per GB-month
+# (https://aws.amazon.com/ebs/pricing/, 2025); other regions are within about 30% of it.
+GP3_USD_PER_GB_MONTH = 0.08
+# The root volume assumed when --aws-root-volume-gib leaves it to the AMI (a GPU pod VM image
+# with its driver and a CUDA container image or two).
+ASSUMED_ROOT_GIB = 100
 # Sandboxes or instances one shared DescribeInstances asks for (the values of one filter).
 LOOKUP_BATCH = 100
 # One-time Spot, terminated (never stopped or hibernated) when EC2 takes the capacity back.
@@ -225,6 +255,7 @@ class AwsProvider:
         self.calls = calls or CloudCalls()  # the daemon lends its own
         self._subnet_zones: dict[str, str] | None = None
         self._root_devices: dict[str, str] = {}
+        self._root_kinds: dict[str, str] = {}  # image -> its root device type
         # sandbox id -> its live instance; instance id -> the instance (any state)
         self._by_sandbox = Coalescer(self._find_many, LOOKUP_BATCH)
         self._by_id = Coalescer(self._describe_many, LOOKUP_BATCH)
@@ -576,6 +607,151 @@ class AwsProvider:
 
             await retry_transient(f"delete volume {volume_id}", remove, self.config.policy)
             log.info("deleted volume %s left by %s", volume_id, instance.id)
+
+    # --- warm pool (providers.core.warm) -------------------------------------------------------
+
+    def cannot_stop(self, instance_type: str) -> str:
+        """EC2 stops any EBS-backed instance (the image is checked at launch); Mac types run only
+        on dedicated hosts, which this provider does not launch on."""
+        if instance_type.startswith("mac"):
+            return f"{instance_type} runs only on a dedicated host"
+        return ""
+
+    def stopped_cost_per_hour(self, instance_type: str) -> float:
+        """The root volume a stopped instance keeps (gp3), per hour; the compute bills nothing."""
+        gib = self.config.root_volume_gib or ASSUMED_ROOT_GIB
+        return disk_cost_per_hour(gib, GP3_USD_PER_GB_MONTH)
+
+    async def launch_warm(self, spec: WarmSpec) -> Instance:
+        image = spec.image or self.config.image_id
+        if not image:
+            raise InvalidRequest(f"warm slot {spec.slot}: no pod VM image")
+        found = await self._describe_owned(
+            [{"Name": f"tag:{TAG_WARM_SLOT}", "Values": [spec.slot]}]
+        )
+        if found:
+            return self._warm_instance(found[0])
+        await self._check_ebs_root(image)
+        zones = await self._zones()
+        subnet = dict(zones).get(spec.zone, "") if spec.zone else zones[0][1]
+        placement = Site(VMCandidate(spec.instance_type), spec.zone or zones[0][0])
+        tags = {
+            "Name": f"podvm-warm-{spec.slot}"[:256],
+            TAG_OWNER: self.owner_id,
+            TAG_WARM_POOL: self.owner_id,
+            TAG_WARM_SLOT: spec.slot,
+            TAG_CAPACITY_TYPE: ON_DEMAND,
+        }
+        tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
+        request: dict[str, Any] = {
+            "ImageId": image,
+            "InstanceType": spec.instance_type,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "ClientToken": slot_token(spec.slot),
+            "TagSpecifications": [
+                {"ResourceType": kind, "Tags": tag_list} for kind in ("instance", "volume")
+            ],
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            # the guest's own power-off (its report of readiness) stops it, never terminates it
+            "InstanceInitiatedShutdownBehavior": "stop",
+        }
+        if spec.user_data:
+            request["UserData"] = spec.user_data
+        if self.config.root_volume_gib:
+            root = await self._root_device(image)
+            ebs = {"VolumeSize": self.config.root_volume_gib, "VolumeType": "gp3"}
+            request["BlockDeviceMappings"] = [{"DeviceName": root, "Ebs": ebs}]
+        if self.config.key_name:
+            request["KeyName"] = self.config.key_name
+        request.update(self._network_arguments(placement, subnet))
+        out = await self._call(
+            f"warm slot {spec.slot}: launch {placement}", "run_instances", **request
+        )
+        return self._warm_instance(out["Instances"][0])
+
+    async def _check_ebs_root(self, image: str) -> None:
+        """EC2 cannot stop an instance whose root is instance store: refused before launch (an
+        image that cannot be described is left to RunInstances to refuse)."""
+        kind = self._root_kinds.get(image)
+        if kind is None:
+            try:
+                out = await self._call(
+                    f"describe image {image}", "describe_images", ImageIds=[image]
+                )
+            except ProviderError as exc:
+                log.debug("image %s not described, its root not checked: %s", image, exc)
+                return
+            images = out.get("Images") or []
+            kind = str(images[0].get("RootDeviceType") or "ebs") if images else "ebs"
+            self._root_kinds[image] = kind
+        if kind != "ebs":
+            raise InvalidRequest(
+                f"image {image} has an {kind} root: EC2 cannot stop its instances, so they "
+                "cannot wait in a warm pool"
+            )
+
+    def _warm_instance(self, raw: Mapping[str, Any]) -> Instance:
+        instance = self._instance(raw)
+        state = str(raw.get("State", {}).get("Name", ""))
+        extra = {**instance.extra, "power": _POWER.get(state, GONE)}
+        return dataclasses.replace(instance, extra=extra)
+
+    async def warm_vms(self) -> list[Instance]:
+        pooled = [{"Name": f"tag:{TAG_WARM_POOL}", "Values": [self.owner_id]}]
+        return [self._warm_instance(raw) for raw in await self._describe_owned(pooled)]
+
+    async def power_state(self, instance_id: str) -> str:
+        raw = await self._by_id.get(instance_id)
+        if raw is None:
+            return GONE
+        return _POWER.get(str(raw.get("State", {}).get("Name", "")), GONE)
+
+    async def stop_warm(self, instance_id: str) -> None:
+        what = f"stop warm VM {instance_id}"
+        await self._call(what, "stop_instances", InstanceIds=[instance_id])
+        await self._wait_power(what, instance_id, STOPPED)
+
+    async def _wait_power(self, what: str, instance_id: str, wanted: str) -> None:
+        deadline = time.monotonic() + self.config.ready_timeout_seconds
+        while (power := await self.power_state(instance_id)) != wanted:
+            if power == GONE:
+                raise ProviderError(f"{what}: the VM is gone")
+            if time.monotonic() >= deadline:
+                raise ProviderError(f"{what}: still {power}")
+            await asyncio.sleep(self.config.poll_interval_seconds)
+
+    async def adopt_warm(
+        self, instance_id: str, spec: VMSpec, tags: Mapping[str, str] | None = None
+    ) -> Instance:
+        what = f"sandbox {spec.sandbox_id[:12]}: adopt warm VM {instance_id}"
+        USER_DATA_LIMIT.check(spec.user_data, what)
+        power = await self.power_state(instance_id)
+        if power != STOPPED:
+            raise ProviderError(f"{what}: it is {power}, not stopped")
+        # while stopped EC2 takes new user data; cloud-init reads it at the next boot. Unlike
+        # RunInstances' (which the SDK encodes), this attribute's value is the base64 text itself.
+        await self._call(
+            f"{what}: user data",
+            "modify_instance_attribute",
+            InstanceId=instance_id,
+            UserData={"Value": base64.b64encode(spec.user_data.encode())},
+        )
+        sandbox_tags = {**tags_for(spec, self.owner_id), **(tags or {})}
+        await self._call(
+            f"{what}: tags",
+            "create_tags",
+            Resources=[instance_id],
+            Tags=[{"Key": k, "Value": v} for k, v in sandbox_tags.items()],
+        )
+        await self._call(
+            f"{what}: pool tags",
+            "delete_tags",
+            Resources=[instance_id],
+            Tags=[{"Key": TAG_WARM_POOL}, {"Key": TAG_WARM_SLOT}],
+        )
+        await self._call(f"{what}: start", "start_instances", InstanceIds=[instance_id])
+        return await self._wait_running(what, instance_id)
 
 
 def config_from_settings(settings: AwsSettings) -> AwsConfig:

@@ -99,7 +99,8 @@ class Flag:
 
     `duration`: written as `30s`/`5m`/`1h`, held in seconds. `choices`: the allowed texts when
     the field's type does not say (a `Literal` or an `Enum` does). `valued`: a boolean given as
-    a value (`--aws-use-public-ip true`) rather than as a switch.
+    a value (`--aws-use-public-ip true`) rather than as a switch. `repeated`: a list
+    flag that may be given more than once, each time adding its items.
     """
 
     name: str
@@ -107,6 +108,8 @@ class Flag:
     choices: tuple[str, ...] = ()
     duration: bool = False
     valued: bool = False
+    # a list given as often as wanted (`--warm-pool A=1 --warm-pool B=2`), each time extending it
+    repeated: bool = False
 
     @property
     def env(self) -> str:
