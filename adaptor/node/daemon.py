@@ -53,6 +53,7 @@ from adaptor.node.handoff import (
 from adaptor.node.handoff_wire import HandoffError
 from adaptor.node.readiness import Readiness
 from adaptor.node.settings import ServeSettings
+from adaptor.node.warm import warm_pool_for
 from adaptor.node.wiring import (
     ForgetDevices,
     build_placement,
@@ -72,7 +73,9 @@ from adaptor.state import SandboxRecord, StateStore
 from adaptor.status import AbandonedBook, DeviceBook, build_app
 from adaptor.status.app import refresh_sandbox_gauge
 from adaptor.status.server import StatusServer
+from adaptor.status.warmpool import add_warm_pool_route
 from adaptor.ttrpc.server import Server
+from adaptor.warmpool import WarmPool
 from providers.clouds import registry
 from providers.clouds.sdk import CloudCalls
 from providers.clouds.settings import CloudSettings
@@ -197,6 +200,7 @@ class Daemon:
         self.advertiser: CapacityAdvertiser | None = None
         self.readiness: Readiness | None = None
         self.catalogs: CatalogReloader | None = None
+        self.warm: WarmPool | None = None  # the warm pools (--warm-pool), None without
         # The hand-off (adaptor.node.handoff): a successor's listener, a predecessor's sockets.
         self._handoff: HandoffListener | None = None
         self._taking: Session | None = None
@@ -238,7 +242,10 @@ class Daemon:
                 account_quota_refresh_seconds=settings.account_quota_refresh_seconds,
             )
         )
-        tls, pki = early or await asyncio.to_thread(agent_tls_context, settings)
+        self.warm = warm_pool_for(settings, provider, store, placement)
+        tls, pki = (
+            early if early is not None else await asyncio.to_thread(agent_tls_context, settings)
+        )
         # dropped agent connections, checked by the preemption watcher (a provider that inspects)
         dropped = DroppedConnections() if isinstance(provider, Inspectable) else None
         proxy_factory = self._proxy_factory or agent_proxy_factory(
@@ -254,6 +261,7 @@ class Daemon:
             proxy_factory = self._taking.predialing(proxy_factory)
         podnet = await self._start_pod_network(store)
         self.manager = self._sandbox_manager(provider, placement, store, proxy_factory, pki, podnet)
+        self.manager.table.warm = self.warm
         await self._recover(self.manager)
         self._start_loops(self.manager, provider, placement, store, dropped)
         await self._start_status(placement, store)
@@ -398,6 +406,8 @@ class Daemon:
             self.catalogs.start()
         self.readiness = Readiness(provider, lambda: self.server is not None)
         self.readiness.start()
+        if self.warm is not None:
+            self.warm.start()
 
     async def _start_status(self, placement: PlacementInUse, store: StateStore) -> None:
         """The status API, when an address is set."""
@@ -416,6 +426,7 @@ class Daemon:
                 quota.value if (quota := placement.current.account_quota) else None
             ),
         )
+        add_warm_pool_route(app, self.warm.snapshot if self.warm is not None else None)
         self.status = StatusServer(app, settings.status_address)
         inherited = self._inherited.take_status() if self._inherited is not None else None
         await self.status.start(inherited)
@@ -561,6 +572,8 @@ class Daemon:
         if self.watcher is not None:
             await self.watcher.stop()
             self.watcher = None
+        if self.warm is not None:
+            await self._close_warm_pool()
         await self._release_shims(drain)
         if self.server is not None:
             await _graceful(self.server.close, grace)
@@ -590,6 +603,21 @@ class Daemon:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    async def _close_warm_pool(self) -> None:
+        """Stop keeping the pools; with --warm-pool-drain-on-exit (an uninstall, never a
+        hand-off) delete their VMs too."""
+        assert self.warm is not None
+        warm, self.warm = self.warm, None
+        if self.manager is not None:
+            self.manager.table.warm = None
+        if self.settings.warm_pool_drain_on_exit and not self._handing_off:
+            try:
+                await warm.drain()
+            except PeerpodsError as exc:
+                log.error("warm pool: drain failed, its VMs stay for the next start: %s", exc)
+        else:
+            await warm.stop()
 
     async def _release_shims(self, drain_seconds: float) -> None:
         """Close every agent socket, then wait (at most `drain_seconds`) until the sandboxes
