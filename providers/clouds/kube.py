@@ -24,18 +24,30 @@ import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from http.client import HTTPException
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import urllib3
 import yaml
 
+from providers.clouds.kube_transport import (
+    AnswerEncoded,
+    AnswerTooLarge,
+    deadline,
+    pool,
+    read_bounded,
+)
 from providers.core.errors import Fault, PeerpodsError
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
 JSON_PATCH = "application/json-patch+json"
+# The most one answer may hold: a list of every Node of a 5,000-node cluster fits with room.
+MAX_ANSWER_BYTES = 64 << 20
+# A kubeconfig is a few KiB; one far larger is not one (and is never parsed whole).
+MAX_KUBECONFIG_BYTES = 4 << 20
 
 
 class KubeError(PeerpodsError):
@@ -172,10 +184,7 @@ def _merge(files: list[Path]) -> dict[str, Any]:
         "current-context": "", "clusters": {}, "users": {}, "contexts": {}, "origins": {},
     }  # fmt: skip
     for path in files:
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise KubeConfigError(f"reading kubeconfig {path}: {exc}") from None
+        loaded = _load_yaml(path)
         if loaded is None:
             continue
         if not isinstance(loaded, dict):
@@ -196,6 +205,29 @@ def _merge(files: list[Path]) -> dict[str, Any]:
     return merged
 
 
+def _load_yaml(path: Path) -> Any:
+    """One kubeconfig file parsed, or KubeConfigError saying why, never quoting its text (it
+    holds credentials)."""
+    try:
+        with path.open("rb") as source:
+            text = source.read(MAX_KUBECONFIG_BYTES + 1)
+    except OSError as exc:
+        raise KubeConfigError(f"reading kubeconfig {path}: {exc.strerror or exc}") from None
+    if len(text) > MAX_KUBECONFIG_BYTES:
+        raise KubeConfigError(f"kubeconfig {path} is larger than {MAX_KUBECONFIG_BYTES} bytes")
+    try:
+        return yaml.safe_load(text.decode())
+    except UnicodeDecodeError:
+        raise KubeConfigError(f"kubeconfig {path} is not UTF-8 text") from None
+    except RecursionError:
+        raise KubeConfigError(f"kubeconfig {path} is nested too deeply to be one") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "not YAML"
+        raise KubeConfigError(f"kubeconfig {path}: {problem}{where}") from None
+
+
 def _entry(merged: dict[str, Any], section: str, name: str, where: str) -> dict[str, Any]:
     entry = merged[section].get(name)
     if entry is None:
@@ -206,7 +238,13 @@ def _entry(merged: dict[str, Any], section: str, name: str, where: str) -> dict[
 def _from_entries(cluster: dict[str, Any], user: dict[str, Any], source: str) -> KubeConfig:
     server = str(cluster.get("server") or "").rstrip("/")
     if not server.startswith(("https://", "http://")):
-        raise KubeConfigError(f"{source}: the cluster's server {server!r} is not an http(s) URL")
+        shown = redact(server)
+        raise KubeConfigError(f"{source}: the cluster's server {shown!r} is not an http(s) URL")
+    if "@" in urlsplit(server).netloc:
+        raise KubeConfigError(
+            f"{source}: the cluster's server {redact(server)} carries credentials in its URL, "
+            "which are not supported; use a token, a token file or a client certificate"
+        )
     for unsupported in ("exec", "auth-provider", "username", "password"):
         if user.get(unsupported):
             raise KubeConfigError(
@@ -218,7 +256,7 @@ def _from_entries(cluster: dict[str, Any], user: dict[str, Any], source: str) ->
         token = Token(value=str(user["token"]))
     elif user.get("tokenFile"):
         token = Token(path=_path(user, "tokenFile"))
-    insecure = bool(cluster.get("insecure-skip-tls-verify"))
+    insecure = _insecure(cluster, source)
     context = None
     if server.startswith("https://"):
         context = _tls_context(
@@ -243,6 +281,36 @@ def _from_entries(cluster: dict[str, Any], user: dict[str, Any], source: str) ->
         tls_server_name=str(name) if name else None,
         insecure=insecure,
     )
+
+
+def _insecure(cluster: dict[str, Any], source: str) -> bool:
+    """insecure-skip-tls-verify: a YAML boolean only (the string "false" is not false), and
+    never together with a certificate authority (kubectl refuses that too)."""
+    value = cluster.get("insecure-skip-tls-verify", False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise KubeConfigError(
+            f"{source}: the cluster's insecure-skip-tls-verify must be true or false (a YAML "
+            f"boolean, unquoted), not {type(value).__name__} {str(value)[:20]!r}"
+        )
+    if value and (
+        cluster.get("certificate-authority") or cluster.get("certificate-authority-data")
+    ):
+        raise KubeConfigError(
+            f"{source}: specifying a root certificates file with the insecure flag is not "
+            "allowed (insecure-skip-tls-verify with a certificate authority)"
+        )
+    return value
+
+
+def redact(url: str) -> str:
+    """`url` with any user and password in it replaced by "***" (for messages and logs)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"***@{host}"))
 
 
 def _path(entry: dict[str, Any], key: str) -> Path | None:
@@ -336,12 +404,19 @@ class KubeClient:
     """GET and PATCH on the API server of one KubeConfig, answers as JSON objects."""
 
     def __init__(
-        self, config: KubeConfig, timeout_seconds: float = 10.0, connections: int = 16
+        self,
+        config: KubeConfig,
+        timeout_seconds: float = 10.0,
+        connections: int = 16,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         # `connections` kept open for reuse: as many as threads that call at once (the webhook
         # looks up from up to 16); one more is opened when needed, and closed after its call.
+        # `timeout_seconds` bounds each call whole; `max_answer_bytes` what one answer may hold.
         self.config = config
         self.timeout_seconds = timeout_seconds
+        self.max_answer_bytes = max_answer_bytes
+        self._where = redact(config.server)  # what messages name
         tls: dict[str, Any] = {}
         if config.ssl_context is not None:
             tls = {
@@ -352,9 +427,7 @@ class KubeClient:
                 tls["assert_hostname"] = False
             if config.tls_server_name:
                 tls["server_hostname"] = config.tls_server_name
-        self._pool = urllib3.PoolManager(
-            num_pools=1, maxsize=connections, block=False, retries=False, **tls
-        )
+        self._pool = pool(num_pools=1, maxsize=connections, block=False, retries=False, **tls)
 
     def get(self, path: str, *, timeout_seconds: float | None = None) -> dict[str, Any]:
         return self.request("GET", path, timeout_seconds=timeout_seconds)
@@ -380,7 +453,8 @@ class KubeClient:
         content_type: str = "application/json",
         timeout_seconds: float | None = None,
     ) -> dict[str, Any]:
-        """One call; the answer's JSON object, or KubeApiError."""
+        """One call, over within the timeout however the server answers; the answer's JSON
+        object, or KubeApiError."""
         headers = {"Accept": "application/json", "User-Agent": "peerpods"}
         if self.config.token is not None:
             headers["Authorization"] = f"Bearer {self.config.token.current()}"
@@ -389,27 +463,59 @@ class KubeClient:
             data = json.dumps(body).encode()
             headers["Content-Type"] = content_type
         timeout = self.timeout_seconds if timeout_seconds is None else timeout_seconds
+        with deadline(timeout) as limit:
+            try:
+                status, reason, payload = self._exchange(method, path, data, headers, timeout)
+            except (urllib3.exceptions.HTTPError, OSError, HTTPException) as exc:
+                if limit.expired:
+                    raise KubeApiError(f"{self._where}: no answer within {timeout:g}s") from None
+                raise KubeApiError(f"{self._where}: {_reason(exc)}") from None
+            except AnswerTooLarge as exc:
+                raise KubeApiError(
+                    f"{self._where}: the answer is larger than the client reads "
+                    f"({exc}; at most {self.max_answer_bytes} bytes)"
+                ) from None
+            except AnswerEncoded as exc:
+                raise KubeApiError(
+                    f"{self._where}: the answer is compressed ({exc}), which was not asked for"
+                ) from None
+            if limit.expired:  # what came before the socket was shut down may be cut short
+                raise KubeApiError(f"{self._where}: no answer within {timeout:g}s")
+        if not 200 <= status < 300:
+            said = _message(payload) or reason or ""
+            raise KubeApiError(f"HTTP {status} {said}".rstrip(), status)
         try:
-            response = self._pool.request(
-                method,
-                self.config.server + path,
-                body=data,
-                headers=headers,
-                timeout=urllib3.Timeout(total=timeout),
-                redirect=False,
-            )
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise KubeApiError(f"{self.config.server}: {_reason(exc)}") from None
-        if not 200 <= response.status < 300:
-            said = _message(response.data) or response.reason or ""
-            raise KubeApiError(f"HTTP {response.status} {said}".rstrip(), response.status)
-        try:
-            answer = json.loads(response.data)
-        except ValueError:
-            raise KubeApiError("the answer is not JSON", response.status) from None
+            answer = json.loads(payload)
+        except (ValueError, RecursionError):
+            raise KubeApiError("the answer is not JSON", status) from None
         if not isinstance(answer, dict):
-            raise KubeApiError("the answer is not a JSON object", response.status)
+            raise KubeApiError("the answer is not a JSON object", status)
         return answer
+
+    def _exchange(
+        self, method: str, path: str, data: bytes | None, headers: dict[str, str], timeout: float
+    ) -> tuple[int, str, bytes]:
+        """Status, reason and the bounded body; the connection goes back to the pool only when
+        the body was read whole."""
+        response = self._pool.request(
+            method,
+            self.config.server + path,
+            body=data,
+            headers=headers,
+            timeout=urllib3.Timeout(connect=timeout, read=timeout),
+            redirect=False,
+            preload_content=False,
+            decode_content=False,
+        )
+        whole = False
+        try:
+            payload = read_bounded(response, self.max_answer_bytes)
+            whole = True
+        finally:
+            if not whole:
+                response.close()
+            response.release_conn()
+        return response.status, response.reason or "", payload
 
     def close(self) -> None:
         self._pool.clear()
