@@ -1,6 +1,6 @@
 """`peerpods node install|uninstall`: set a worker node up for `kata-remote` pods, or undo it.
 
-peerpods node install [--host-root /host] [--restart-command CMD] [--wait]
+peerpods node install [--host-root /host] [--restart-command CMD] [--version-command CMD] [--wait]
 peerpods node uninstall [--host-root /host] [--restart-command CMD]
 """
 
@@ -67,6 +67,13 @@ def _host_paths(parser: argparse.ArgumentParser) -> None:
     )
     flags.add(
         parser,
+        "--kata-source",
+        default="",
+        help="the Kata configuration to start from (default: the configuration-remote.toml "
+        "kata-deploy installs for --kata-shim; 'none': write the whole file)",
+    )
+    flags.add(
+        parser,
         "--install-record",
         default="/var/lib/peerpods/node-install.json",
         help="what install wrote, read by uninstall",
@@ -108,16 +115,31 @@ def _snapshotter_and_restart(parser: argparse.ArgumentParser) -> None:
     flags.add(
         parser,
         "--snapshotter",
-        default="nydus",
-        help="the runtime's snapshotter (nydus: images pulled in the pod VM; '': containerd's "
+        default="auto",
+        help="the runtime's snapshotter, which pulls images in the pod VM (auto: a nydus proxy "
+        "plugin the node declares, else kata-deploy's nydus-for-kata-tee; '': containerd's "
         "default, which pulls on the node, where a remote VM cannot see them)",
     )
     flags.add(
         parser,
         "--nydus-address",
-        default="/run/containerd-nydus/containerd-nydus-grpc.sock",
-        help="nydus-snapshotter's socket, declared to containerd as the `nydus` proxy plugin "
-        "(with --snapshotter nydus, unless the main config declares one)",
+        default="",
+        help="the snapshotter's socket, when the installer declares it as containerd's proxy "
+        "plugin (default: /run/NAME/containerd-nydus-grpc.sock, kata-deploy's; for `nydus`, "
+        "nydus-snapshotter's own /run/containerd-nydus/containerd-nydus-grpc.sock)",
+    )
+    flags.add(
+        parser,
+        "--containerd-version",
+        default="auto",
+        help="the node's containerd version, e.g. 1.7 (auto: ask --version-command)",
+    )
+    flags.add(
+        parser,
+        "--version-command",
+        default="containerd --version",
+        help="prints the node's containerd version, e.g. 'nsenter --target 1 --mount -- "
+        "containerd --version' from a container",
     )
     flags.add(
         parser,
@@ -148,8 +170,13 @@ def run(args: argparse.Namespace) -> int:
         socket=args.socket,
         snapshotter=args.snapshotter,
         nydus_address=args.nydus_address,
+        kata_source=args.kata_source,
+        containerd_version=args.containerd_version,
+        version_command=args.version_command,
     )
     outcome = install(settings) if args.node_command == "install" else uninstall(settings)
+    for note in outcome.notes:
+        print(note)
     for path in outcome.written:
         print(f"wrote {path}")
     for path in outcome.removed:

@@ -1,29 +1,25 @@
 """`peerpods node install|uninstall`: make a worker node able to run `kata-remote` pods, and undo
 exactly that.
 
-What it writes (host paths; the installer sees the host under --host-root):
-- Kata's remote configuration (the shim's ConfigPath): the hypervisor socket `serve` listens on,
-  the annotations the webhook writes, no network namespace or resources of its own.
-- A containerd drop-in naming the `kata-remote` runtime handler. containerd 2.x (config version
-  3) merges drop-ins key by key, so ours holds only the runtime. containerd 1.x (version 2)
-  replaces a plugin's whole section with an imported one, so ours carries the main file's CRI
-  section with the runtime added (rewritten at every install, so it follows the main file).
-- The main config's `imports` gets the drop-in only when no pattern there covers it already.
-- A record of every path written and its digest, so `uninstall` removes only files still as it
-  wrote them, puts the `imports` line back as it found it, and removes directories it created.
+What it writes (host paths; the installer sees the host under --host-root, and follows links
+there as a chroot would, so nothing outside it is ever read, written or removed):
+- Kata's remote configuration (the shim's ConfigPath): the file Kata installed for the shim
+  (kata-deploy's `configuration-remote.toml`) with only the keys peerpods needs changed, comments
+  and layout kept; where Kata installed none, the whole file (kataconfig.py). A file that was
+  there before is saved first and put back by uninstall.
+- containerd's `kata-remote` runtime handler (containerdconf.py): a drop-in imported by a version
+  3 main file (containerd 2.x), or marked lines in a version 2 main file (containerd 1.x).
+- A record of what it wrote, with digests, so `uninstall` removes or restores only files still
+  as it left them, takes its lines out of containerd's file, and removes directories it made.
 
-Nothing is restarted unless --restart-command is given, and then only when containerd's
-configuration changed (a new runtime is read at containerd's start).
+Every file keeps the mode and owner of the one it replaces; a drop-in gets the main file's (it
+sits beside it and may be read by the same people only). Nothing is restarted unless
+--restart-command is given, and then only when containerd's configuration changed.
 """
 
 from __future__ import annotations
 
-import copy
-import fnmatch
-import hashlib
 import json
-import os
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,23 +28,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from adaptor.node import containerdconf, kataconfig, tomledit
+from adaptor.node.hostfiles import ROOT_0600, ROOT_0644, HostFiles, Owner, digest
+from adaptor.node.hostpath import HostPathError, host_path
 from adaptor.node.tomlwrite import dumps
 from providers.core.errors import PeerpodsError
 
-CRI_V2 = "io.containerd.grpc.v1.cri"  # containerd 1.x, config version 2
-CRI_V3 = "io.containerd.cri.v1.runtime"  # containerd 2.x, config version 3
-MARK = "# added by peerpods node install"
-# The hypervisor keys the webhook writes and the adaptor reads, as plain names: the Go shim
-# matches them as regexps, and a plain name means the same whichever way it is matched.
-ANNOTATIONS = (
-    "default_vcpus",
-    "default_memory",
-    "default_gpus",
-    "default_gpu_model",
-    "machine_type",
-    "image",
-    "cc_init_data",
-)
+ANNOTATIONS = kataconfig.ANNOTATIONS
+SHIM_PATHS = {
+    "go": "/opt/kata/bin/containerd-shim-kata-v2",
+    "rs": "/opt/kata/runtime-rs/bin/containerd-shim-kata-v2",
+}
 
 
 class InstallError(PeerpodsError):
@@ -72,16 +62,34 @@ class NodeInstall(BaseModel):
     shim: Literal["go", "rs"] = "go"
     shim_path: str = Field("", description="the shim binary ('': kata-deploy's for `shim`)")
     socket: str = "/run/peerpod/hypervisor.sock"
-    snapshotter: str = Field("nydus", pattern=r"^[\w.-]*$")
-    # nydus-snapshotter's socket (kata-deploy's path), declared to containerd as a proxy plugin
-    nydus_address: str = "/run/containerd-nydus/containerd-nydus-grpc.sock"
+    # the runtime's snapshotter: 'auto' (a nydus the node declares, else kata-deploy's
+    # nydus-for-kata-tee), a proxy plugin's name, or '' (containerd's default)
+    snapshotter: str = Field("auto", pattern=r"^[\w.-]*$")
+    # its socket when the installer declares it ('': the usual one for that name)
+    nydus_address: str = ""
     pod_annotations: tuple[str, ...] = ("io.katacontainers.*",)
+    # the Kata configuration to start from ('': the one kata-deploy installs for `shim`;
+    # 'none': write the whole file)
+    kata_source: str = ""
+    # containerd's version ('auto': ask `version_command`, else infer from the file)
+    containerd_version: str = Field("auto", pattern=r"^(auto|v?\d+\.\d+(\.\d+)?)$")
+    version_command: str = "containerd --version"
 
     @field_validator("containerd_config", "dropin", "kata_config", "record")
     @classmethod
     def _absolute(cls, value: PurePosixPath) -> PurePosixPath:
         if not value.is_absolute() or ".." in value.parts:
             raise ValueError(f"{value} must be an absolute host path without '..'")
+        return value
+
+    @field_validator("kata_source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if value and value != "none":
+            try:
+                host_path(value)
+            except HostPathError as exc:
+                raise ValueError(str(exc)) from None
         return value
 
     @field_validator("shim_path", "socket", "nydus_address")
@@ -102,9 +110,14 @@ class NodeInstall(BaseModel):
             message = str(first["msg"]).removeprefix("Value error, ")
             raise InstallError(f"{where}: {message}") from None
 
-    def host(self, path: PurePosixPath) -> Path:
-        """A host path as this process reaches it."""
-        return self.host_root / path.relative_to("/")
+    def backup_path(self, path: PurePosixPath) -> PurePosixPath:
+        """Where the file at `path` that was there before install is kept."""
+        name = digest(str(path).encode())[:16] + "-" + path.name
+        return self.record.parent / "node-install-backup" / name
+
+    def managed(self) -> set[PurePosixPath]:
+        """The files install may create or replace."""
+        return {self.kata_config, self.dropin}
 
 
 @dataclass
@@ -114,251 +127,336 @@ class Outcome:
     written: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # changed by someone else: left alone
+    notes: list[str] = field(default_factory=list)
     containerd_changed: bool = False
 
 
-SHIM_PATHS = {
-    "go": "/opt/kata/bin/containerd-shim-kata-v2",
-    "rs": "/opt/kata/runtime-rs/bin/containerd-shim-kata-v2",
-}
+@dataclass
+class _Record:
+    """The install record, every path in it checked against what these settings manage."""
+
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    edited: list[str] = field(default_factory=list)
+    directories: list[str] = field(default_factory=list)
+
+    def dump(self) -> bytes:
+        data = {"format": 2, "files": self.files, "edited": self.edited,
+                "directories": self.directories}  # fmt: skip
+        return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 
 
-def kata_configuration(settings: NodeInstall) -> dict[str, Any]:
-    """Kata's remote hypervisor configuration (docs/install.md): the adaptor makes the VM,
-    sized per pod, so the shim sizes nothing and makes no network of its own."""
-    runtime: dict[str, Any] = {}
-    if settings.shim == "rs":
-        runtime = {"name": "virt_container", "hypervisor_name": "remote", "agent_name": "kata"}
-    runtime.update(
-        internetworking_model="none",
-        # runtime-rs needs the pod's own netns to hand its path on; the Go shim must not make one
-        disable_new_netns=settings.shim == "go",
-        disable_guest_seccomp=True,
-        static_sandbox_resource_mgmt=True,
-    )
-    return {
-        "hypervisor": {
-            "remote": {
-                "remote_hypervisor_socket": settings.socket,
-                "remote_hypervisor_timeout": 600,
-                "enable_annotations": list(ANNOTATIONS),
-            }
-        },
-        "runtime": runtime,
-    }
-
-
-def _runtime(settings: NodeInstall) -> dict[str, Any]:
-    runtime: dict[str, Any] = {
-        "runtime_type": settings.runtime_type,
-        "pod_annotations": list(settings.pod_annotations),
-        "privileged_without_host_devices": True,
-    }
-    runtime["runtime_path"] = settings.shim_path or SHIM_PATHS[settings.shim]
-    if settings.snapshotter:
-        runtime["snapshotter"] = settings.snapshotter  # containerd >= 1.7
-    runtime["options"] = {"ConfigPath": str(settings.kata_config)}
-    return runtime
-
-
-def _proxy_plugins(settings: NodeInstall, main: Mapping[str, Any]) -> dict[str, Any]:
-    """nydus-snapshotter as containerd's proxy plugin, unless the main file declares it."""
-    declared = main.get("proxy_plugins", {})
-    if settings.snapshotter != "nydus" or (isinstance(declared, Mapping) and "nydus" in declared):
-        return {}
-    return {"proxy_plugins": {"nydus": {"type": "snapshot", "address": settings.nydus_address}}}
-
-
-def containerd_dropin(settings: NodeInstall, main: Mapping[str, Any]) -> dict[str, Any]:
-    """The drop-in for the main config `main` (its version decides the layout)."""
-    version = main.get("version", 1)
-    if version == 3:
-        runtimes = {settings.handler: _runtime(settings)}
-        return {
-            "version": 3,
-            **_proxy_plugins(settings, main),
-            "plugins": {CRI_V3: {"containerd": {"runtimes": runtimes}}},
-        }
-    if version != 2:
-        raise InstallError(
-            f"{settings.containerd_config}: config version {version!r} is not supported "
-            "(containerd 1.7 writes version 2, containerd 2.x version 3)"
-        )
-    plugins = main.get("plugins", {})
-    cri = copy.deepcopy(plugins.get(CRI_V2, {})) if isinstance(plugins, Mapping) else {}
-    section = cri.setdefault("containerd", {})
-    runtimes = section.setdefault("runtimes", {})
-    # This section replaces containerd's defaults: keep its default runtime when the main file
-    # left it implicit, or the CRI plugin refuses to load.
-    default = section.get("default_runtime_name", "runc")
-    if default not in runtimes:
-        runtimes[default] = {"runtime_type": "io.containerd.runc.v2"}
-    runtimes[settings.handler] = _runtime(settings)
-    if settings.snapshotter:
-        # the guest pull's snapshotter reads the image reference from these labels
-        section["disable_snapshot_annotations"] = False
-    return {"version": 2, **_proxy_plugins(settings, main), "plugins": {CRI_V2: cri}}
-
-
-def _covered(settings: NodeInstall, imports: list[str]) -> bool:
-    base = settings.containerd_config.parent
-    target = str(settings.dropin)
-    return any(fnmatch.fnmatchcase(target, str(base / pattern)) for pattern in imports)
-
-
-_IMPORTS_LINE = re.compile(r"^imports\s*=\s*\[[^\]\n]*\]\s*(#.*)?$", re.MULTILINE)
-
-
-def _with_import(settings: NodeInstall, text: str, main: Mapping[str, Any]) -> str | None:
-    """The main config with the drop-in imported; None when it already is."""
-    imports = main.get("imports", [])
-    if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
-        raise InstallError(f"{settings.containerd_config}: imports is not a list of paths")
-    if _covered(settings, imports):
-        return None
-    line = f"imports = {json.dumps([*imports, str(settings.dropin)])} {MARK}"
-    if "imports" not in main:
-        # top-level keys come before the first table: the first line is always before it
-        return f"{line}\n{text}"
-    found = list(_IMPORTS_LINE.finditer(text))
-    if len(found) != 1:
-        raise InstallError(
-            f"{settings.containerd_config}: its imports span several lines; add "
-            f"{settings.dropin} to them by hand and run the install again"
-        )
-    match = found[0]
-    return text[: match.start()] + f"{line}\n# was: {match.group(0)}" + text[match.end() :]
-
-
-def _without_import(text: str) -> str:
-    """The main config as it was before `_with_import`."""
-    lines = text.split("\n")
-    out: list[str] = []
-    for index, line in enumerate(lines):
-        if line.startswith("imports =") and line.endswith(MARK):
-            following = lines[index + 1] if index + 1 < len(lines) else ""
-            if following.startswith("# was: "):
-                lines[index + 1] = following.removeprefix("# was: ")
-            continue
-        out.append(line)
-    return "\n".join(out)
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _write(path: Path, data: bytes, created: list[str], root: Path) -> None:
-    """Atomic write; directories made on the way are noted (host paths)."""
-    missing = []
-    parent = path.parent
-    while not parent.exists():
-        missing.append(parent)
-        parent = parent.parent
-    for directory in reversed(missing):
-        directory.mkdir(mode=0o755)
-        created.append(str(PurePosixPath("/") / directory.relative_to(root)))
-    temporary = path.with_name(f".{path.name}.peerpods")
-    temporary.write_bytes(data)
-    os.chmod(temporary, 0o644)
-    os.replace(temporary, path)
-
-
-def _read_record(settings: NodeInstall) -> dict[str, Any]:
-    path = settings.host(settings.record)
+def _read_record(settings: NodeInstall, files: HostFiles) -> _Record:
     try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {"files": {}, "directories": [], "imports": False}
-    except (OSError, ValueError) as exc:
+        data = files.read(settings.record)
+    except HostPathError as exc:
+        raise InstallError(f"{settings.record}: {exc}") from None
+    if data is None:
+        return _Record()
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
         raise InstallError(f"{settings.record}: unreadable install record: {exc}") from None
-    if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
-        raise InstallError(f"{settings.record}: not an install record")
+    try:
+        return _checked(settings, raw, files)
+    except (HostPathError, TypeError, ValueError, KeyError) as exc:
+        raise InstallError(
+            f"{settings.record}: refusing an install record that names what this installer "
+            f"never writes ({exc}); nothing was changed"
+        ) from None
+
+
+def _checked(settings: NodeInstall, raw: Any, files: HostFiles) -> _Record:
+    if not isinstance(raw, dict) or not isinstance(raw.get("files"), dict):
+        raise ValueError("not an install record")
+    record = _Record()
+    managed = settings.managed()
+    for name, entry in raw["files"].items():
+        path = host_path(name)
+        if path not in managed:
+            raise ValueError(f"file {name}")
+        if isinstance(entry, str):  # the first format: a digest
+            entry = {"digest": entry, "backup": None}
+        if not isinstance(entry, dict) or not isinstance(entry.get("digest"), str):
+            raise ValueError(f"entry of {name}")
+        backup = entry.get("backup")
+        if backup is not None and host_path(backup) != settings.backup_path(path):
+            raise ValueError(f"backup {backup}")
+        owner = entry.get("owner")
+        if owner is not None and not (
+            isinstance(owner, list) and len(owner) == 3 and all(type(i) is int for i in owner)
+        ):
+            raise ValueError(f"owner of {name}")
+        record.files[name] = {"digest": entry["digest"], "backup": backup, "owner": owner}
+    edited = raw.get("edited", [])
+    if raw.get("imports"):  # the first format: the main file's imports line
+        edited = [str(settings.containerd_config)]
+    for name in edited:
+        if host_path(name) != settings.containerd_config:
+            raise ValueError(f"edited {name}")
+        record.edited = [name]
+    # directories install may have made: those above the files it writes, as named and as
+    # reached through the host's links
+    ours = (*managed, settings.record, settings.backup_path(settings.kata_config))
+    reached = [PurePosixPath(files.host_name(files.real(path))) for path in ours]
+    allowed = {parent for path in (*ours, *reached) for parent in path.parents}
+    allowed.discard(PurePosixPath("/"))
+    for name in raw.get("directories", []):
+        if host_path(name) not in allowed:
+            raise ValueError(f"directory {name}")
+        record.directories.append(name)
     return record
 
 
-def install(settings: NodeInstall) -> Outcome:
-    """Write the Kata configuration and the drop-in, import it; idempotent."""
-    main_path = settings.host(settings.containerd_config)
+def _parse(name: PurePosixPath, text: str) -> dict[str, Any]:
     try:
-        text = main_path.read_text()
-    except FileNotFoundError:
-        raise InstallError(
-            f"{settings.containerd_config} not found (is containerd installed on this node? "
-            "write its config with `containerd config default` first)"
-        ) from None
-    try:
-        main = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise InstallError(f"{settings.containerd_config}: not TOML: {exc}") from None
-    record = _read_record(settings)
-    # Everything is computed before the first write: a refusal changes nothing.
-    planned: list[tuple[PurePosixPath, bytes]] = [
-        (settings.kata_config, dumps(kata_configuration(settings)).encode()),
-        (settings.dropin, dumps(containerd_dropin(settings, main)).encode()),
-    ]
-    new_main = _with_import(settings, text, main)
-    outcome = Outcome()
-    created: list[str] = list(record.get("directories", []))
-    files: dict[str, str] = dict(record["files"])
-    for path, data in planned:
-        host = settings.host(path)
-        current = host.read_bytes() if host.exists() else None
-        if current != data:
-            _write(host, data, created, settings.host_root)
-            outcome.written.append(str(path))
-            outcome.containerd_changed |= path == settings.dropin
-        files[str(path)] = _digest(data)
-    if new_main is not None:
-        _write(main_path, new_main.encode(), created, settings.host_root)
-        outcome.written.append(str(settings.containerd_config))
-        outcome.containerd_changed = True
-        record["imports"] = True
-    record_path = settings.host(settings.record)
-    # its own directories are in the record too: written once they exist
-    _write(record_path, b"{}", created, settings.host_root)
-    record.update(files=files, directories=created)
-    _write(
-        record_path,
-        (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(),
-        created,
-        settings.host_root,
+        raise InstallError(f"{name}: not TOML: {exc}") from None
+
+
+def _text(name: PurePosixPath, data: bytes) -> str:
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise InstallError(f"{name}: not UTF-8 text") from None
+
+
+@dataclass
+class _Plan:
+    """Every write an install makes, computed before the first one."""
+
+    writes: list[tuple[PurePosixPath, bytes, Owner]] = field(default_factory=list)
+    backups: list[tuple[PurePosixPath, bytes]] = field(default_factory=list)
+    record: _Record = field(default_factory=_Record)
+    notes: list[str] = field(default_factory=list)
+
+
+def _kata(settings: NodeInstall, files: HostFiles, old: _Record, plan: _Plan) -> None:
+    """Kata's configuration: from the file Kata installed (or the one there), keys fixed."""
+    target = settings.kata_config
+    current = files.read(target)
+    entry = old.files.get(str(target))
+    backup = entry["backup"] if entry else None
+    owner_list = entry.get("owner") if entry else None
+    if current is None or (entry and not backup and digest(current) == entry["digest"]):
+        base, where = _kata_source(settings, files)
+        owner = files.owner(target) or ROOT_0644
+    else:
+        base, where = _text(target, current), str(target)
+        owner = files.owner(target) or ROOT_0644
+        if entry is None:  # someone else's file: kept for uninstall
+            backup = str(settings.backup_path(target))
+            owner_list = [owner.mode, owner.uid, owner.gid]
+            plan.backups.append((settings.backup_path(target), current))
+    try:
+        edits = kataconfig.required_edits(_parse(target, base), settings.shim, settings.socket)
+        data = tomledit.apply(base, edits).encode()
+    except tomledit.TomlEditError as exc:
+        raise InstallError(f"{where}: cannot set peerpods' keys in place: {exc}") from None
+    plan.notes.append(f"Kata configuration from {where}")
+    plan.writes.append((target, data, owner))
+    plan.record.files[str(target)] = {"digest": digest(data), "backup": backup,
+                                      "owner": owner_list}  # fmt: skip
+
+
+def _kata_source(settings: NodeInstall, files: HostFiles) -> tuple[str, str]:
+    if settings.kata_source != "none":
+        source = PurePosixPath(settings.kata_source or kataconfig.INSTALLED[settings.shim])
+        found = files.read(source)
+        if found is not None:
+            return _text(source, found), str(source)
+        if settings.kata_source:
+            raise InstallError(f"--kata-source {source} not found")
+    return kataconfig.complete(settings.shim, settings.socket), "the whole file peerpods writes"
+
+
+def _containerd(settings: NodeInstall, files: HostFiles, plan: _Plan) -> None:
+    """The runtime handler: a drop-in (version 3) or marked lines in the main file (version 2)."""
+    name = settings.containerd_config
+    data = files.read(name)
+    if data is None:
+        raise InstallError(
+            f"{name} not found (is containerd installed on this node? write its config with "
+            "`containerd config default` first)"
+        )
+    original = tomledit.unmark(_text(name, data))  # as it was before any install
+    main = _parse(name, original)
+    version = main.get("version", 1)
+    if version not in (2, 3):
+        raise InstallError(
+            f"{name}: config version {version!r} is not supported "
+            "(containerd 1.7 writes version 2, containerd 2.x version 3)"
+        )
+    imports = main.get("imports", [])
+    if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
+        raise InstallError(f"{name}: imports is not a list of paths")
+    runtime = _runtime(settings, files, main, imports, plan)
+    owner = files.owner(name) or ROOT_0600
+    try:
+        if version == 3:
+            dropin = dumps(containerdconf.dropin_v3(runtime)).encode()
+            plan.writes.append((settings.dropin, dropin, owner))
+            plan.record.files[str(settings.dropin)] = {"digest": digest(dropin), "backup": None,
+                                                       "owner": None}  # fmt: skip
+            covered = containerdconf.covers(name, imports, settings.dropin)
+            added = [*imports, str(settings.dropin)]
+            edits = [] if covered else [tomledit.Edit((), "imports", added)]
+        else:
+            edits = containerdconf.edits_v2(runtime)
+        edited = tomledit.apply(original, edits)
+    except (tomledit.TomlEditError, containerdconf.ContainerdError) as exc:
+        raise InstallError(f"{name}: {exc}") from None
+    if edited != original:
+        plan.record.edited = [str(name)]
+    plan.writes.append((name, edited.encode(), owner))
+
+
+def _runtime(
+    settings: NodeInstall,
+    files: HostFiles,
+    main: Mapping[str, Any],
+    imports: list[str],
+    plan: _Plan,
+) -> containerdconf.Runtime:
+    version = main["version"]
+    if settings.containerd_version == "auto":
+        running = containerdconf.ask_version(settings.version_command)
+        if running is None:
+            running = (2, 0) if version == 3 else None
+            plan.notes.append(
+                "containerd's version unknown (--version-command gave none): "
+                + ("2.x, from the version 3 file" if running else "taken as 1.7")
+            )
+    else:
+        running = containerdconf.parse_version(settings.containerd_version)
+    documents: list[Mapping[str, Any]] = [main]
+    for path in containerdconf.imported(settings.containerd_config, imports, files.root):
+        if path == settings.dropin:
+            continue
+        try:
+            found = files.read(path)
+            if found is not None:
+                documents.append(tomllib.loads(found.decode()))
+        except (HostPathError, OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue  # containerd says what is wrong with it
+    declared = containerdconf.proxy_snapshotters(documents)
+    snapshotter, address = containerdconf.choose_snapshotter(
+        settings.snapshotter, settings.nydus_address, declared
     )
+    try:
+        containerdconf.check_versions(version, running, snapshotter)
+    except containerdconf.ContainerdError as exc:
+        raise InstallError(f"{settings.containerd_config}: {exc}") from None
+    if snapshotter:
+        plan.notes.append(f"snapshotter {snapshotter}" + (f" at {address}" if address else ""))
+    return containerdconf.Runtime(
+        handler=settings.handler,
+        runtime_type=settings.runtime_type,
+        runtime_path=settings.shim_path or SHIM_PATHS[settings.shim],
+        config_path=str(settings.kata_config),
+        pod_annotations=settings.pod_annotations,
+        snapshotter=snapshotter,
+        declare_address=address,
+    )
+
+
+def install(settings: NodeInstall) -> Outcome:
+    """Write Kata's configuration and containerd's runtime; idempotent."""
+    files = HostFiles(settings.host_root)
+    try:
+        old = _read_record(settings, files)
+        plan = _Plan()
+        _kata(settings, files, old, plan)
+        _containerd(settings, files, plan)
+        return _carry_out(settings, files, old, plan)
+    except HostPathError as exc:
+        raise InstallError(str(exc)) from None
+
+
+def _carry_out(settings: NodeInstall, files: HostFiles, old: _Record, plan: _Plan) -> Outcome:
+    outcome = Outcome(notes=plan.notes)
+    created = list(old.directories)
+    for path, data in plan.backups:
+        if files.read(path) is None:
+            files.write(path, data, ROOT_0600, created, private=True)
+    # What was there before is recorded before anything of it changes.
+    for name, entry in old.files.items():
+        if name not in plan.record.files:  # no longer written (e.g. the layout changed)
+            current = files.read(PurePosixPath(name))
+            if current is not None and digest(current) == entry["digest"] and not entry["backup"]:
+                files.remove(PurePosixPath(name))
+                outcome.removed.append(name)
+                outcome.containerd_changed |= name == str(settings.dropin)
+    plan.record.directories = created
+    _write_record(settings, files, plan.record)
+    for path, data, owner in plan.writes:
+        if files.read(path) != data:
+            files.write(path, data, owner, plan.record.directories, private=False)
+            outcome.written.append(str(path))
+            outcome.containerd_changed |= path in (settings.dropin, settings.containerd_config)
+    _write_record(settings, files, plan.record)
     return outcome
+
+
+def _write_record(settings: NodeInstall, files: HostFiles, record: _Record) -> None:
+    data = record.dump()
+    if files.read(settings.record) != data:
+        files.write(settings.record, data, ROOT_0600, record.directories, private=True)
+        data = record.dump()  # directories made for the record itself
+        if files.read(settings.record) != data:
+            files.write(settings.record, data, ROOT_0600, record.directories, private=True)
 
 
 def uninstall(settings: NodeInstall) -> Outcome:
-    """Remove what install wrote (files still as written), restore `imports`."""
-    record = _read_record(settings)
-    outcome = Outcome()
-    main_path = settings.host(settings.containerd_config)
-    if record.get("imports") and main_path.exists():
-        text = main_path.read_text()
-        restored = _without_import(text)
-        if restored != text:
-            _write(main_path, restored.encode(), [], settings.host_root)
-            outcome.written.append(str(settings.containerd_config))
-            outcome.containerd_changed = True
-    for name, digest in record["files"].items():
-        host = settings.host(PurePosixPath(name))
-        if not host.exists():
-            continue
-        if _digest(host.read_bytes()) != digest:
-            outcome.kept.append(name)
-            continue
-        host.unlink()
-        outcome.removed.append(name)
-        outcome.containerd_changed |= name == str(settings.dropin)
-    record_path = settings.host(settings.record)
-    record_path.unlink(missing_ok=True)
-    for name in sorted(record.get("directories", []), key=len, reverse=True):
-        directory = settings.host(PurePosixPath(name))
-        try:
-            directory.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            outcome.kept.append(name)  # something else lives there now
-        else:
-            outcome.removed.append(name)
-    return outcome
+    """Take out what install put in: its lines, its files (if unchanged), saved files back."""
+    files = HostFiles(settings.host_root)
+    try:
+        record = _read_record(settings, files)
+        outcome = Outcome()
+        _unedit(settings, files, record, outcome)
+        for name, entry in record.files.items():
+            _undo_file(settings, files, PurePosixPath(name), entry, outcome)
+        if files.read(settings.record) is not None:
+            files.remove(settings.record)
+        for name in sorted(record.directories, key=len, reverse=True):
+            if files.remove_directory(PurePosixPath(name)):
+                outcome.removed.append(name)
+            else:
+                outcome.kept.append(name)  # something else lives there now
+        return outcome
+    except HostPathError as exc:
+        raise InstallError(str(exc)) from None
+
+
+def _unedit(settings: NodeInstall, files: HostFiles, record: _Record, outcome: Outcome) -> None:
+    name = settings.containerd_config
+    data = files.read(name) if record.edited else None
+    if data is None:
+        return
+    text = _text(name, data)
+    restored = tomledit.unmark(text)
+    if restored != text:
+        files.write(name, restored.encode(), files.owner(name) or ROOT_0600, [], private=False)
+        outcome.written.append(str(name))
+        outcome.containerd_changed = True
+
+
+def _undo_file(
+    settings: NodeInstall, files: HostFiles, path: PurePosixPath, entry: dict[str, Any],
+    outcome: Outcome,
+) -> None:  # fmt: skip
+    current = files.read(path)
+    backup = PurePosixPath(entry["backup"]) if entry["backup"] else None
+    saved = files.read(backup) if backup else None
+    if current is not None and digest(current) != entry["digest"]:
+        outcome.kept.append(str(path) + (f" (what was there before: {backup})" if saved else ""))
+        return
+    if backup is not None and saved is not None:
+        mode, uid, gid = entry["owner"] or (0o644, 0, 0)
+        files.write(path, saved, Owner(mode, uid, gid), [], private=False)
+        files.remove(backup)
+        outcome.written.append(str(path))
+    elif current is not None:
+        files.remove(path)
+        outcome.removed.append(str(path))
+    outcome.containerd_changed |= path == settings.dropin

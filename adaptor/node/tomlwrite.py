@@ -28,6 +28,11 @@ def key(name: str) -> str:
     return name if _BARE.match(name) else _string(name)
 
 
+def value(item: Any) -> str:
+    """A value as TOML writes it (scalars and arrays of scalars)."""
+    return _value(item, ())
+
+
 def _table(table: Mapping[str, Any], path: tuple[str, ...], lines: list[str]) -> None:
     plain = [(k, v) for k, v in table.items() if not isinstance(v, Mapping)]
     tables = [(k, v) for k, v in table.items() if isinstance(v, Mapping)]

@@ -5,10 +5,12 @@ verbose Status reply a kubelet or `crictl info` reads)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import time
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,20 +25,54 @@ def available() -> bool:
     return shutil.which("containerd") is not None and shutil.which("ctr") is not None
 
 
-def default_config(base: Path) -> str:
+def unpacked_dir() -> Path:
+    """Where tests/debian-containerd unpacks Debian's containerd 1.7 and 2.x."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return Path(os.environ.get("PEERPODS_CONTAINERD_DIR", default / "peerpods-tests/containerd"))
+
+
+def binaries() -> dict[str, Path]:
+    """containerd binaries by series ("1.6": the node's own, bookworm's; "1.7", "2": unpacked)."""
+    found: dict[str, Path] = {}
+    own = shutil.which("containerd")
+    if own:
+        version = subprocess.run([own, "--version"], capture_output=True, text=True).stdout
+        match = re.search(r" v?(\d+)\.(\d+)\.\d+", version)
+        if match:
+            major, minor = match.groups()
+            found[major if major != "1" else f"1.{minor}"] = Path(own)
+    for series in ("1.7", "2"):
+        binary = unpacked_dir() / series / "usr/bin/containerd"
+        if binary.is_file():
+            found.setdefault(series, binary)
+    return found
+
+
+def dump(binary: Path, config: Path) -> dict[str, Any]:
+    """`containerd --config F config dump`: the configuration containerd would run with."""
+    done = subprocess.run(
+        [str(binary), "--config", str(config), "config", "dump"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return tomllib.loads(done.stdout)
+
+
+def default_config(base: Path, binary: Path | str = "containerd") -> str:
     """`containerd config default`, moved under `base` (root, state, sockets) and on the native
     snapshotter, which works on any filesystem."""
     text = subprocess.run(
-        ["containerd", "config", "default"], capture_output=True, text=True, check=True
+        [str(binary), "config", "default"], capture_output=True, text=True, check=True
     ).stdout
     return private(text, base)
 
 
 def private(text: str, base: Path) -> str:
-    text = re.sub(r'(?m)^root = ".*"$', f'root = "{base}/root"', text)
-    text = re.sub(r'(?m)^state = ".*"$', f'state = "{base}/state"', text)
-    text = text.replace('"/run/containerd/containerd.sock"', f'"{base}/c.sock"')
-    return text.replace('snapshotter = "overlayfs"', 'snapshotter = "native"')
+    """Either version's file (version 3 quotes with '), moved under `base`."""
+    text = re.sub(r"""(?m)^root = ["'].*["']$""", f'root = "{base}/root"', text)
+    text = re.sub(r"""(?m)^state = ["'].*["']$""", f'state = "{base}/state"', text)
+    text = re.sub(r"""["']/run/containerd/containerd.sock["']""", f'"{base}/c.sock"', text)
+    return re.sub(r"""snapshotter = ["']overlayfs["']""", 'snapshotter = "native"', text)
 
 
 def _fields(data: bytes) -> Iterator[tuple[int, bytes | int]]:
