@@ -29,7 +29,8 @@ def _kustomized(directory: Path) -> list[tuple[Path, dict[str, Any]]]:
     return documents
 
 
-DOCUMENTS = _kustomized(DEPLOY)
+# config/deploy/dra is the DRA-driver mode's own kustomization, applied beside (docs/dra.md)
+DOCUMENTS = _kustomized(DEPLOY) + _kustomized(DEPLOY / "dra")
 
 
 def test_every_manifest_file_is_part_of_the_kustomization() -> None:
@@ -89,19 +90,27 @@ def _flag_env_names(command: str) -> set[str]:
     from adaptor.cli.main import build_parser
 
     parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for word in command.split():
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[word]
     return {
         env_name(option)
-        for action in sub.choices[command]._actions
+        for action in parser._actions
         for option in action.option_strings
         if option.startswith("--")
     }
 
 
 def test_every_peerpods_setting_in_the_manifests_is_a_real_flag() -> None:
+    from adaptor.cli.region import AWS_REGION, AZURE_REGION, GCP_ZONES
+
     known = {"serve": _flag_env_names("serve"), "webhook": _flag_env_names("webhook")}
+    # the webhook reads serve's own region settings for its catalog's region (adaptor.cli.region)
+    known["webhook"] |= {AWS_REGION, AZURE_REGION, GCP_ZONES} & known["serve"]
+    known["dra publish"] = _flag_env_names("dra publish")
     for path, doc in DOCUMENTS:
         command = "webhook" if "webhook" in path.parts else "serve"
+        command = "dra publish" if "dra" in path.parts else command
         names: list[str] = []
         if doc["kind"] == "ConfigMap":
             names += list(doc["data"])

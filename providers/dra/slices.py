@@ -12,9 +12,9 @@ Model (docs/dra.md says the same for operators):
   types of the image's CPU architecture), as many devices as its limit allows: `--gpu-limit`,
   else the account's GPU quota for the model, else `DEFAULT_DEVICES`. They carry the NVIDIA
   DRA driver's attribute names (`type`, `productName`, `brand`, `architecture`,
-  `cudaComputeCapability`, capacity `memory` in bytes) and the project's own (`cloud`, `region`,
-  `model`, `rdma`, `maxPerVM`). Device order is preference (the allocator is first fit): forms
-  by the lowest price of one of their GPUs, cheapest first.
+  `cudaComputeCapability`, capacity `memory` in bytes) and the project's own (`cloud`,
+  `region`, `model`, `rdma`, `maxPerVM`, `shared`). Device order is preference (the allocator
+  is first fit): forms by the lowest price of one of their GPUs, cheapest first.
 - Shared counters, in a slice of their own: set `gpus` holds one counter per model (its limit),
   which every device of that model consumes 1 of, whole or shared; set `account` one counter per
   on-demand account quota that counts those devices (AWS vCPUs per instance class, Azure vCPUs
@@ -364,6 +364,7 @@ def _device(
         "model": {"string": form.model},
         "rdma": {"bool": form.rdma},
         "maxPerVM": {"int": form.max_per_vm},
+        "shared": {"bool": bool(valid_mib)},
     }
     if form.model in COMPUTE_CAPABILITY:
         attributes["cudaComputeCapability"] = {
