@@ -576,6 +576,22 @@ def link_by_index(sock: Netlink, index: int) -> Link | None:
     return link_of(replies[0]) if replies else None
 
 
+IFA_LOCAL = 2
+
+
+def local_ipv4(sock: Netlink) -> set[str]:
+    """Every IPv4 address of the netns's interfaces (the local end, IFA_LOCAL, included for
+    point-to-point links, where IFA_ADDRESS is the peer's)."""
+    family = struct.pack("=B", socket.AF_INET)
+    found = set()
+    for payload in sock.get(Message(RTM_GETADDR, F_DUMP, family + b"\0" * 7)):
+        top = attr_map(payload, 8)
+        for kind in (IFA_LOCAL, IFA_ADDRESS):
+            if kind in top and len(top[kind]) == 4:
+                found.add(socket.inet_ntoa(top[kind]))
+    return found
+
+
 def read_view(sock: Netlink, *, whole: bool = True) -> NetView:
     """Four dumps; `whole` False (the worker's netns, with a link per pod): no link dump and no
     neighbours, the caller reads the few links it needs with `link_by_index`."""

@@ -25,12 +25,13 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
-from adaptor.podnet import _inspect, _sweep, _tunnel
+from adaptor.podnet import _inspect, _netns, _nl, _sweep, _tunnel
 from adaptor.podnet._errors import PodNetError, VniExhausted
 from adaptor.podnet._model import MAX_VNI, Tunnel, TunnelState
 from adaptor.podnet._netns import NETNS_DIRS
@@ -44,6 +45,25 @@ VNI_POOL = "vxlan"
 # A cut-off device whose deletion failed: tried again as a whole teardown this many times.
 DELETE_ATTEMPTS = 3
 DELETE_BACKOFF_SECONDS = 0.2
+
+
+class LocalRemote(PodNetError):
+    """A tunnel's VM end is an address of the worker itself."""
+
+
+def is_local(host_netns: str | None, address: str) -> bool:
+    """Whether `address` is the worker's own: loopback, or on any of the worker netns's
+    interfaces (blocking: one address dump)."""
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    if parsed.is_loopback or parsed.is_unspecified:
+        return True
+    with _netns.entered(host_netns):
+        sock = _nl.Netlink(_nl.NETLINK_ROUTE)
+    with sock:
+        return address in _nl.local_ipv4(sock)
 
 
 class PodNetSettings(PodNetworkSettings):
@@ -310,6 +330,11 @@ class PodNet:
         # An address needs no lookup, and so no worker thread (a name does: it may block).
         resolve = _tunnel.resolve_ipv4
         remote = resolve(host) if _tunnel.is_dotted(host) else await self._run(resolve, host)
+        if await self._run(is_local, self._host_netns, remote):
+            raise LocalRemote(
+                f"the pod VM's address {remote} is one of this node's own: a VXLAN tunnel to it "
+                "would send the pod's frames straight back into the pod (a loop); refused"
+            )
         return tunnel.evolve(remote=remote, state=TunnelState.SETTING_UP, error="")
 
     async def setup(self, tunnel: Tunnel, addresses: Sequence[str] = ()) -> Tunnel:
