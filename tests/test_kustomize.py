@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import kubernetes_validate
 import pytest
 import yaml
@@ -22,7 +23,7 @@ K8S_VERSION = "1.34"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = "ghcr.io/peerpods/peerpods"
 CUSTOM_KINDS = {("cert-manager.io/v1", "Certificate"), ("cert-manager.io/v1", "Issuer")}
-SUPPORTED = {"apiVersion", "kind", "resources", "images", "namespace"}
+SUPPORTED = {"apiVersion", "kind", "resources", "images", "namespace", "patches"}
 # What the adaptor's networking may add (docs/networking.md): VXLAN devices, tc and nftables
 # rules (NET_ADMIN) made inside each pod's network namespace, which setns(2) enters (SYS_ADMIN).
 ADAPTOR_CAPABILITIES = {"NET_ADMIN", "SYS_ADMIN"}
@@ -61,6 +62,8 @@ def build(directory: Path) -> list[dict[str, Any]]:
             documents += build(path)
         else:
             documents += [copy.deepcopy(d) for d in yaml.safe_load_all(path.read_text()) if d]
+    for patch in kustomization.get("patches", []):
+        documents = _patched(directory, patch, documents)
     for doc in documents:
         if "namespace" in kustomization and doc["kind"] not in CLUSTER_SCOPED:
             doc["metadata"]["namespace"] = kustomization["namespace"]
@@ -70,6 +73,27 @@ def build(directory: Path) -> list[dict[str, Any]]:
     return documents
 
 
+def _patched(
+    directory: Path, patch: dict[str, Any], documents: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """kustomize's `patches` for the form ours use: a JSON 6902 patch (a file of operations)
+    on the objects named by kind and name; any other form fails."""
+    assert set(patch) == {"path", "target"}, f"{directory}: patch form not built here: {patch}"
+    assert set(patch["target"]) == {"kind", "name"}, patch["target"]
+    operations = yaml.safe_load((directory / patch["path"]).read_text())
+    assert isinstance(operations, list), f"{patch['path']}: not a JSON 6902 patch"
+    target = patch["target"]
+    hits = 0
+    result = []
+    for doc in documents:
+        if doc["kind"] == target["kind"] and doc["metadata"]["name"] == target["name"]:
+            doc = jsonpatch.apply_patch(doc, operations)
+            hits += 1
+        result.append(doc)
+    assert hits == 1, f"{directory}: patch target {target} matched {hits} objects"
+    return result
+
+
 CLUSTER_SCOPED = {
     "Namespace",
     "ClusterRole",
@@ -77,6 +101,8 @@ CLUSTER_SCOPED = {
     "RuntimeClass",
     "MutatingWebhookConfiguration",
     "ValidatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
 BUILT = build(DEPLOY)
 
@@ -133,3 +159,79 @@ def test_adaptor_adds_only_what_its_networking_needs() -> None:
     assert spec["securityContext"]["runAsUser"] == 0  # the image's user is 65532
     assert context["capabilities"]["drop"] == ["ALL"]
     assert set(context["capabilities"]["add"]) <= ADAPTOR_CAPABILITIES, context["capabilities"]
+
+
+CATALOG_REFRESH = ROOT / "config" / "catalog-refresh"
+REFRESHED = build(CATALOG_REFRESH)
+REGION_KEYS = ("PEERPODS_AWS_REGION", "PEERPODS_AZURE_REGION", "PEERPODS_GCP_ZONES")
+
+
+def _in(built: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in built if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
+def _claims(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """mountPath -> (claim name, read-only) for the container's volumes that are claims."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    found = {}
+    for mount in container.get("volumeMounts", []):
+        claim = volumes[mount["name"]].get("persistentVolumeClaim")
+        if claim:
+            found[mount["mountPath"]] = (claim["claimName"], bool(mount.get("readOnly")))
+    return found
+
+
+@pytest.mark.parametrize(
+    "doc", REFRESHED, ids=[f"{d['kind']}/{d['metadata']['name']}" for d in REFRESHED]
+)
+def test_the_catalog_refresh_overlay_validates(doc: dict[str, Any]) -> None:
+    if (doc["apiVersion"], doc["kind"]) in CUSTOM_KINDS:
+        return
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    if doc["kind"] not in CLUSTER_SCOPED:
+        assert doc["metadata"]["namespace"] == "peerpods-system"
+
+
+def test_the_catalogs_are_mounted_where_the_webhook_and_the_adaptors_read_them() -> None:
+    cronjob = _in(REFRESHED, "CronJob", "peerpods-catalog-refresh")
+    job_pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (refresh,) = job_pod["containers"]
+    out = refresh["args"][refresh["args"].index("--out") + 1]
+    written, read_only = _claims(job_pod, refresh)[out]
+    assert not read_only
+    for kind, name in (("Deployment", "peerpods-webhook"), ("DaemonSet", "peerpods-adaptor")):
+        pod = _in(REFRESHED, kind, name)["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        directory = env["PEERPODS_CATALOG_DIR"]
+        assert _claims(pod, container)[directory] == (written, True), (kind, directory)
+    # config/deploy alone mounts nothing it may lack (no claim without the refresh job)
+    for kind in ("Deployment", "DaemonSet"):
+        pod = _workload(kind)["spec"]["template"]["spec"]
+        assert not _claims(pod, pod["containers"][0])
+
+
+def test_the_webhook_and_the_refresh_take_the_adaptors_provider_and_region() -> None:
+    config = _in(BUILT, "ConfigMap", "peerpods-adaptor")
+    webhook = _workload("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    cronjob = _in(REFRESHED, "CronJob", "peerpods-catalog-refresh")
+    (refresh,) = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    for container in (webhook, refresh):
+        refs = {
+            e["name"]: e["valueFrom"]["configMapKeyRef"]
+            for e in container["env"]
+            if "configMapKeyRef" in e.get("valueFrom", {})
+        }
+        for key in ("PEERPODS_PROVIDER", *REGION_KEYS):
+            assert refs[key]["name"] == config["metadata"]["name"] and refs[key]["key"] == key
+        assert "PEERPODS_REGION" not in refs  # never the AWS key under another provider's name
+    assert "PEERPODS_AWS_REGION" in config["data"]
+
+
+def test_the_webhook_is_ready_only_with_its_catalog_and_never_killed_for_it() -> None:
+    webhook = _workload("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert webhook["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert webhook["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    adaptor = _workload("DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert adaptor["readinessProbe"]["httpGet"]["path"] == "/readyz"

@@ -178,8 +178,9 @@ class _Pools:
 
 
 def build_app(admission: Admission, limits: ServerLimits | None = None) -> Starlette:
-    """The ASGI app: POST /mutate, GET /healthz, GET /metrics (webhook._metrics).
-    `app.state.pools` holds its thread pools. Without `limits`: the declared defaults'."""
+    """The ASGI app: POST /mutate, GET /healthz (alive), GET /readyz (the catalog loads),
+    GET /metrics (webhook._metrics). `app.state.pools` holds its thread pools. Without
+    `limits`: the declared defaults'."""
     limits = limits or ServerConfig().limits
     pools = _Pools(limits)
     gate = _SelectorGate(limits)
@@ -188,6 +189,7 @@ def build_app(admission: Admission, limits: ServerLimits | None = None) -> Starl
         routes=[
             Route("/mutate", mutate.handle, methods=["POST"]),
             Route("/healthz", _healthz, methods=["GET"]),
+            Route("/readyz", _Readiness(admission).handle, methods=["GET"]),
             Route("/metrics", _metrics, methods=["GET"]),
         ]
     )
@@ -287,6 +289,24 @@ class _MutateRoute:
 
 async def _healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
+
+
+class _Readiness:
+    """GET /readyz: ready once the catalog of the configured provider and region loads. Until
+    then (a region with no bundled catalog whose refresh has not written one yet) 503 with the
+    reason, so the Service sends no review here while the process stays up and alive (/healthz),
+    and turns ready by itself when the file appears."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+
+    async def handle(self, request: Request) -> Response:
+        try:
+            # the source may stat or read a file (a network volume): never on the event loop
+            await asyncio.to_thread(self.admission.view)
+        except PeerpodsError as exc:
+            return JSONResponse({"status": "not ready", "reason": str(exc)}, status_code=503)
+        return JSONResponse({"status": "ready"})
 
 
 async def _metrics(request: Request) -> Response:

@@ -66,12 +66,13 @@ def _ec2_client(region: str, client: Any) -> Any:
 def run(args: argparse.Namespace, *, session: Any = None, client: Any = None) -> int:
     """Refresh one snapshot. `session` (HTTP, for the price source) and `client` (the cloud SDK
     client: live types, and AWS Spot prices) are for tests."""
+    from adaptor.cli.region import catalog_region
     from providers.clouds.price_sources import priced_catalog
     from providers.core.errors import CatalogError
     from providers.core.snapshots import DEFAULT_REGIONS, parse_cloud
 
     cloud = parse_cloud(args.provider)
-    region = args.region.strip() or DEFAULT_REGIONS[cloud]
+    region = catalog_region(cloud, args.region) or DEFAULT_REGIONS[cloud]
     bar = _bar(args, f"{cloud} {region}")
 
     def progress(stage: str, advance: int) -> None:

@@ -134,12 +134,22 @@ class WebhookSettings(ServerSettings, WebhookPolicy, CatalogSource):
         "against (empty: no catalog; pods with DRA claims are denied)",
     )
     region: Annotated[str, Flag("--region")] = Field(
-        "", description="catalog region (default: the cloud's)"
+        "",
+        description="catalog region (default: the provider's region setting of serve, "
+        "PEERPODS_AWS_REGION, PEERPODS_AZURE_REGION or the region of PEERPODS_GCP_ZONES, else "
+        "the cloud's default)",
     )
 
 
 class CatalogRefreshSettings(CatalogChoice):
     """`peerpods catalog refresh`: where types and prices come from, where the snapshot goes."""
+
+    region: Annotated[str, Flag("--region")] = Field(
+        "",
+        description="region (default: the provider's region setting of serve, "
+        "PEERPODS_AWS_REGION, PEERPODS_AZURE_REGION or the region of PEERPODS_GCP_ZONES, else "
+        "us-east-1, eastus or us-central1)",
+    )
 
     out: Annotated[str, Flag("--out", metavar="DIR")] = Field(
         ".",

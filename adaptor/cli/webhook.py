@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,8 @@ from adaptor.cli import flags
 
 if TYPE_CHECKING:
     from webhook import Admission, ServerConfig
+
+log = logging.getLogger(__name__)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -38,20 +41,28 @@ def run(args: argparse.Namespace) -> int:
 
 def _admission(args: argparse.Namespace) -> Admission:
     """The admission decisions: policy, seal keys, the catalog (checked now), the resolver."""
+    from adaptor.cli.region import catalog_region
     from providers.core.catalog import Catalog
+    from providers.core.errors import PeerpodsError
     from providers.core.snapshots import CatalogLoader
     from webhook import Admission, KubeResolver, Settings, VmChoices, WebhookPolicy, load_seal_keys
 
     policy = flags.section(WebhookPolicy, args)
     seal_keys = load_seal_keys(Path(policy.seal_key_dir))  # before anything starts
     loader = CatalogLoader(Path(args.catalog_dir) if args.catalog_dir else None)
+    region = catalog_region(args.provider, args.region) if args.provider else ""
 
     def catalog() -> Catalog | None:
         if not args.provider:
             return None
-        return loader.load(args.provider, args.region or None)
+        return loader.load(args.provider, region or None)
 
-    catalog()  # fail at start, with one line, when the snapshot is missing
+    try:
+        catalog()
+    except PeerpodsError as exc:
+        # a region whose catalog the refresh job has not written yet: serve, not ready (/readyz
+        # says why), and ready once the file appears, rather than exit and crash-loop
+        log.warning("webhook not ready until its catalog loads: %s", exc)
     return Admission(
         Settings.of(policy, seal_keys),
         catalog,
