@@ -73,6 +73,10 @@ STATUS_LISTENER = ":status"
 FD_BATCH = 200  # descriptors per message (the kernel takes at most 253)
 HELLO_SECONDS = 10.0  # a connected successor says Hello within this
 OFFER_SECONDS = 120.0  # the predecessor drains its calls, then offers, within this
+# A StartVM in flight (a VM booting, its forwarder awaited) is let finish within this before
+# the hypervisor socket moves, so its shim is answered and its VM kept; within OFFER_SECONDS,
+# which the successor waits for Released.
+STARTS_SECONDS = OFFER_SECONDS - 20.0
 ACK_SECONDS = 60.0  # the successor serves everything and acks within this
 # The successor's dials before Ready, all side by side. The predecessor's hypervisor socket
 # takes no call meanwhile, so this is short: a pod VM not reached in time is dialled later.

@@ -7,7 +7,8 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
@@ -90,7 +91,9 @@ class Server:
             self._accept, sock=sock, limit=READ_CHUNK, backlog=LISTEN_BACKLOG
         )
 
-    async def detach(self, grace_seconds: float) -> socket.socket:
+    async def detach(
+        self, grace_seconds: float, patient: Collection[str] = (), patient_seconds: float = 0.0
+    ) -> socket.socket:
         """Stop accepting and return the listening socket, still listening, for another process
         to serve (connects queue in its backlog meanwhile); the calls in flight finish within
         the grace, then every connection here is closed. The socket file stays where it is."""
@@ -99,7 +102,7 @@ class Server:
         listener = socket.socket(fileno=os.dup(self._listener.fileno()))
         self._path = None  # the successor serves it: never unlinked here
         try:
-            await self.close(grace_seconds)
+            await self.close(grace_seconds, patient, patient_seconds)
         except BaseException:
             listener.close()
             raise
@@ -116,8 +119,14 @@ class Server:
         """Requests being handled now, over all connections."""
         return sum(len(c.tasks) for c in self._connections)
 
-    async def close(self, grace_seconds: float = 5.0) -> None:
-        """Stop accepting, let in-flight calls finish for `grace_seconds`, then cancel the rest."""
+    async def close(
+        self,
+        grace_seconds: float = 5.0,
+        patient: Collection[str] = (),
+        patient_seconds: float = 0.0,
+    ) -> None:
+        """Stop accepting, let in-flight calls finish for `grace_seconds`, then cancel the rest;
+        calls of the methods in `patient` get `patient_seconds` in all instead, when longer."""
         if self._server is not None:
             self._server.close()
         if self._path is not None:
@@ -126,8 +135,14 @@ class Server:
         for conn in list(self._connections):
             conn.stop_reading()
         pending = [t for c in self._connections for t in c.tasks]
+        started = time.monotonic()
         if pending and grace_seconds > 0:
             await asyncio.wait(pending, timeout=grace_seconds)
+        names = {f"ttrpc:{method}" for method in patient}
+        longer = [t for t in pending if not t.done() and t.get_name() in names]
+        left = patient_seconds - (time.monotonic() - started)
+        if longer and left > 0:
+            await asyncio.wait(longer, timeout=left)
         tasks = list(self._connections.values())
         for task in tasks:
             task.cancel()
@@ -193,7 +208,9 @@ class _ServerConnection:
             await close_writer(self._writer)
 
     def _start(self, stream_id: int, request: ttrpc_pb2.Request) -> None:
-        task = asyncio.get_running_loop().create_task(self._handle(stream_id, request))
+        task = asyncio.get_running_loop().create_task(
+            self._handle(stream_id, request), name=f"ttrpc:{request.method}"
+        )
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
 
