@@ -124,6 +124,8 @@ class Admission:
         pod = review.request.object
         if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
             return False
+        if self.settings.dra_driver:
+            return False  # the scheduler allocates claims in the DRA-driver mode
         return self._is_peer(pod) and bool(pod["spec"].get("resourceClaims"))
 
     def decide(self, review: AdmissionReview, arrived: float | None = None) -> dict[str, Any]:
@@ -257,7 +259,11 @@ class Admission:
 
             stored = new
             if isinstance(old, dict) and isinstance(new, dict):
-                stored = _reseal(self.settings, namespace, reapply(old, new, was_mutated))
+                stored = _reseal(
+                    self.settings,
+                    namespace,
+                    reapply(old, new, was_mutated, self.settings.dra_driver),
+                )
             changed = protected_changes(old_annotations, _pod_annotations(stored))
         except InvalidRequest as exc:
             return response(request.uid, allowed=False, code=400, message=str(exc))

@@ -62,6 +62,7 @@ from webhook._extended import container_units, is_device_resource
 from webhook._patch import Op, diff
 from webhook._resolver import MemoryResolver, Resolver
 from webhook._resources import container_lists, effective, is_sidecar, pod_resources
+from webhook._scheduled import restore_scheduled, without_scheduled
 from webhook._sealkeys import SealKeys
 from webhook._settings import POLICY, WebhookPolicy
 
@@ -99,6 +100,8 @@ class Settings:
     seal_key: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
     # Other keys whose seals are still recognised (a rotation's previous or next key).
     accepted_seal_keys: tuple[bytes, ...] = field(default=(), repr=False)
+    # The DRA-driver mode: nvidia.com/gpu and claims stay for the scheduler (webhook._scheduled).
+    dra_driver: bool = POLICY.dra_driver
 
     @classmethod
     def of(cls, policy: WebhookPolicy, keys: SealKeys | None = None) -> Settings:
@@ -112,6 +115,7 @@ class Settings:
             allowed_machine_types=frozenset(policy.allowed_machine_types),
             impossible=policy.impossible,
             capacity=CapacityPolicy.of(policy),
+            dra_driver=policy.dra_driver,
             **sealing,
         )
 
@@ -543,12 +547,14 @@ def mutate_pod(
     warnings: list[str] = []
     mutated = copy.deepcopy(pod)
     kept = {k: v for k, v in annotations.items() if not k.startswith(CDI_PREFIX)}
-    if _looks_mutated(pod, annotations, settings, namespace):
+    # In the DRA-driver mode the pod is decided without what the scheduler allocates.
+    subject = without_scheduled(pod) if settings.dra_driver else pod
+    if _looks_mutated(subject, annotations, settings, namespace):
         intent, plan = _readmitted_intent(kept, machine_type, capacity)
     else:
         refuse_hugepages(pod)
         intent, plan = _translate(
-            pod,
+            subject,
             namespace,
             resolver or MemoryResolver(),
             view,
@@ -563,10 +569,13 @@ def mutate_pod(
         kept = {k: v for k, v in kept.items() if k not in OWNED_KEYS}
         kept.update(_contract(intent, plan))
         strip_node_resources(mutated["spec"], quota_units(intent.gpu))
+        if settings.dra_driver:
+            restore_scheduled(pod["spec"], mutated["spec"])
     _check_possible(intent, view, settings, warnings)
     kept.pop(SEAL, None)
     if any(k in OWNED_KEYS for k in kept):
-        kept[SEAL] = seal(settings.seal_key, namespace, kept, request_digest(mutated))
+        sealed_over = without_scheduled(mutated) if settings.dra_driver else mutated
+        kept[SEAL] = seal(settings.seal_key, namespace, kept, request_digest(sealed_over))
     if kept or "annotations" in mutated["metadata"]:
         mutated["metadata"]["annotations"] = kept
     return MutationResult(

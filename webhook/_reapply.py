@@ -26,6 +26,7 @@ from providers.core.contract import (
     SEAL,
 )
 from webhook._mutate import strip_node_resources
+from webhook._scheduled import restore_scheduled
 
 Pod = dict[str, Any]
 
@@ -51,9 +52,15 @@ def _quota_of(pod: Pod) -> dict[str, str]:
     return {k: str(v) for k, v in limits.items() if k in own}
 
 
-def reapply(old: Pod, new: Pod, was_mutated: Callable[[Mapping[str, str]], bool]) -> Pod:
+def reapply(
+    old: Pod,
+    new: Pod,
+    was_mutated: Callable[[Mapping[str, str]], bool],
+    keep_scheduled: bool = False,
+) -> Pod:
     """The pod an UPDATE of `old` to `new` should store. `was_mutated(annotations)` says
-    whether the live pod carries the webhook's seal; when it does not, `new` is kept as sent."""
+    whether the live pod carries the webhook's seal; when it does not, `new` is kept as sent.
+    `keep_scheduled`: the DRA-driver mode, where the live pod kept its GPUs and claims."""
     before = _annotations(old)
     if not was_mutated(before):
         return new
@@ -61,6 +68,8 @@ def reapply(old: Pod, new: Pod, was_mutated: Callable[[Mapping[str, str]], bool]
     spec = restored.get("spec")
     if isinstance(spec, dict):
         strip_node_resources(spec, _quota_of(old))
+        if keep_scheduled:
+            restore_scheduled(new.get("spec"), spec)
     meta = restored.setdefault("metadata", {})
     if not isinstance(meta, dict):
         return new

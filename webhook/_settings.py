@@ -79,6 +79,13 @@ class WebhookPolicy(AdmissionPolicy):
         description="wall-clock limit for all DRA selectors of one admission (duration); a pod "
         "whose selectors run longer is denied",
     )
+    dra_driver: Annotated[bool, Flag("--dra-driver")] = Field(
+        False,
+        description="the DRA-driver mode (docs/dra.md): keep nvidia.com/gpu, containers' "
+        "resources.claims and spec.resourceClaims for the scheduler to allocate from the pools "
+        "of gpu.peerpods.io; claims are never evaluated here, the VM's GPUs come from the "
+        "allocation",
+    )
     cache_ttl_seconds: Annotated[float, Flag("--cache-ttl", duration=True)] = Field(
         30.0,
         ge=0,
