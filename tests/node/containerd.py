@@ -103,7 +103,8 @@ def _fields(data: bytes) -> Iterator[tuple[int, bytes | int]]:
 
 
 class Containerd:
-    def __init__(self, config: Path, base: Path) -> None:
+    def __init__(self, config: Path, base: Path, binary: str = "containerd") -> None:
+        self.binary = shutil.which(binary) or binary
         self.config = config
         self.base = base
         self.socket = base / "c.sock"
