@@ -12,23 +12,33 @@ AWS as for its SDKs), as CAA does:
   subnet, so `--azure-subnet-id` stays required.
 - GCP's metadata server (`Metadata-Flavor: Google`): project, zone and network.
 
+The node's region wins over a default (the AWS SDK's AWS_REGION); a region the operator set
+that is not the node's is an error naming both, since what is taken from the node (subnet,
+security groups, identity) belongs to the node's region. (GCP's networks are global: zones set
+elsewhere are the operator's choice.)
+
 A provider whose settings still lack what it needs refuses to start, with the reason the
 metadata service gave (pod VMs in a default VPC the node cannot reach would fail every pod
-later). Calls block (urllib, short timeouts): the daemon builds its provider in a thread.
+later). Each request is bounded whole (a service that drips is cut off at the timeout), never
+redirected (the IMDSv2 token goes nowhere else), never proxied, and each value it names must
+look like one, or the service is taken as not answering. Calls block: the daemon builds its
+provider in a thread.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
-import urllib.error
-import urllib.request
+import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
+from providers.clouds.deadline import Deadline
 from providers.clouds.settings import AwsSettings, AzureSettings, CloudSettings, GcpSettings
 from providers.core.errors import InvalidRequest, PeerpodsError
 
@@ -37,10 +47,19 @@ log = logging.getLogger(__name__)
 AWS_ENDPOINT = "http://169.254.169.254"
 AZURE_ENDPOINT = "http://169.254.169.254"
 GCP_ENDPOINT = "http://metadata.google.internal"
-TIMEOUT_SECONDS = 2.0
+TIMEOUT_SECONDS = 2.0  # each request's whole exchange, however the service drips
 _MAX_BYTES = 1 << 20
-# The metadata service is link-local: never through an HTTP(S)_PROXY of the environment.
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# What each service names looks like this, or the answer is not the service's. (The service is
+# link-local and asked over http.client: never through an HTTP(S)_PROXY of the environment.)
+_TOKEN = re.compile(r"[A-Za-z0-9+/=_.-]{1,1024}")
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
+_AWS_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]+")
+_AWS_ID = {kind: re.compile(rf"{kind}-[0-9A-Za-z]{{1,32}}") for kind in ("subnet", "sg", "vpc")}
+_AZURE_NAME = re.compile(r"[A-Za-z0-9._()-]{1,90}")
+_AZURE_LOCATION = re.compile(r"[a-z0-9]{1,40}")
+_GCP_PROJECT = re.compile(r"([a-z][a-z0-9.-]{0,62}:)?[a-z][a-z0-9-]{4,28}[a-z0-9]")
+_GCP_ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
+_GCP_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class MetadataUnavailable(PeerpodsError):
@@ -78,21 +97,55 @@ def _fetch(
     method: str = "GET",
     timeout: float = TIMEOUT_SECONDS,
 ) -> str:
-    request = urllib.request.Request(url, method=method, headers=headers)
-    try:
-        with _DIRECT.open(request, timeout=timeout) as response:
-            body: bytes = response.read(_MAX_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        raise MetadataUnavailable(f"{url}: HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise MetadataUnavailable(f"{url}: {reason}") from None
+    """One answer's text, within `timeout` in all (a server that drips is cut off then);
+    a redirect is an error, never followed (the IMDSv2 token goes nowhere else)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise MetadataUnavailable(f"{url}: not an http(s) URL")
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    with Deadline(timeout) as limit:
+        try:
+            connection = kind(parts.hostname, parts.port, timeout=timeout)
+            try:
+                connection.connect()
+                limit.watch_socket(connection.sock)
+                connection.request(method, target or "/", headers=headers)
+                response = connection.getresponse()
+                status = response.status
+                body = response.read(_MAX_BYTES + 1) if status == 200 else b""
+            finally:
+                connection.close()
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if limit.expired:
+                raise MetadataUnavailable(f"{url}: no answer within {timeout:g}s") from None
+            raise MetadataUnavailable(f"{url}: {_reason(exc)}") from None
+        if limit.expired:  # what came before the socket was shut down may be cut short
+            raise MetadataUnavailable(f"{url}: no answer within {timeout:g}s")
+    if 300 <= status < 400:
+        raise MetadataUnavailable(f"{url}: HTTP {status}, a redirect (never followed)")
+    if status != 200:
+        raise MetadataUnavailable(f"{url}: HTTP {status}")
     if len(body) > _MAX_BYTES:
         raise MetadataUnavailable(f"{url}: answer larger than {_MAX_BYTES} bytes")
     try:
         return body.decode().strip()
     except UnicodeDecodeError:
         raise MetadataUnavailable(f"{url}: answer is not text") from None
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, on one line: an exception may quote what the server sent."""
+    text = str(getattr(exc, "strerror", None) or exc) or type(exc).__name__
+    shown = "".join(c if c.isprintable() else "?" for c in text[:120])
+    return f"{type(exc).__name__}: {shown}" if isinstance(exc, http.client.HTTPException) else shown
+
+
+def _checked(url: str, what: str, value: str, pattern: re.Pattern[str]) -> str:
+    """`value` when it looks like what the service names, else MetadataUnavailable."""
+    if not pattern.fullmatch(value):
+        raise MetadataUnavailable(f"{url}: the {what} {value[:40]!r} is not one")
+    return value
 
 
 def _last(path: str) -> str:
@@ -103,28 +156,30 @@ def _last(path: str) -> str:
 def aws_node(endpoint: str = AWS_ENDPOINT, timeout: float = TIMEOUT_SECONDS) -> AwsNode:
     """The node's region, subnet, security groups and VPC from IMDSv2."""
     base = endpoint.rstrip("/")
-    token = _fetch(
-        f"{base}/latest/api/token",
-        {"X-aws-ec2-metadata-token-ttl-seconds": "60"},
-        method="PUT",
-        timeout=timeout,
-    )
-    headers = {"X-aws-ec2-metadata-token": token}
+    url = f"{base}/latest/api/token"
+    token = _fetch(url, {"X-aws-ec2-metadata-token-ttl-seconds": "60"}, "PUT", timeout)
+    headers = {"X-aws-ec2-metadata-token": _checked(url, "session token", token, _TOKEN)}
 
-    def read(path: str) -> str:
-        return _fetch(f"{base}/latest/meta-data/{path}", headers, timeout=timeout)
+    def read(path: str, what: str, pattern: re.Pattern[str]) -> str:
+        url = f"{base}/latest/meta-data/{path}"
+        return _checked(url, what, _fetch(url, headers, timeout=timeout), pattern)
 
-    mac = read("mac")
+    mac = read("mac", "MAC address", _MAC)
     interface = f"network/interfaces/macs/{mac}"
-    node = AwsNode(
-        region=read("placement/region"),
-        subnet_id=read(f"{interface}/subnet-id"),
-        security_group_ids=tuple(read(f"{interface}/security-group-ids").split()),
-        vpc_id=read(f"{interface}/vpc-id"),
+    groups = read(f"{interface}/security-group-ids", "security groups", re.compile(r"[-\w\s]*"))
+    return AwsNode(
+        region=read("placement/region", "region", _AWS_REGION),
+        subnet_id=read(f"{interface}/subnet-id", "subnet", _AWS_ID["subnet"]),
+        security_group_ids=tuple(
+            _checked(base, "security group", group, _AWS_ID["sg"]) for group in groups.split()
+        )
+        or _none(base, "security group"),
+        vpc_id=read(f"{interface}/vpc-id", "VPC", _AWS_ID["vpc"]),
     )
-    if not (node.region and node.subnet_id and node.security_group_ids):
-        raise MetadataUnavailable(f"{base}: IMDS named no region, subnet or security group")
-    return node
+
+
+def _none(url: str, what: str) -> tuple[str, ...]:
+    raise MetadataUnavailable(f"{url}: the metadata service named no {what}")
 
 
 def azure_node(endpoint: str = AZURE_ENDPOINT, timeout: float = TIMEOUT_SECONDS) -> AzureNode:
@@ -133,14 +188,15 @@ def azure_node(endpoint: str = AZURE_ENDPOINT, timeout: float = TIMEOUT_SECONDS)
     text = _fetch(url, {"Metadata": "true"}, timeout=timeout)
     try:
         compute: Any = json.loads(text)
-        node = AzureNode(
-            subscription_id=str(compute["subscriptionId"]),
-            resource_group=str(compute["resourceGroupName"]),
-            location=str(compute["location"]),
-        )
-    except (ValueError, KeyError, TypeError):
+        found = [str(compute[k]) for k in ("subscriptionId", "resourceGroupName", "location")]
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise MetadataUnavailable(f"{url}: not an instance's compute metadata") from None
-    return node
+    subscription, group, location = found
+    return AzureNode(
+        subscription_id=_checked(url, "subscription", subscription, _AZURE_NAME),
+        resource_group=_checked(url, "resource group", group, _AZURE_NAME),
+        location=_checked(url, "location", location, _AZURE_LOCATION),
+    )
 
 
 def gcp_node(endpoint: str = GCP_ENDPOINT, timeout: float = TIMEOUT_SECONDS) -> GcpNode:
@@ -148,13 +204,15 @@ def gcp_node(endpoint: str = GCP_ENDPOINT, timeout: float = TIMEOUT_SECONDS) -> 
     base = f"{endpoint.rstrip('/')}/computeMetadata/v1"
     headers = {"Metadata-Flavor": "Google"}
 
-    def read(path: str) -> str:
-        return _fetch(f"{base}/{path}", headers, timeout=timeout)
+    def read(path: str, what: str, pattern: re.Pattern[str], last: bool = False) -> str:
+        url = f"{base}/{path}"
+        text = _fetch(url, headers, timeout=timeout)
+        return _checked(url, what, _last(text) if last else text, pattern)
 
     return GcpNode(
-        project=read("project/project-id"),
-        zone=_last(read("instance/zone")),
-        network=_last(read("instance/network-interfaces/0/network")),
+        project=read("project/project-id", "project", _GCP_PROJECT),
+        zone=read("instance/zone", "zone", _GCP_ZONE, last=True),
+        network=read("instance/network-interfaces/0/network", "network", _GCP_NAME, last=True),
     )
 
 
@@ -182,6 +240,14 @@ def complete_aws(settings: AwsSettings) -> AwsSettings:
         except MetadataUnavailable as exc:
             why = f"the instance metadata service (IMDSv2) did not answer: {exc}"
         else:
+            if settings.aws_region and settings.aws_region != node.region:
+                raise InvalidRequest(
+                    f"aws provider: the region is set to {settings.aws_region} (--aws-region, "
+                    f"env PEERPODS_AWS_REGION) but this node is in {node.region} (instance "
+                    f"metadata), where the subnet and security groups it would take are; leave "
+                    f"the region unset or set it to {node.region}, or set --aws-subnet-id and "
+                    f"--aws-security-group-ids of {settings.aws_region} too"
+                )
             update = _unset(
                 settings,
                 {
@@ -235,6 +301,7 @@ def complete_azure(settings: AzureSettings) -> AzureSettings:
         except MetadataUnavailable as exc:
             why = f"Azure's instance metadata service did not answer: {exc}"
         else:
+            _same_location(settings.azure_region, node.location)
             update = _unset(settings, {name: getattr(node, attr) for _, name, attr in fields})
             log.info("azure provider: %s from the node's metadata", update)
             settings = settings.model_copy(update=update)
@@ -247,6 +314,18 @@ def complete_azure(settings: AzureSettings) -> AzureSettings:
             "node's subnet; give the node's, docs/networking.md)"
         )
     return settings
+
+
+def _same_location(explicit: str, node: str) -> None:
+    """An Azure location set by the operator must be the node's ("West Europe" is
+    "westeurope"): the subnet and identity taken from the node belong there."""
+    if explicit and re.sub(r"\s", "", explicit).lower() != node:
+        raise InvalidRequest(
+            f"azure provider: the region is set to {explicit} (--azure-region, env "
+            f"PEERPODS_AZURE_REGION) but this node is in {node} (instance metadata); leave the "
+            f"region unset or set it to {node}, or set --azure-subscription-id and "
+            "--azure-resource-group too"
+        )
 
 
 def complete_gcp(settings: GcpSettings) -> GcpSettings:

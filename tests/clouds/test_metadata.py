@@ -70,9 +70,9 @@ def test_unset_aws_networking_comes_from_imds_and_set_values_stay() -> None:
         assert filled.aws_subnet_id == ("subnet-0a1b2c3d",)
         assert filled.aws_security_group_ids == ("sg-0node", "sg-0peerpods")
         mine = AwsSettings(pod_vm_image="ami-1", instance_metadata_url=imds.url,
-                           aws_region="us-east-1", aws_subnet_id=("subnet-mine",))  # fmt: skip
+                           aws_region="eu-west-1", aws_subnet_id=("subnet-mine",))  # fmt: skip
         kept = complete_aws(mine)
-        assert kept.aws_region == "us-east-1" and kept.aws_subnet_id == ("subnet-mine",)
+        assert kept.aws_region == "eu-west-1" and kept.aws_subnet_id == ("subnet-mine",)
         assert kept.aws_security_group_ids == ("sg-0node", "sg-0peerpods")
         asked = len(imds.requests)
         full = mine.model_copy(update={"aws_security_group_ids": ("sg-1",)})
