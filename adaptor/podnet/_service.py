@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import ipaddress
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
@@ -73,6 +74,9 @@ class PodNetSettings(PodNetworkSettings):
     netns_dirs: tuple[str, ...] = NETNS_DIRS
     # How often the network sweep runs after the one at start (0: only at start).
     sweep_interval_seconds: float = 300.0
+    # The daemon's --owner-id: part of the tag on our VXLAN devices (empty: the default
+    # owner id, peerpods-<hostname>).
+    owner_id: str = ""
 
 
 class VniLeases(Protocol):
@@ -109,8 +113,10 @@ class PodNet:
         self._cursor: int | None = None
         # VNIs other VXLAN devices on this node use (found by `scan`): never handed out.
         self._foreign: set[int] = set()
-        # The device group that marks our VXLAN devices (the worker netns's inode).
-        self._tag = _sweep.device_tag(host_netns)
+        # The device group that marks our VXLAN devices (the worker netns's inode and our
+        # owner id: the daemon's default is peerpods-<hostname>).
+        owner = settings.owner_id or f"peerpods-{socket.gethostname()}"
+        self._tag = _sweep.device_tag(host_netns, owner)
         # VNI -> (its lock, callers using it): one call at a time per tunnel.
         self._tunnels: dict[int, tuple[asyncio.Lock, int]] = {}
         # VNI -> the deletion of its cut-off vxlan1 (`teardown`), until it ends.

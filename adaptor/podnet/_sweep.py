@@ -5,8 +5,11 @@ the records went wrong (a daemon killed between two writes of an older version, 
 The sweep lists, in the worker's netns and every named netns:
 
 - VXLAN devices of ours: on our UDP port and tagged with our device group (the worker netns's
-  inode, set in the RTM_NEWLINK that creates them); a device of ours whose VNI no lease holds is
-  removed together with the redirects that point at it;
+  inode mixed with our owner id, set in the RTM_NEWLINK that creates them; another daemon's on
+  the same node and port carry another group and count as foreign); a device of ours whose VNI
+  no lease holds is removed together with the redirects that point at it. An older version's
+  devices (the inode alone) are still swept: that version could not share a port with another
+  daemon, so they are a predecessor's, whose VNIs our leases hold while its pods run;
 - redirects left dangling: an ingress u32 filter of our shape (prio 1, handle 800::800) whose
   `mirred egress redirect` target is gone (the kernel reports ifindex 0 once the target device
   is deleted), with its ingress qdisc when nothing else is left on it;
@@ -25,6 +28,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import zlib
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
@@ -36,9 +40,21 @@ from adaptor.podnet._errors import PodNetError
 _COMMENT = re.compile(r"^peerpod \[vni:(\d+)\]$")
 
 
-def device_tag(host_netns: str | None) -> int:
-    """The device group our VXLAN devices carry: the worker netns's inode (fits 32 bits)."""
+def legacy_tag(host_netns: str | None) -> int:
+    """The device group of an older version's VXLAN devices: the worker netns's inode alone."""
     return os.stat(host_netns or "/proc/self/ns/net").st_ino & 0xFFFFFFFF
+
+
+def device_tag(host_netns: str | None, owner_id: str = "") -> int:
+    """The device group our VXLAN devices carry (fits 32 bits): the worker netns's inode mixed
+    with the owner id, so two daemons on one node (distinct --owner-id, as their VM collectors
+    need anyway) never take each other's devices for their own. Without an owner id: the
+    inode alone (an older version's tag)."""
+    inode = legacy_tag(host_netns)
+    if not owner_id:
+        return inode
+    tag = (inode ^ zlib.crc32(owner_id.encode())) & 0xFFFFFFFF
+    return tag if tag != inode else tag ^ 1
 
 
 @dataclass(frozen=True)
@@ -130,9 +146,9 @@ def namespaces(host_netns: str | None, extra: Iterable[str] = ()) -> list[str | 
     return [host_netns, *seen.values()]
 
 
-def _list_netns(ns: str | None, port: int, tag: int, found: Found) -> None:
+def _list_netns(ns: str | None, port: int, tags: Collection[int], found: Found) -> None:
     """One netns: its links, its ingress qdiscs and their redirects (raw dumps, parsed here:
-    a node may hold a thousand pod namespaces)."""
+    a node may hold a thousand pod namespaces); devices of a group in `tags` are ours."""
     with _netns.entered(ns):
         sock = _nl.Netlink(_nl.NETLINK_ROUTE)
     with sock:
@@ -140,7 +156,7 @@ def _list_netns(ns: str | None, port: int, tag: int, found: Found) -> None:
             vxlan = _nl.vxlan_of(payload)
             if vxlan is None or vxlan.port != port:
                 continue
-            if vxlan.group == tag:
+            if vxlan.group in tags:
                 found.devices.append(VxlanDevice(ns, vxlan.index, vxlan.vni))
             else:
                 found.foreign.add(vxlan.vni)
@@ -156,12 +172,21 @@ def _list_netns(ns: str | None, port: int, tag: int, found: Found) -> None:
                     found.redirects.append(Redirect(ns, index, *redirect))
 
 
-def find(host_netns: str | None, port: int, tag: int, extra: Iterable[str] = ()) -> Found:
-    """List every part that may be ours (namespaces that cannot be read are skipped)."""
+def find(
+    host_netns: str | None,
+    port: int,
+    tag: int,
+    extra: Iterable[str] = (),
+    legacy: bool = True,
+) -> Found:
+    """List every part that may be ours (namespaces that cannot be read are skipped): devices
+    of our `tag`, and with `legacy` those of an older version's (`legacy_tag`), which it made
+    before devices carried an owner."""
     found = Found()
+    tags = {tag, legacy_tag(host_netns)} if legacy else {tag}
     for ns in namespaces(host_netns, extra):
         try:
-            _list_netns(ns, port, tag, found)
+            _list_netns(ns, port, tags, found)
         except (PodNetError, NetlinkError, OSError):
             continue
     with _netns.nftables(host_netns) as nft:
