@@ -91,10 +91,47 @@ def test_the_monitors_select_what_is_deployed_and_scrape_named_ports() -> None:
     labels = adaptor["spec"]["template"]["metadata"]["labels"]
     assert podmonitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     # no declared port (on the host network it would be a host port, which the surge pod of an
-    # upgrade cannot share with the old pod): the PodMonitor scrapes the status port by number
+    # upgrade cannot share with the old pod): the PodMonitor scrapes the metrics-only listener
+    # by number, on every address of the node, while the status API stays on loopback
     assert not [c for c in adaptor["spec"]["template"]["spec"]["containers"] if c.get("ports")]
-    status_port = int(ServeSettings.model_fields["status_address"].default.rsplit(":", 1)[1])
-    assert podmonitor["spec"]["podMetricsEndpoints"][0]["targetPort"] == status_port
+    config = next(
+        d
+        for d in deployed
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "peerpods-adaptor"
+    )["data"]
+    host, _, port = config["PEERPODS_METRICS_ADDRESS"].rpartition(":")
+    assert host == "0.0.0.0" and podmonitor["spec"]["podMetricsEndpoints"][0]["targetPort"] == int(
+        port
+    )
+    assert config["PEERPODS_STATUS_ADDRESS"].startswith("127.0.0.1:")
+    assert "metrics_address" in ServeSettings.model_fields
+
+
+def test_the_webhook_scrape_verifies_its_certificate_and_is_admitted() -> None:
+    deployed = _deployed()
+    monitor = next(d for d in OBJECTS if d["kind"] == "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    tls = endpoint["tlsConfig"]
+    assert "insecureSkipVerify" not in tls
+    ca_certificate = next(
+        d for d in deployed if d["kind"] == "Certificate" and d["spec"].get("isCA")
+    )
+    assert tls["ca"]["secret"]["name"] == ca_certificate["spec"]["secretName"]
+    serving = next(d for d in deployed if d["kind"] == "Certificate" and not d["spec"].get("isCA"))
+    assert tls["serverName"] in serving["spec"]["dnsNames"]
+    policy = next(
+        d
+        for d in deployed
+        if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "peerpods-webhook"
+    )
+    scrapes = [
+        rule
+        for rule in policy["spec"]["ingress"]
+        for peer in rule["from"]
+        if peer.get("namespaceSelector", {}).get("matchLabels")
+        == {"kubernetes.io/metadata.name": "monitoring"}
+    ]
+    assert scrapes and scrapes[0]["ports"] == [{"protocol": "TCP", "port": 8443}]
 
 
 def test_every_metric_used_is_exported() -> None:

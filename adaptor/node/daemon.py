@@ -73,6 +73,7 @@ from adaptor.proxy.pki import AdaptorPKI
 from adaptor.state import SandboxRecord, StateStore
 from adaptor.status import AbandonedBook, DeviceBook, build_app
 from adaptor.status.app import refresh_sandbox_gauge
+from adaptor.status.metrics_listener import MetricsListener
 from adaptor.status.server import StatusServer
 from adaptor.status.warmpool import add_warm_pool_route
 from adaptor.ttrpc.server import Server
@@ -187,6 +188,7 @@ class Daemon:
         self.devices = DeviceBook()
         self.abandoned = AbandonedBook()
         self.status: StatusServer | None = None
+        self.metrics: MetricsListener | None = None
         # the cloud provider's SDK pool and background deletes (built with the provider)
         self._calls: CloudCalls | None = None
         self._lock_fd: int | None = None
@@ -266,6 +268,7 @@ class Daemon:
         await self._recover(self.manager)
         self._start_loops(self.manager, provider, placement, store, dropped)
         await self._start_status(placement, store)
+        await self._start_metrics(store)
         await self._serve_hypervisor(self.manager)
         self._advertise()
         log.info(
@@ -409,6 +412,18 @@ class Daemon:
         self.readiness.start()
         if self.warm is not None:
             self.warm.start()
+
+    async def _start_metrics(self, store: StateStore) -> None:
+        """The metrics-only listener (adaptor.status.metrics_listener), when an address is set."""
+        settings = self.settings
+        if not settings.metrics_address:
+            return
+        self.metrics = MetricsListener(
+            settings.metrics_address,
+            refresh=lambda: refresh_sandbox_gauge(store),
+            host_names=(settings.node_name, socket.gethostname()),
+        )
+        await self.metrics.start()
 
     async def _start_status(self, placement: PlacementInUse, store: StateStore) -> None:
         """The status API, when an address is set."""
@@ -586,6 +601,9 @@ class Daemon:
         if self.status is not None:
             await self.status.stop()
             self.status = None
+        if self.metrics is not None:
+            await self.metrics.stop()
+            self.metrics = None
         if self.readiness is not None:
             await self.readiness.stop()
             self.readiness = None

@@ -45,6 +45,16 @@ def _quota(value: str) -> str:
     return value
 
 
+def _listen_address(value: str) -> str:
+    """HOST:PORT (IPv6 as [::]:PORT), checked when the settings are read: a typo stops `serve`
+    at once with one line, before it takes anything over."""
+    if value:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host.strip("[]") or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"want HOST:PORT, got {value!r}")
+    return value
+
+
 class ServeSettings(
     SandboxSettings, ReclaimSettings, PodNetworkSettings, WarmPoolSettings, Section
 ):
@@ -106,6 +116,14 @@ class ServeSettings(
     ] = Field(
         (),
         description="the static provider's pod VMs, HOST:PORT[,...]; one sandbox each at a time",
+    )
+    metrics_address: Annotated[str, Flag("--metrics-address"), AfterValidator(_listen_address)] = (
+        Field(
+            "",
+            description="HOST:PORT of a listener serving only GET /metrics, apart from the status "
+            "API, for a PodMonitor (e.g. 0.0.0.0:8007); it shows no sandbox, checks Host, caps "
+            "connections and times out slow requests; empty: off (metrics on the status API only)",
+        )
     )
     status_address: Annotated[str, Flag("--status-address")] = Field(
         "127.0.0.1:8006",
