@@ -7,13 +7,17 @@ a node that advertises the resource. The adaptor patches its own node's status a
 whenever the advertised count differs from its setting (a kubelet that restarts zeroes extended
 resources it does not manage), reading the node with `get` and writing only `nodes/status`
 (the narrowest RBAC that can). The calls block, so every one runs in a thread.
+
+While the node is not ready (`/readyz` fails: no cloud credentials, the socket not serving) it
+advertises 0 peer pods, so the scheduler sends none to a node that could only fail them; its
+capacity comes back as soon as it is ready.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from adaptor.runtime.periodic import OwnedTask
@@ -101,6 +105,8 @@ class CapacityAdvertiser:
         extra: Mapping[str, int] | None = None,
         interval_seconds: float = 30.0,
         retry_seconds: float = 5.0,
+        ready: Callable[[], bool] | None = None,
+        ready_poll_seconds: float = 1.0,
     ) -> None:
         if not node:
             raise PeerpodsError("no node name to advertise peer-pod capacity on")
@@ -114,26 +120,35 @@ class CapacityAdvertiser:
             raise PeerpodsError(f"advertised resources must be 0 or more: {self.resources}")
         self.interval_seconds = interval_seconds
         self.retry_seconds = retry_seconds
+        self.ready = ready  # None: always ready
+        self.ready_poll_seconds = ready_poll_seconds
         self.patches = 0
         self._task = OwnedTask("capacity-advertiser")
 
-    async def advertise(self) -> bool:
-        """Patch the node when an advertised count differs; True when it patched."""
+    def wanted(self, ready: bool) -> dict[str, int]:
+        """What the node should advertise: its capacity once ready, no peer pod before."""
+        return dict(self.resources) if ready else {**self.resources, RESOURCE: 0}
+
+    async def advertise(self, ready: bool | None = None) -> bool:
+        """Patch the node when an advertised count differs from what it should be now (ready:
+        the readiness given, else asked); True when it patched."""
+        if ready is None:
+            ready = self.ready() if self.ready is not None else True
         have = await asyncio.to_thread(self.api.capacity, self.node)
-        wrong = {
-            name: str(count)
-            for name, count in self.resources.items()
-            if have.get(name) != str(count)
-        }
+        wanted = self.wanted(ready)
+        if not ready and RESOURCE not in have:
+            del wanted[RESOURCE]  # never advertised: no peer pod comes here already
+        wrong = {name: str(count) for name, count in wanted.items() if have.get(name) != str(count)}
         if not wrong:
             return False
         await asyncio.to_thread(self.api.set_capacity, self.node, wrong)
         self.patches += 1
         log.info(
-            "node %s advertises %s (was %s)",
+            "node %s advertises %s (was %s)%s",
             self.node,
             ", ".join(f"{k}: {v}" for k, v in wrong.items()),
             ", ".join(f"{k}: {have.get(k, 'unset')}" for k in wrong),
+            "" if ready else ", not ready (/readyz says why)",
         )
         return True
 
@@ -145,11 +160,20 @@ class CapacityAdvertiser:
         await self._task.stop()
 
     async def _loop(self) -> None:
+        """Check the node every interval, and as soon as readiness changes (it is polled; the
+        API is called only at a change or an interval's end)."""
+        loop = asyncio.get_running_loop()
+        checked: bool | None = None  # the readiness of the last check
+        due = 0.0
         while True:
-            try:
-                await self.advertise()
-            except NodeApiError as exc:
-                log.warning("cannot advertise %s on node %s: %s", RESOURCE, self.node, exc)
-                await asyncio.sleep(self.retry_seconds)
-                continue
-            await asyncio.sleep(self.interval_seconds)
+            ready = self.ready() if self.ready is not None else True
+            if ready != checked or loop.time() >= due:
+                checked = ready
+                try:
+                    await self.advertise(ready)
+                except NodeApiError as exc:
+                    log.warning("cannot advertise %s on node %s: %s", RESOURCE, self.node, exc)
+                    due = loop.time() + self.retry_seconds
+                else:
+                    due = loop.time() + self.interval_seconds
+            await asyncio.sleep(min(self.ready_poll_seconds, max(due - loop.time(), 0.0)))

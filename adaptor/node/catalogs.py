@@ -2,7 +2,8 @@
 CronJob writes, config/catalog-refresh), a catalog rewritten while `serve` runs is used from the
 next StartVM on, without a restart. The reloader's own `CatalogLoader` keeps the snapshot by the
 file's mtime and size, so a check is one stat when nothing changed; a file that fails to load
-keeps the catalog in use.
+keeps the catalog in use, and is retried at every check (whatever the error: a symlink loop,
+ESTALE on NFS) while /readyz says why, until it loads again.
 
 A placement is never changed: a new catalog gives a new placement (sharing the quota pool and
 the account's quotas of the one before), put in the daemon's `PlacementInUse`. A StartVM plans
@@ -66,6 +67,7 @@ class CatalogReloader:
         self.catalog_dir = catalog_dir
         self.interval_seconds = interval_seconds
         self.reloads = 0
+        self.problem: str | None = None  # why the last check could not load the file
         self._loader = CatalogLoader(catalog_dir)
         self._seen: Catalog | None = None  # the loader's catalog the last check saw
         self._task = OwnedTask("catalog-reload")
@@ -77,8 +79,14 @@ class CatalogReloader:
         try:
             catalog = self._loader.snapshot(self.cloud, self.region)
         except PeerpodsError as exc:
-            log.warning("catalog not reloaded, the one in use stays: %s", exc)
+            self._failed(str(exc))
             return False
+        except OSError as exc:  # a symlink loop, ESTALE on NFS: retried at the next check
+            self._failed(f"{self.catalog_dir}: {exc.strerror or exc}")
+            return False
+        if self.problem is not None:
+            log.info("catalog of %s %s readable again", self.cloud, self.region)
+            self.problem = None
         if catalog is self._seen:
             return False
         self._seen = catalog
@@ -98,6 +106,15 @@ class CatalogReloader:
         )
         return True
 
+    def _failed(self, why: str) -> None:
+        if why != self.problem:  # once per new reason, not at every check
+            log.warning("catalog not reloaded, the one in use stays (retried): %s", why)
+        self.problem = why
+
+    def status(self) -> str | None:
+        """What /readyz adds while the file cannot be read (the catalog in use still serves)."""
+        return None if self.problem is None else f"catalog not reloaded: {self.problem}"
+
     def start(self) -> None:
         self._task.start(self._loop)
 
@@ -107,4 +124,7 @@ class CatalogReloader:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self.interval_seconds)
-            await asyncio.to_thread(self.check)
+            try:
+                await asyncio.to_thread(self.check)
+            except Exception as exc:  # whatever one check meets, the next one runs
+                self._failed(f"{type(exc).__name__}: {exc}")

@@ -408,7 +408,11 @@ class Daemon:
                 placement, provider.name, catalog.region, Path(settings.catalog_dir)
             )
             self.catalogs.start()
-        self.readiness = Readiness(provider, lambda: self.server is not None)
+        self.readiness = Readiness(
+            provider,
+            lambda: self.server is not None,
+            notes=[self.catalogs.status] if self.catalogs is not None else [],
+        )
         self.readiness.start()
         if self.warm is not None:
             self.warm.start()
@@ -495,6 +499,9 @@ class Daemon:
             },
             interval_seconds=settings.capacity_check_interval_seconds,
             retry_seconds=min(5.0, settings.capacity_check_interval_seconds),
+            # 0 peer pods while /readyz fails: the scheduler sends none that could only fail
+            ready=self.readiness.ready if self.readiness is not None else None,
+            ready_poll_seconds=min(1.0, settings.capacity_check_interval_seconds),
         )
         self.advertiser.start()
 

@@ -4,14 +4,16 @@
 without cloud credentials, or whose socket is not up yet, is alive but would fail every pod. The
 cloud is asked with the cheapest call every provider has (`list_owned`, the orphan sweep's
 listing) at start and then every `interval_seconds`, so revoked credentials make the node unready
-too; the probe itself only reads the last answer, never waits on the cloud.
+too; the probe itself only reads the last answer, never waits on the cloud. What does not stop
+the node from taking pods (a catalog file that cannot be reloaded: the one in use serves) is
+said after "ok", with the probe still passing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from adaptor.runtime.periodic import OwnedTask
 from providers.core.base import Provider
@@ -31,9 +33,11 @@ class Readiness:
         interval_seconds: float = 60.0,
         retry_seconds: float = 5.0,
         timeout_seconds: float = 30.0,
+        notes: Sequence[Callable[[], str | None]] = (),
     ) -> None:
         self.provider = provider
         self.serving = serving
+        self.notes = tuple(notes)  # what /readyz reports without making the node unready
         self.interval_seconds = interval_seconds
         self.retry_seconds = retry_seconds
         self.timeout_seconds = timeout_seconds
@@ -46,7 +50,12 @@ class Readiness:
             return False, "the hypervisor socket does not serve yet"
         if self.cloud_error is not None:
             return False, f"{self.provider.name}: {self.cloud_error}"
-        return True, "ok"
+        said = [note for note in (n() for n in self.notes) if note]
+        return True, "; ".join(["ok", *said])
+
+    def ready(self) -> bool:
+        """Whether the node can take a pod now (what `check` says, without the reason)."""
+        return self.serving() and self.cloud_error is None
 
     async def ask_cloud(self) -> bool:
         """One listing; True when the cloud answered."""

@@ -60,9 +60,26 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, separators=(",", ":"))
 
 
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to `sys.stderr` as it is when a record is emitted, not as it was when the handler
+    was made: a CLI run in-process (tests, an embedding program) may swap stderr and close the
+    old one, and a handler holding that closed stream fails every later record."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        """Nothing to keep: the stream is looked up at each record."""
+
+
 def configure(level: str = "info", fmt: str = "json") -> None:
     """Route the root logger to stderr as JSON (or plain text for humans)."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

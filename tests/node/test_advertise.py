@@ -1,8 +1,8 @@
 """The adaptor advertises its node's peer-pod capacity itself: `serve` patches its own Node's
 status through the Kubernetes API (a fake API server on loopback, reached through a kubeconfig
 as the client finds it), restores the count a kubelet restart zeroed, writes nothing while the
-count is right, survives an API that refuses it, and the manifests grant exactly the two calls
-it makes."""
+count is right, survives an API that refuses it, advertises no peer pod while /readyz fails
+(and its capacity once it passes), and the manifests grant exactly the two calls it makes."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import yaml
 
 from adaptor.node.advertise import RESOURCE, CapacityAdvertiser, KubeNodeApi, NodeApiError
 from adaptor.node.daemon import Daemon
+from providers.core.base import Instance
 from providers.core.contract import GPU_QUOTA_RESOURCE, MIG_QUOTA_RESOURCE
-from providers.core.errors import PeerpodsError
+from providers.core.errors import PeerpodsError, ProviderError
 from tests.adaptor.daemon_proc import daemon_settings
 from tests.adaptor.fakes import FakeProvider
 from tests.node.fake_nodes import FakeNodes, fake_nodes
@@ -168,3 +169,72 @@ def test_the_daemonset_advertises_through_the_adaptor_with_the_narrowest_rbac() 
         (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"]))  # type: ignore[index]
         for r in rules  # type: ignore[attr-defined]
     ) == [(("",), ("nodes",), ("get",)), (("",), ("nodes/status",), ("patch",))]
+
+
+class Unanswering(FakeProvider):
+    """A cloud whose listing fails while `error` is set (no credentials, then fixed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.error: Exception | None = ProviderError("no credentials (AuthFailure)")
+
+    async def list_owned(self) -> list[Instance]:
+        if self.error is not None:
+            raise self.error
+        return await super().list_owned()
+
+
+def _vm_values(api: FakeNodes) -> list[str]:
+    """Every value the node's status patches gave kata.peerpods.io/vm, in order."""
+    return [op["value"] for w in api.writes() for op in w.body if op["path"].endswith("~1vm")]
+
+
+async def test_no_peer_pods_are_advertised_while_not_ready(root: Path, api: FakeNodes) -> None:
+    api.set_capacity("worker-1", RESOURCE, "4")  # what the adaptor before this one advertised
+    provider = Unanswering()
+    settings = daemon_settings(
+        root, node_name="worker-1", vm_capacity=4, capacity_check_interval_seconds=0.1
+    )
+    daemon = Daemon(settings, provider=provider)
+    await daemon.start()
+    try:
+        assert daemon.readiness is not None
+        await _until(lambda: api.capacity("worker-1").get(RESOURCE) == "0")
+        ready, why = await daemon.readiness.check()
+        assert not ready and "no credentials" in why
+        assert _vm_values(api) == ["0"]
+        # the quota resources stay: they only ever bind through a namespace's ResourceQuota
+        assert api.capacity("worker-1")[GPU_QUOTA_RESOURCE] == "4096"
+        provider.error = None  # credentials fixed: ready, and the capacity is back
+        await daemon.readiness.ask_cloud()
+        await _until(lambda: api.capacity("worker-1").get(RESOURCE) == "4")
+        assert _vm_values(api) == ["0", "4"]
+        provider.error = ProviderError("credentials revoked")  # unready again: 0 again
+        await daemon.readiness.ask_cloud()
+        await _until(lambda: api.capacity("worker-1").get(RESOURCE) == "0")
+        assert _vm_values(api) == ["0", "4", "0"]
+    finally:
+        await daemon.close()
+
+
+async def test_a_node_never_advertised_gets_its_capacity_only_once_ready(
+    root: Path, api: FakeNodes
+) -> None:
+    provider = Unanswering()
+    settings = daemon_settings(
+        root, node_name="worker-2", vm_capacity=3, capacity_check_interval_seconds=0.1
+    )
+    daemon = Daemon(settings, provider=provider)
+    await daemon.start()
+    try:
+        assert daemon.readiness is not None and daemon.advertiser is not None
+        await _until(lambda: GPU_QUOTA_RESOURCE in api.capacity("worker-2"))
+        reads = len(api.requests)
+        await _until(lambda: len(api.requests) >= reads + 2)  # checked again, still unready
+        assert RESOURCE not in api.capacity("worker-2")  # unset: no peer pod comes here
+        provider.error = None
+        await daemon.readiness.ask_cloud()
+        await _until(lambda: api.capacity("worker-2").get(RESOURCE) == "3")
+        assert _vm_values(api) == ["3"]
+    finally:
+        await daemon.close()
