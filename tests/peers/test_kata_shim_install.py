@@ -3,6 +3,10 @@ Kata's generated `configuration-remote.toml`, the installer run over it and over
 own configuration, Debian's containerd started with the result, `peerpods serve` (static
 provider) in front of a pod VM agent; `ctr run` takes a container through the shim to its exit
 status, and then nothing is left: no container, no task, no sandbox record, no shim process.
+The node's /dev/log (which the shim needs) is a listener of the test's own when it is missing.
+
+A CRI pod too: the calls a kubelet makes (tests/peers/cri.py), with the `kata-remote` handler as
+the installer registered it (its runtime_path and ConfigPath, not ctr's choice).
 
 Needs, in PEERPODS_PEERS_DIR: `containerd-shim-kata-v2` (Kata 3.30 or so) and, beside it in
 `../kata/` or in the folder itself, the `configuration-remote.toml` Kata's build generates.
@@ -36,6 +40,7 @@ from tests.adaptor.daemon_proc import ServeProcess
 from tests.adaptor.handoff_rig import serve_args
 from tests.node.containerd import Containerd, binaries, default_config, dump
 from tests.peers.conftest import peer_binary, peers_dir
+from tests.peers.cri import EXITED, Cri, container_config, pod_config
 from tests.shim_emulator import PodVMAgent
 
 KATA_DEPLOY_GO = "opt/kata/share/defaults/kata-containers/configuration-remote.toml"
@@ -157,6 +162,7 @@ class Node:
     shim: Path
     settings: NodeInstall
     original: str
+    series: str = "1.6"
     config_path: str = ""
     process: subprocess.Popen[bytes] | None = None
 
@@ -188,9 +194,21 @@ class Node:
             time.sleep(0.05)
         archive = self.base / "tiny.tar"
         oci_archive(archive)
-        for namespace in (NAMESPACE, "k8s.io"):
-            done = ctr(self.daemon, "image", "import", str(archive), namespace=namespace)
-            assert done.returncode == 0, done.stderr
+        done = ctr(self.daemon, "image", "import", str(archive))
+        assert done.returncode == 0, done.stderr
+        # the CRI's namespace, unpacked for its snapshotter, also as its pause image
+        local = ["--local"] if self.series == "2" else []  # not the transfer service
+        done = ctr(self.daemon, "image", "import", *local, "--snapshotter", "native",
+                   str(archive), namespace="k8s.io")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        done = ctr(self.daemon, "image", "tag", IMAGE, self.pause_image(), namespace="k8s.io")
+        assert done.returncode == 0, done.stderr
+
+    def pause_image(self) -> str:
+        plugins = dump(Path(self.containerd), self.daemon.config)["plugins"]
+        if "io.containerd.cri.v1.images" in plugins:
+            return str(plugins["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"])
+        return str(plugins["io.containerd.grpc.v1.cri"]["sandbox_image"])
 
     def stop(self) -> None:
         if self.process is not None:
@@ -242,7 +260,7 @@ def make_node(base: Path, series: str, source: str, socket_path: str) -> Node:
         snapshotter="",  # no nydus here; containerd 1.6 has no per-runtime one anyway
         version_command=f"{found} --version",
     )
-    node = Node(base, str(found), shim, settings, original)
+    node = Node(base, str(found), shim, settings, original, series)
     node.install(series)
     return node
 
@@ -344,3 +362,35 @@ async def _wait_for(check: Callable[[], object], seconds: float, node: Node) -> 
     while not await asyncio.to_thread(check):
         assert loop.time() < deadline, node.log()
         await asyncio.sleep(0.1)
+
+
+async def test_a_cri_pod_runs_through_the_real_shim_to_its_exit_status(
+    running: tuple[Node, ServeProcess, PodVMAgent],
+) -> None:
+    """The calls a kubelet makes, with the `kata-remote` handler the installer registered."""
+    node, serve, pod_vm = running
+    assert serve.process is not None
+    cri = Cri(node.daemon.socket)
+    try:
+        pod = pod_config("cri-pod", "uid-1")
+        sandbox = await asyncio.to_thread(cri.run_pod_sandbox, pod, "kata-remote")
+        box = container_config("box", IMAGE, "/hello")
+        container = await asyncio.to_thread(cri.create_container, sandbox, box, pod)
+        await asyncio.to_thread(cri.start_container, container)
+        await _wait_for(lambda: pod_vm.calls.count("StartContainer") == 2, 60, node)
+        pod_vm.write(container, b"hello from the pod VM\n")
+        pod_vm.write(container, b"")
+        pod_vm.write(container, b"")
+        pod_vm.exit(container, 7)
+        await _wait_for(lambda: cri.container_state(container) == (EXITED, 7), 60, node)
+        # the kubelet's teardown: the pause container ends when the shim signals it
+        signals = pod_vm.calls.count("SignalProcess")
+        stopping = asyncio.ensure_future(asyncio.to_thread(cri.stop_pod_sandbox, sandbox))
+        await _wait_for(lambda: pod_vm.calls.count("SignalProcess") > signals, 60, node)
+        pod_vm.exit(sandbox, 137)
+        await asyncio.wait_for(stopping, 120)
+        await asyncio.to_thread(cri.remove_pod_sandbox, sandbox)
+    finally:
+        cri.close()
+    assert pod_vm.calls[:2] == ["Check", "CreateSandbox"], pod_vm.calls
+    assert "CopyFile" in pod_vm.calls and "DestroySandbox" in pod_vm.calls
