@@ -62,6 +62,15 @@ AWS_REGIONS = (
     "us-west-1",
     "us-west-2",
 )
+# Regions moto's data lists that offer no GPU type there.
+AWS_REGIONS_WITHOUT_GPUS = ("ap-south-2", "ap-southeast-4", "ca-west-1")
+# The moto release whose bundled EC2 data (DescribeInstanceTypes and instance type offerings,
+# AWS's own records) the AWS snapshots are made from; config/constraints.txt pins it. Another
+# release's data differs (regions, types), so the maker refuses it rather than mislabel it.
+MOTO_DATA = "5.2.1"
+# AWS regions priced from the AWS Price List directly (prices/aws-<region>.csv); the other AWS
+# regions are priced from the same list as skypilot-org/skypilot-catalog vendors it (`aws_listed`).
+AWS_PRICE_LIST_REGIONS = ("us-east-1", "us-west-2")
 AZURE_REGIONS = ("eastus",)
 GCP_REGIONS = ("us-central1",)
 # The other regions whose price list (the source below) names a GPU type of the recorded region.
@@ -117,6 +126,11 @@ def aws(region: str) -> Catalog:
 
     from providers.clouds.loaders import aws as loader
 
+    if moto.__version__ != MOTO_DATA:
+        raise PeerpodsError(
+            f"the AWS snapshots are made from moto {MOTO_DATA}'s EC2 data, moto "
+            f"{moto.__version__} is installed: pip install -c config/constraints.txt -e '.[test]'"
+        )
     with mock_aws():
         client = boto3.client(
             "ec2", region_name=region, aws_access_key_id="snapshot", aws_secret_access_key="x"
@@ -128,7 +142,13 @@ def aws(region: str) -> Catalog:
         merged.update((t.name, t) for t in extra)
         types = tuple(merged[name] for name in sorted(merged))
         catalog = prices.with_prices(catalog.model_copy(update={"types": types}))
-    return catalog.model_copy(update={"source": f"snapshot: moto {moto.__version__} AWS data"})
+    return catalog.model_copy(update={"source": AWS_SOURCE_LABEL})
+
+
+AWS_SOURCE_LABEL = (
+    "snapshot: AWS's own EC2 records (DescribeInstanceTypes, instance type offerings) "
+    f"as moto {MOTO_DATA} bundles them"
+)
 
 
 def _aws_supplement(client: Any, region: str) -> list[InstanceType]:
@@ -192,10 +212,12 @@ def gcp(region: str) -> Catalog:
 # the Cloud Billing Catalog's $9.79655). What is not taken is named in prices/unpriced.csv.
 
 SOURCES = {
+    "aws": "skypilot-org/skypilot-catalog catalogs/v8/aws/vms.csv @00148f2a",
     "gcp": "skypilot-org/skypilot-catalog catalogs/v8/gcp/vms.csv @006059e0",
     "azure": "skypilot-org/skypilot-catalog catalogs/v6/azure/vms.csv @098741e7",
 }
 SOURCE_COMMITS = {
+    "aws": "00148f2af3672e2229b4f7bf8157d5a3f36e3c35",
     "gcp": "006059e0f18acb1341e22a27751e9f80df6ba92f",
     "azure": "098741e70562f65d7af1cceb81e33b284f742604",
 }
@@ -522,7 +544,8 @@ def _gap(
 
 
 def _cell(value: float | None) -> str:
-    return "" if value is None else f"{value:.6g}"
+    """A figure as the list gives it (an AWS rate has up to 7 significant digits)."""
+    return "" if value is None else f"{value:.10g}"
 
 
 def write_regional(made: Regional, out: Path) -> None:
@@ -554,6 +577,41 @@ def write_regional(made: Regional, out: Path) -> None:
         table.writerows(kept)
 
 
+def aws_listed(region: str, rows: SourceRows) -> Regional:
+    """An AWS region's snapshot with its GPU types' on-demand list prices from the price list's
+    rows (skypilot-catalog's copy of the AWS Price List: OnDemand, Linux, shared tenancy).
+
+    A figure is taken only where the list's us-east-1 figure for the same type is the one
+    bundled for us-east-1 from the AWS Price List itself; a type the list has no row for in the
+    region, or whose us-east-1 figure differs, is named in prices/unpriced.csv. AWS publishes no
+    Spot list price (only a market history, read live), so no Spot column is written."""
+    catalog = aws(region)
+    source = f"{SOURCES['aws']} (AWS Price List OnDemand, Linux)"
+    recorded = {t.name: t.price_per_hour for t in load_snapshot("aws", "us-east-1").types}
+    price_rows: list[tuple[str, float | None, float | None, str]] = []
+    gaps: list[tuple[str, str, str]] = []
+    found: dict[str, float] = {}
+    for t in catalog.types:
+        if (t.gpu is None and not t.attachable_gpus) or "on-demand" not in t.provisioning:
+            continue
+        row, check = rows.get((t.name, region)), rows.get((t.name, "us-east-1"))
+        kept = recorded.get(t.name)
+        if row is None or row.price is None:
+            why = f"the list has no on-demand figure for the type in {region}"
+        elif kept is not None and not _same(check.price if check else None, kept):
+            why = f"the list's us-east-1 figure for the type is not the bundled one ({kept})"
+        else:
+            found[t.name] = row.price
+            price_rows.append((t.name, row.price, None, f"{source}, {region}"))
+            continue
+        gaps.append((t.name, "on-demand", f"{SOURCES['aws']}: {why}"))
+    types = tuple(  # the list's figure, also over one an earlier price file gave the loader
+        t.model_copy(update={"price_per_hour": found[t.name]}) if t.name in found else t
+        for t in catalog.types
+    )
+    return Regional(catalog.model_copy(update={"types": types}), tuple(price_rows), tuple(gaps))
+
+
 def makers(rows: SourceRows | None = None) -> dict[str, Callable[[], Catalog | Regional]]:
     """Snapshot name -> how to make it (the list-made regions only with the list's rows)."""
     found: dict[str, Callable[[], Catalog | Regional]] = {}
@@ -564,6 +622,10 @@ def makers(rows: SourceRows | None = None) -> dict[str, Callable[[], Catalog | R
     ):
         for region in regions:
             found[f"{cloud}-{region}"] = functools.partial(make, region)
+    if rows is not None:  # the other AWS regions' prices from the price list's rows
+        for region in AWS_REGIONS:
+            if region not in AWS_PRICE_LIST_REGIONS:
+                found[f"aws-{region}"] = functools.partial(aws_listed, region, rows)
     listed: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("azure", AZURE_SOURCE_REGIONS),
         ("gcp", GCP_SOURCE_REGIONS),

@@ -32,12 +32,8 @@ from providers.core.request import InstanceRequest
 from providers.core.selection import select
 
 PRICES = Path(__file__).parents[2] / "providers" / "snapshots" / "prices"
-# AWS: the regions with bundled prices; Azure and GCP: every bundled region
-REGIONS = [
-    ("aws", "us-east-1"),
-    ("aws", "us-west-2"),
-    *[(c, r) for c in ("azure", "gcp") for r in snapshots.available_snapshots(c)],
-]
+# every bundled region of every cloud
+REGIONS = [(c, r) for c in ("aws", "azure", "gcp") for r in snapshots.available_snapshots(c)]
 
 
 def _missing(cloud: str, t: InstanceType) -> list[str]:
@@ -113,6 +109,9 @@ def test_every_price_row_names_its_source() -> None:
         ("aws", "us-east-1", "g7e.2xlarge", 3.36312, None),
         ("aws", "us-east-1", "g5g.xlarge", 0.42, None),
         ("aws", "us-west-2", "dl1.24xlarge", 13.10904, None),
+        ("aws", "eu-west-1", "g4dn.xlarge", 0.587, None),
+        ("aws", "eu-west-1", "p4d.24xlarge", 23.71569, None),
+        ("aws", "ap-northeast-1", "p5.48xlarge", 68.8, None),
         ("gcp", "us-central1", "a2-ultragpu-1g", 5.0277, 2.51378),  # 0.54978 + 1.964
         ("gcp", "us-central1", "n1-standard-1", 0.0475, 0.01306),
         ("azure", "eastus", "Standard_NC4as_T4_v3", 0.526, 0.062699),
