@@ -1,7 +1,8 @@
 """`peerpods serve`: the node daemon Kata's remote hypervisor talks to.
 
 Every flag comes from a setting declaration: `ServeSettings` (with the sections it inherits),
-`AgentTls`, `CdiSettings` and each cloud provider's section (`providers.clouds.settings`).
+`AgentTls`, `CdiSettings`, `DraPluginSettings` (the kubelet plugin) and each cloud provider's
+section (`providers.clouds.settings`).
 """
 
 from __future__ import annotations
@@ -14,15 +15,19 @@ from providers.clouds import registry
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add this subcommand's flags (cheap: the declarations only, no daemon code)."""
+    from adaptor.dra.settings import DraPluginSettings
     from adaptor.node.settings import ServeSettings
     from adaptor.settings import AgentTls, CdiSettings
 
-    flags.add_settings(parser, ServeSettings, AgentTls, CdiSettings, *registry.sections())
+    flags.add_settings(
+        parser, ServeSettings, AgentTls, CdiSettings, DraPluginSettings, *registry.sections()
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Validate the settings, then serve until SIGTERM/SIGINT."""
     from adaptor.devices import cdi_config
+    from adaptor.dra.settings import DraPluginSettings
     from adaptor.node.daemon import serve
     from adaptor.node.settings import ServeSettings
     from adaptor.settings import AgentTls, CdiSettings
@@ -32,5 +37,12 @@ def run(args: argparse.Namespace) -> int:
     cdi = cdi_config(flags.section(CdiSettings, args))
     cloud = registry.section(settings.provider)
     provider_settings = flags.section(cloud, args) if cloud is not None else None
-    run_loop(serve(settings, provider_settings=provider_settings, cdi=cdi))
+    daemon = serve(settings, provider_settings=provider_settings, cdi=cdi)
+    plugin = flags.section(DraPluginSettings, args)
+    if plugin.dra_plugin:
+        from adaptor.dra.run import with_plugin
+
+        run_loop(with_plugin(daemon, plugin))
+    else:
+        run_loop(daemon)
     return 0
