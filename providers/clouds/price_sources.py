@@ -25,11 +25,13 @@ one-line CatalogError naming the source.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from providers.clouds._offer_stream import read_offer
 from providers.clouds._price_pages import (
     AwsSkuTerms,
     AwsSpotPage,
@@ -69,6 +71,7 @@ AZURE_PRICES_URL = "https://prices.azure.com/api/retail/prices"
 GCP_COMPUTE_SERVICE = "6F81-5844-456A"  # Compute Engine in the Cloud Billing Catalog
 GCP_SKUS_URL = f"https://cloudbilling.googleapis.com/v1/services/{GCP_COMPUTE_SERVICE}/skus"
 _TIMEOUT_SECONDS = 60
+_STREAM_CHUNK = 1 << 20
 _MAX_PAGES = 10_000
 
 
@@ -104,28 +107,71 @@ _AWS_PLAIN = {
 }
 
 
-def aws_prices(
-    region: str, *, session: Any = None, progress: Progress | None = None
-) -> dict[str, Price]:
-    """On-demand Linux list prices by instance type from the EC2 Price List offer file."""
-    source = f"AWS Price List ({region})"
-    offer = _get(_session(session), AWS_OFFER_URL.format(region=region), source)
-    products = offer.get("products") if isinstance(offer, Mapping) else None
-    terms = offer.get("terms") if isinstance(offer, Mapping) else None
-    on_demand = terms.get("OnDemand") if isinstance(terms, Mapping) else None
-    if not isinstance(products, Mapping) or not isinstance(on_demand, Mapping):
-        raise CatalogError(f"{source}: no products/terms.OnDemand in the offer file")
-    found: dict[str, Price] = {}
-    for sku, product in products.items():
+@contextlib.contextmanager
+def _streamed(session: Any, url: str, source: str) -> Iterator[Iterator[bytes]]:
+    """GET a document as a stream of chunks (`_STREAM_CHUNK` bytes); any failure, also one in
+    the middle of the body, is a CatalogError naming the source."""
+    import requests
+
+    try:
+        response = session.get(url, timeout=_TIMEOUT_SECONDS, stream=True)
+    except requests.RequestException as exc:
+        raise CatalogError(f"{source}: {exc}") from exc
+
+    def chunks() -> Iterator[bytes]:
+        try:
+            yield from response.iter_content(chunk_size=_STREAM_CHUNK)
+        except requests.RequestException as exc:
+            raise CatalogError(f"{source}: {exc}") from exc
+
+    try:
+        if response.status_code != 200:
+            head = next(response.iter_content(chunk_size=200), b"")
+            detail = " ".join(head.decode("utf-8", "replace").split())
+            raise CatalogError(f"{source}: HTTP {response.status_code}: {detail}")
+        yield chunks()
+    finally:
+        response.close()
+
+
+def _aws_instance_type(source: str) -> Callable[[str, Any], str | None]:
+    """The instance type of an offer file product that is a plain Linux instance, else None."""
+
+    def name(sku: str, product: Any) -> str | None:
         attributes = product.get("attributes") if isinstance(product, Mapping) else None
         if not isinstance(attributes, Mapping):
             raise CatalogError(f"{source}: products.{sku}: not an object with attributes")
-        name = attributes.get("instanceType")
-        if not isinstance(name, str) or not name:
-            continue
+        found = attributes.get("instanceType")
+        if not isinstance(found, str) or not found:
+            return None
         if any(attributes.get(k) != v for k, v in _AWS_PLAIN.items()):
-            continue
-        listed = page(AwsSkuTerms, {"terms": on_demand.get(sku) or {}}, source, f" SKU {sku}")
+            return None
+        return found
+
+    return name
+
+
+def aws_prices(
+    region: str, *, session: Any = None, progress: Progress | None = None
+) -> dict[str, Price]:
+    """On-demand Linux list prices by instance type from the EC2 Price List offer file, read as
+    a stream (`_offer_stream`): the file is hundreds of MB, its parse as one document several
+    GB."""
+    source = f"AWS Price List ({region})"
+    url = AWS_OFFER_URL.format(region=region)
+    with _streamed(_session(session), url, source) as chunks:
+        try:
+            offer = read_offer(chunks, _aws_instance_type(source))
+        except RecursionError:
+            raise CatalogError(f"{source}: the answer is not JSON: nested too deeply") from None
+        except ValueError as exc:
+            raise CatalogError(f"{source}: the answer is not JSON: {exc}") from None
+    if not offer.has_products or not offer.has_on_demand:
+        raise CatalogError(f"{source}: no products/terms.OnDemand in the offer file")
+    found: dict[str, Price] = {}
+    for sku, name in offer.names.items():
+        terms = offer.on_demand.get(sku) or {}
+        listed = page(AwsSkuTerms, {"terms": terms}, source, f" SKU {sku}")
         for term in listed.terms.values():
             for dimension in term.priceDimensions.values():
                 if dimension.unit != "Hrs":
@@ -133,7 +179,7 @@ def aws_prices(
                 price = dimension.pricePerUnit.get("USD")
                 if price is not None and price > 0:
                     found[name] = Price(price, None)
-    report(progress, "AWS Price List products", len(products))
+    report(progress, "AWS Price List products", offer.products)
     return found
 
 
