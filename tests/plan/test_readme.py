@@ -13,7 +13,7 @@ from adaptor.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-SETUP = "pip install -e . && peerpods plan config/examples/gpu-pod.yaml"
+SETUP = "pip install -c config/constraints.txt -e . && peerpods plan config/examples/gpu-pod.yaml"
 
 
 def documented_commands() -> list[tuple[list[str], str]]:
