@@ -24,10 +24,12 @@ Pod = dict[str, Any]
 
 @dataclass(frozen=True)
 class PodResources:
-    """What the pod VM must offer: whole vCPUs and MiB (0: the pod did not say)."""
+    """What the pod VM must offer: whole vCPUs and MiB (0: the pod did not say); `cpu` is the
+    pod's CPU before rounding up (`peerpods plan` shows both)."""
 
     vcpus: int
     memory_mib: int
+    cpu: Decimal = Decimal(0)
 
 
 def _amount(resources: Mapping[str, Any], name: str, where: str) -> Decimal:
@@ -112,5 +114,7 @@ def pod_resources(pod: Pod) -> PodResources:
 
         totals[name] = effective(init, app, amount)
     return PodResources(
-        vcpus=math.ceil(totals["cpu"]), memory_mib=math.ceil(totals["memory"] / MIB)
+        vcpus=math.ceil(totals["cpu"]),
+        memory_mib=math.ceil(totals["memory"] / MIB),
+        cpu=totals["cpu"],
     )

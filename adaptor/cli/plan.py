@@ -74,6 +74,7 @@ def report_json(report: PlanReport) -> dict[str, Any]:
         if failure is None
         else {"stage": failure.stage, "code": failure.code, "message": failure.message},
         "warnings": list(report.warnings),
+        "notes": list(report.notes),
         "annotations": report.annotations,
         "patch": list(report.patch),
         "intent": None
@@ -163,6 +164,10 @@ def _print_admission(report: PlanReport, out: TextIO) -> None:
     changes = [(op["op"], op["path"]) for op in report.patch]
     for op, path in changes or [("none", "(already mutated)")]:
         print(f"  {op:<7} {path}", file=out)
+    if report.notes:
+        print("\nwhy:", file=out)
+        for note in report.notes:
+            print(f"  - {note}", file=out)
     print("\nannotations:", file=out)
     for key, value in sorted(report.annotations.items()):
         print(f"  {key}: {value}", file=out)

@@ -31,9 +31,13 @@ from adaptor.devices import CdiNaming, DevicePlan, MigDevice, plan_devices
 from adaptor.planning.placement import Placement, Plan
 from providers.core.catalog import Catalog
 from providers.core.contract import (
+    DEFAULT_VCPUS,
     DEVICES,
+    GPU_QUOTA_RESOURCE,
+    MIG_QUOTA_RESOURCE,
     SANDBOX_NAME,
     SANDBOX_NAMESPACE,
+    SEAL,
     ContainerPlan,
     VMIntent,
     parse_vm_annotations,
@@ -105,6 +109,7 @@ class PlanReport:
     plan: Plan | None = None
     devices: DevicePlan | None = None
     containers: tuple[ContainerDevices, ...] = ()
+    notes: tuple[str, ...] = ()  # why the webhook rewrote the pod as it did
 
     @property
     def ok(self) -> bool:
@@ -307,7 +312,50 @@ def _admit(
     )
     if result.intent is None:
         return replace(report, peer_pod=False), None
-    return report, result.pod
+    return replace(report, notes=rewrite_notes(pod, report.patch, annotations)), result.pod
+
+
+def rewrite_notes(
+    pod: Document, patch: Sequence[Mapping[str, Any]], annotations: Mapping[str, str]
+) -> tuple[str, ...]:
+    """Why the webhook's patch does what it does to this pod, one line per kind of change."""
+    from webhook import pod_resources
+
+    removed = [str(op["path"]) for op in patch if op.get("op") == "remove"]
+    added = {str(op["path"]).replace("~1", "/") for op in patch if op.get("op") == "add"}
+    notes = []
+    if any("/resources" in path for path in removed):
+        notes.append(
+            "limits and requests removed from the containers: they run in the pod VM, so their "
+            "cpu and memory must not count against the worker node and no limit may reach the "
+            "VM's cgroups (the pod is BestEffort on its node); the annotations size the VM, and "
+            "GPUs, MIG slices and RDMA reach each container as CDI devices"
+        )
+    try:
+        need = pod_resources(copy.deepcopy(pod))
+    except PeerpodsError:
+        need = None
+    vcpus = annotations.get(DEFAULT_VCPUS, "")
+    if need is not None and vcpus.isdigit() and need.cpu != int(vcpus):
+        notes.append(
+            f"CPU {need.cpu.normalize():f} (the pod's total by Kubernetes' rules, limits over "
+            f"requests) rounded up to {vcpus} vCPUs: a VM has whole vCPUs"
+        )
+    if SEAL in annotations:
+        notes.append(
+            f"{SEAL}: a MAC over the contract keys, the namespace and what the pod asks for, "
+            "so the adaptor takes only annotations this webhook wrote (plan seals with a "
+            "preview key, a cluster with its own Secret)"
+        )
+    if any(path.endswith((GPU_QUOTA_RESOURCE, MIG_QUOTA_RESOURCE)) for path in added):
+        notes.append(
+            f"namespace GPU quotas: a requests.nvidia.com/gpu quota does not see this pod (its "
+            f"nvidia.com/gpu is removed); a quota on requests.{GPU_QUOTA_RESOURCE} or "
+            f"requests.{MIG_QUOTA_RESOURCE} does (docs/webhook.md); in the DRA-driver mode "
+            "(docs/dra.md) the pod keeps its nvidia.com/gpu request, served through DRA, and "
+            "such a quota binds it natively"
+        )
+    return tuple(notes)
 
 
 def _read_contract(report: PlanReport) -> PlanReport:
