@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -117,12 +119,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
     except OSError as exc:
         print(
             f"peerpods {args.command}: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
             file=sys.stderr,
         )
         return 1
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (`peerpods plan POD | head -1`): stop quietly, as a
+    program killed by SIGPIPE does (exit 141), and send what is still buffered, which would
+    fail again at exit, to /dev/null."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file (a test's capture): nothing to flush
+        pass
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":
