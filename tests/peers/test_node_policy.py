@@ -63,11 +63,14 @@ spec:
         code, message = refused
         assert code == 403, refused
         assert "may change only its own node, not policy-node-b" in message
+        # (a poll before the policy took effect may have written 7 there)
+        before = kube_cluster.api_get("/api/v1/nodes/policy-node-b")["status"]["capacity"]
+        assert _refusal(kube_cluster, "policy-node-b", token)[0] == 403
+        after = kube_cluster.api_get("/api/v1/nodes/policy-node-b")["status"]["capacity"]
+        assert after == before  # the refused patch changed nothing
         _patch_status(kube_cluster, "policy-node-a", token, "10")
         node_a = kube_cluster.api_get("/api/v1/nodes/policy-node-a")
         assert node_a["status"]["capacity"]["kata.peerpods.io/vm"] == "10"
-        node_b = kube_cluster.api_get("/api/v1/nodes/policy-node-b")
-        assert node_b["status"]["capacity"]["kata.peerpods.io/vm"] == "3"  # unchanged
         assert _refusal(kube_cluster, "policy-node-a", unbound)[0] == 403
         # other users' writes (here the admin's) are not the policy's business
         _patch_status(kube_cluster, "policy-node-b", kube_cluster.admin_token, "4")
