@@ -70,6 +70,7 @@ class WarmPool:
         self.sources = sources or Sources()
         self.slots: dict[str, Slot] = {}
         self.refused: dict[str, str] = {}  # pool key -> why it is not (fully) filled
+        self._said: dict[str, str] = {}  # pool key -> the refusal last logged
         self._loaded = False
         self._wake = asyncio.Event()
         self._pass_lock = asyncio.Lock()
@@ -114,9 +115,11 @@ class WarmPool:
             metrics.WARM_POOL_MISSES.labels(reason="adopt-failed").inc()
             await asyncio.shield(self._discard(slot, "adoption failed"))
             return None
-        self.slots.pop(slot.id, None)
+        # out of the record first: while this process holds the slot, a pass never takes its
+        # claim for one a crash left behind
         with contextlib.suppress(PeerpodsError):
             await asyncio.shield(self.record.remove(slot.id))
+        self.slots.pop(slot.id, None)
         metrics.WARM_POOL_ADOPTIONS.labels(pool=found.pool.key).inc()
         log.info("sandbox %s: adopted warm VM %s (%s)", spec.sandbox_id, instance.id, slot.pool.key)
         self._publish()
@@ -305,8 +308,9 @@ class WarmPool:
             for _ in range(pool.size - held):
                 why = await self._over_caps(pool)
                 if why:
-                    self.refused[pool.key] = why
-                    log.info("warm pool: %s not refilled: %s", pool.key, why)
+                    if self._said.get(pool.key) != why:  # once per reason, not every pass
+                        log.info("warm pool: %s not refilled: %s", pool.key, why)
+                    self.refused[pool.key] = self._said[pool.key] = why
                     break
                 slot = Slot(Slot.new_id(), pool, self.default_image, since=time.time())
                 member = Member(pool.instance_type, pool.zone, slot.image)

@@ -726,31 +726,35 @@ class AwsProvider:
     ) -> Instance:
         what = f"sandbox {spec.sandbox_id[:12]}: adopt warm VM {instance_id}"
         USER_DATA_LIMIT.check(spec.user_data, what)
-        power = await self.power_state(instance_id)
-        if power != STOPPED:
-            raise ProviderError(f"{what}: it is {power}, not stopped")
-        # while stopped EC2 takes new user data; cloud-init reads it at the next boot. Unlike
-        # RunInstances' (which the SDK encodes), this attribute's value is the base64 text itself.
-        await self._call(
-            f"{what}: user data",
-            "modify_instance_attribute",
-            InstanceId=instance_id,
-            UserData={"Value": base64.b64encode(spec.user_data.encode())},
-        )
         sandbox_tags = {**tags_for(spec, self.owner_id), **(tags or {})}
-        await self._call(
-            f"{what}: tags",
-            "create_tags",
-            Resources=[instance_id],
-            Tags=[{"Key": k, "Value": v} for k, v in sandbox_tags.items()],
+        # While stopped EC2 takes new user data (it refuses it from a VM that is not stopped);
+        # cloud-init reads it at the next boot. Unlike RunInstances' (which the SDK encodes),
+        # this attribute's value is the base64 text itself. The sandbox's tags go on before the
+        # start, so from then on every sweep sees the sandbox's VM; the pool's come off as it
+        # starts (a VM left with both by a crash is deleted by the pool's next pass).
+        await asyncio.gather(
+            self._call(
+                f"{what}: user data",
+                "modify_instance_attribute",
+                InstanceId=instance_id,
+                UserData={"Value": base64.b64encode(spec.user_data.encode())},
+            ),
+            self._call(
+                f"{what}: tags",
+                "create_tags",
+                Resources=[instance_id],
+                Tags=[{"Key": k, "Value": v} for k, v in sandbox_tags.items()],
+            ),
         )
-        await self._call(
-            f"{what}: pool tags",
-            "delete_tags",
-            Resources=[instance_id],
-            Tags=[{"Key": TAG_WARM_POOL}, {"Key": TAG_WARM_SLOT}],
+        await asyncio.gather(
+            self._call(f"{what}: start", "start_instances", InstanceIds=[instance_id]),
+            self._call(
+                f"{what}: pool tags",
+                "delete_tags",
+                Resources=[instance_id],
+                Tags=[{"Key": TAG_WARM_POOL}, {"Key": TAG_WARM_SLOT}],
+            ),
         )
-        await self._call(f"{what}: start", "start_instances", InstanceIds=[instance_id])
         return await self._wait_running(what, instance_id)
 
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from providers.core.base import Instance, VMSpec
-from providers.core.warm import WarmSpec
+from providers.core.warm import TAG_WARM_POOL, WarmSpec
 
 # Published or estimated seconds (docs/warm-pools.md, "The latency model").
 LAUNCH_SECONDS = 20.0
@@ -60,11 +61,12 @@ class LatencyModel:
 class LatencyCloud:
     """`provider` with the model's waits; everything else passes through unchanged."""
 
-    def __init__(self, provider: Any, model: LatencyModel, *, power_off: Any = None) -> None:
+    def __init__(self, provider: Any, model: LatencyModel, *, guests: bool = True) -> None:
         self._provider = provider
         self.model = model
-        # how the guest's own power-off is done in the cloud below (default: the provider's stop)
-        self._power_off = power_off or provider.stop_warm
+        # whether this layer plays the warm VMs' guests (their power-off); without, something
+        # outside the adaptor's process must (`Guests`), as a real VM outlives a kill -9
+        self._play_guests = guests
         self._guests: set[asyncio.Task[None]] = set()
         self.creates = 0
         self.adoptions = 0
@@ -84,16 +86,17 @@ class LatencyCloud:
         self.warm_launches += 1
         await asyncio.sleep(self.model.scaled(self.model.launch))
         instance: Instance = await self._provider.launch_warm(spec)
-        task = asyncio.get_running_loop().create_task(self._guest(instance.id))
-        self._guests.add(task)
-        task.add_done_callback(self._guests.discard)
+        if self._play_guests:
+            task = asyncio.get_running_loop().create_task(self._guest(instance.id))
+            self._guests.add(task)
+            task.add_done_callback(self._guests.discard)
         return instance
 
     async def _guest(self, instance_id: str) -> None:
         """The warm VM's first boot and pulls, then its own power-off."""
         await asyncio.sleep(self.model.scaled(self.model.first_boot + self.model.image_pull))
         with contextlib.suppress(Exception):  # deleted meanwhile: nothing to power off
-            await self._power_off(instance_id)
+            await self._provider.stop_warm(instance_id)
 
     async def adopt_warm(
         self, instance_id: str, spec: VMSpec, tags: Mapping[str, str] | None = None
@@ -108,3 +111,38 @@ class LatencyCloud:
         for task in list(self._guests):
             task.cancel()
         await asyncio.gather(*self._guests, return_exceptions=True)
+
+
+class Guests:
+    """The warm VMs' guests, played from outside the adaptor's process against moto's server:
+    every running VM of the pool is stopped (its own power-off) once it has run for the
+    model's first boot and image pull. A kill -9 of `serve` leaves them booting, as in a cloud."""
+
+    def __init__(self, ec2: Any, model: LatencyModel, owner: str) -> None:
+        self.ec2 = ec2
+        self.model = model
+        self.owner = owner
+        self.seen: dict[str, float] = {}  # instance id -> when first seen running
+        self.powered_off: list[str] = []
+
+    def step(self) -> None:
+        """One look: note new running pool VMs, power off those whose time has come."""
+        filters = [
+            {"Name": f"tag:{TAG_WARM_POOL}", "Values": [self.owner]},
+            {"Name": "instance-state-name", "Values": ["running"]},
+        ]
+        out = self.ec2.describe_instances(Filters=filters)
+        now = time.monotonic()
+        due = self.model.scaled(self.model.first_boot + self.model.image_pull)
+        for reservation in out["Reservations"]:
+            for vm in reservation["Instances"]:
+                instance_id = vm["InstanceId"]
+                since = self.seen.setdefault(instance_id, now)
+                if now - since >= due and instance_id not in self.powered_off:
+                    self.ec2.stop_instances(InstanceIds=[instance_id])
+                    self.powered_off.append(instance_id)
+
+    async def run(self, interval: float = 0.1) -> None:
+        while True:
+            await asyncio.to_thread(self.step)
+            await asyncio.sleep(interval)
