@@ -473,7 +473,7 @@ class KubeClient:
             except AnswerTooLarge as exc:
                 raise KubeApiError(
                     f"{self._where}: the answer is larger than the client reads "
-                    f"({exc}; at most {self.max_answer_bytes} bytes)"
+                    f"(at most {self.max_answer_bytes} bytes{exc})"
                 ) from None
             except AnswerEncoded as exc:
                 raise KubeApiError(

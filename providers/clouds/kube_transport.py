@@ -124,7 +124,7 @@ def read_bounded(response: urllib3.BaseHTTPResponse, max_bytes: int) -> bytes:
         raise AnswerEncoded(encoding)
     length = response.headers.get("Content-Length")
     if length is not None and length.strip().isdigit() and int(length) > max_bytes:
-        raise AnswerTooLarge(f"{int(length)} bytes announced")
+        raise AnswerTooLarge(f"; {int(length)} announced")
     parts: list[bytes] = []
     size = 0
     while True:
@@ -133,5 +133,5 @@ def read_bounded(response: urllib3.BaseHTTPResponse, max_bytes: int) -> bytes:
             return b"".join(parts)
         size += len(part)
         if size > max_bytes:
-            raise AnswerTooLarge(f"more than {max_bytes} bytes")
+            raise AnswerTooLarge("")
         parts.append(part)
