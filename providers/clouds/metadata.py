@@ -307,7 +307,10 @@ def complete_azure(settings: AzureSettings) -> AzureSettings:
             settings = settings.model_copy(update=update)
     missing = [flag for flag, name, _ in fields if not getattr(settings, name)]
     if missing:
-        raise InvalidRequest(f"azure provider: no {', '.join(missing)} and {why}")
+        subnet = (
+            "" if settings.azure_subnet_id else "; and no --azure-subnet-id, which it never gives"
+        )
+        raise InvalidRequest(f"azure provider: no {', '.join(missing)} and {why}{subnet}")
     if not settings.azure_subnet_id:
         raise InvalidRequest(
             "azure provider: no --azure-subnet-id (Azure's metadata service does not name the "

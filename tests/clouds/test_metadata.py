@@ -139,6 +139,16 @@ def test_azure_refuses_without_imds(closed_url: str) -> None:
         complete_azure(settings)
 
 
+def test_azure_without_imds_or_subnet_names_the_subnet_flag_too(closed_url: str) -> None:
+    # every flag the operator must give, in one line: the subnet never comes from metadata
+    settings = AzureSettings(pod_vm_image="img", instance_metadata_url=closed_url)
+    with pytest.raises(InvalidRequest) as caught:
+        complete_azure(settings)
+    message = str(caught.value)
+    assert "--azure-subscription-id, --azure-resource-group, --azure-region" in message
+    assert message.endswith("; and no --azure-subnet-id, which it never gives")
+
+
 @pytest.mark.usefixtures("proxied")
 def test_gcp_project_zone_and_network_from_the_metadata_server() -> None:
     with fake_metadata("gcp") as server:
