@@ -92,6 +92,14 @@ log = logging.getLogger(__name__)
 LOCK_NAME = "serve.lock"
 
 
+# A failed hand-off is taken back once the successor lets go of the state directory.
+TAKE_BACK_SECONDS = 30.0
+
+
+class TakeBackFailed(PeerpodsError):
+    """A hand-off failed, and serving again afterwards failed too."""
+
+
 class StateLocked(PeerpodsError):
     """Another `peerpods serve` already uses this state directory."""
 
@@ -211,6 +219,7 @@ class Daemon:
         self._handing_off = False
         self._moving: dict[str, AgentProxy] = {}
         self.ended = asyncio.Event()  # set once a successor serves everything
+        self.failed = False  # a failed hand-off could not be taken back: the daemon stopped
 
     async def start(self) -> None:
         """Bring everything up; on failure, whatever started is closed again."""
@@ -231,8 +240,9 @@ class Daemon:
         # So are the operator's agent TLS files: on a take-over they must load before the
         # predecessor lets go of its store and sockets (the own CA lives in the state
         # directory, read once it is ours).
-        given_tls = settings.agent_tls.enabled and settings.agent_tls.ca_file is not None
-        early = await asyncio.to_thread(agent_tls_context, settings) if given_tls else None
+        early = (
+            await asyncio.to_thread(agent_tls_context, settings) if _tls_at_hand(settings) else None
+        )
         store = await self._open_store()
         provider = prepared.finish(store)  # a static pool's leases live in the store
         placement = PlacementInUse(
@@ -337,11 +347,12 @@ class Daemon:
         daemon serves the socket."""
         settings = self.settings
         lock_file = settings.state_dir / LOCK_NAME
-        take_over = {"always": True, "never": False}.get(settings.take_over)
-        self._taking = await inherit(take_over, settings.pods_dir, lock_file)
-        self._lock_fd = await asyncio.to_thread(_lock_state_dir, str(settings.state_dir))
-        if self._taking is None:
-            await asyncio.to_thread(_refuse_live_socket, str(settings.socket))
+        if self._lock_fd is None:  # held already when taking back a failed hand-off
+            take_over = {"always": True, "never": False}.get(settings.take_over)
+            self._taking = await inherit(take_over, settings.pods_dir, lock_file)
+            self._lock_fd = await asyncio.to_thread(_lock_state_dir, str(settings.state_dir))
+            if self._taking is None:
+                await asyncio.to_thread(_refuse_live_socket, str(settings.socket))
         self.store = await StateStore.open(settings.state_dir, checks=stored_json_checks())
         return self.store
 
@@ -568,6 +579,55 @@ class Daemon:
 
         await asyncio.gather(*(one(i, p) for i, p in moving.items()))
 
+    async def take_back(self, detached: Detached, moved: dict[str, MovedProxy]) -> bool:
+        """A hand-off that failed (the successor broke off, or acked a failure): once the state
+        directory is free again (the successor let go of it, or died), serve everything again
+        from the sockets still held here: the hypervisor and status listeners, the agent
+        proxies (those not moved yet are stopped as for a move) and the moved sandboxes' copies,
+        through a fresh start over the store. False when the successor still holds the state
+        directory after TAKE_BACK_SECONDS (it serves; this process closes its copies). A start
+        that fails stops this process cleanly (`failed`)."""
+        settings = self.settings
+        fd = await _lock_in_time(str(settings.state_dir), TAKE_BACK_SECONDS)
+        if fd is None:
+            log.error(
+                "hand-off failed, but the successor still holds %s: leaving everything to it",
+                settings.state_dir,
+            )
+            return False
+        log.warning("hand-off failed: taking everything back")
+        grace = settings.shutdown_grace_seconds
+        moving, self._moving = self._moving, {}
+        frozen = [proxy for sandbox_id, proxy in moving.items() if sandbox_id in moved]
+
+        async def freeze(sandbox_id: str, proxy: AgentProxy) -> None:
+            try:
+                moved[sandbox_id] = await proxy.freeze(grace)
+            except Exception as exc:
+                log.error("hand-off: sandbox %s cannot be taken back: %s", sandbox_id, exc)
+                await proxy.stop()
+                return
+            frozen.append(proxy)
+
+        await asyncio.gather(*(freeze(i, p) for i, p in moving.items() if i not in moved))
+        await asyncio.gather(*(proxy.release() for proxy in frozen), return_exceptions=True)
+        self._lock_fd = fd
+        self._handing_off = False
+        self._inherited = Inherited(
+            detached.hypervisor, dict(moved), os.getpid(), status=detached.status
+        )
+        moved.clear()  # the inherited sockets' now
+        try:
+            await self._start()
+        except Exception as exc:
+            log.error("hand-off: cannot serve again after a failed hand-off: %s; stopping", exc)
+            await self.close(grace_seconds=0)
+            self.failed = True
+            self.ended.set()
+            return True
+        log.info("hand-off: serving everything again after the failed hand-off")
+        return True
+
     async def handed_over(self, ok: bool) -> None:
         """The successor has the sockets (or broke off): close this process's copies; the
         daemon ends."""
@@ -698,6 +758,30 @@ def _refuse_live_socket(path: str) -> None:
         probe.close()
 
 
+def _tls_at_hand(settings: ServeSettings) -> bool:
+    """Whether the agent TLS files can be loaded before the state directory is ours: the
+    operator's, or the own CA a predecessor made (the own CA is made under the lock)."""
+    tls = settings.agent_tls
+    if not tls.enabled:
+        return False
+    if tls.ca_file is not None:
+        return True
+    pki = settings.state_dir / "pki"
+    return all((pki / name).is_file() for name in ("ca.crt", "ca.key"))
+
+
+async def _lock_in_time(state_dir: str, seconds: float) -> int | None:
+    """The state directory's lock, waited for up to `seconds` (None: still held)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        try:
+            return await asyncio.to_thread(_lock_state_dir, state_dir)
+        except StateLocked:
+            if asyncio.get_running_loop().time() >= deadline:
+                return None
+            await asyncio.sleep(0.2)
+
+
 def _lock_state_dir(state_dir: str) -> int:
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
     path = os.path.join(state_dir, LOCK_NAME)
@@ -747,7 +831,12 @@ async def serve(settings: ServeSettings, **hooks: Any) -> None:
         await asyncio.wait({ended, stopping}, return_when=asyncio.FIRST_COMPLETED)
         ended.cancel()
         stopping.cancel()
-        if daemon.ended.is_set() and settings.after_hand_off == "wait" and not stop.is_set():
+        if (
+            daemon.ended.is_set()
+            and not daemon.failed
+            and settings.after_hand_off == "wait"
+            and not stop.is_set()
+        ):
             log.info("hand-off: holding nothing now; waiting for SIGTERM (--after-hand-off wait)")
             await stop.wait()
         closing = asyncio.create_task(daemon.close(), name="daemon-close")
@@ -759,6 +848,8 @@ async def serve(settings: ServeSettings, **hooks: Any) -> None:
             closing.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await closing
+        if daemon.failed:
+            raise TakeBackFailed("a failed hand-off could not be taken back; stopped")
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)

@@ -13,8 +13,11 @@ file descriptors; the successor serves each again as it comes, over its own conn
 comes the Offer with the listening hypervisor socket. The successor acks; the predecessor closes
 its copies and exits. No shim connection is ever closed: both processes hold it while it moves.
 
-If the successor breaks off after Released, the predecessor cannot go back (its store and
-hypervisor socket are given up): it exits, which costs what a crash costs (docs/upgrade.md).
+If the successor breaks off after Released (or acks a failure), the predecessor takes
+everything back once the state directory is free again: it still holds the hypervisor and
+status listeners and a copy of every agent socket and shim connection, and serves them again
+through a fresh start over the store (`Predecessor.take_back`); only when that fails too does it
+stop (docs/upgrade.md).
 
 The messages are in `adaptor.node.handoff_wire`; the blocking socket work runs in a thread.
 """
@@ -563,6 +566,12 @@ class Predecessor(Protocol):
         it has stopped (duplicates: the originals stay)."""
         ...
 
+    async def take_back(self, detached: Detached, moved: dict[str, MovedProxy]) -> bool:
+        """The successor failed: serve everything again from what is still held here (the
+        listeners, the proxies not moved yet, the moved sandboxes' copies); False when it
+        cannot (the successor still holds the state: `handed_over` follows)."""
+        ...
+
     async def handed_over(self, ok: bool) -> None:
         """The successor has them (or broke off): close this process's copies and end."""
         ...
@@ -591,10 +600,13 @@ class HandoffListener:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self._close_listener()
+
+    def _close_listener(self) -> None:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
-            unlink_socket(str(self.path), self._inode)
+            unlink_socket(str(self.path), self._inode)  # unless another took the path
 
     async def _serve(self) -> None:
         assert self._listener is not None
@@ -603,6 +615,7 @@ class HandoffListener:
             channel, _ = await loop.sock_accept(self._listener)
             try:
                 if await self._one(channel):
+                    self._close_listener()  # a daemon that took back listens anew
                     return
             except Exception:  # whatever one connection did, the next successor is heard
                 log.exception("hand-off: a connection failed; listening on")
@@ -646,11 +659,18 @@ class HandoffListener:
         except Exception:
             log.exception("hand-off failed")
         finally:
-            if detached is not None:
-                detached.close()
-            for moved in proxies.values():
-                moved.close()
-            await self._daemon.handed_over(ok)
+            taken = False
+            if not ok and detached is not None:
+                try:
+                    taken = await self._daemon.take_back(detached, proxies)
+                except Exception:
+                    log.exception("hand-off: taking everything back failed")
+            if not taken:
+                if detached is not None:
+                    detached.close()
+                for moved in proxies.values():
+                    moved.close()
+                await self._daemon.handed_over(ok)
         if ok:
             log.info("hand-off: pid %d serves everything now; exiting", hello.pid)
         return True

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from adaptor.node import handoff
-from adaptor.node.handoff import HandoffListener, check_listener, handoff_path
+from adaptor.node.handoff import Detached, HandoffListener, check_listener, handoff_path
 from adaptor.node.handoff_wire import (
     Ack,
     HandoffError,
@@ -45,6 +45,9 @@ class FakePredecessor:
         raise RuntimeError("this fake hands nothing over")
 
     async def freeze(self, moved: Callable[[str, MovedProxy], None]) -> None:
+        raise AssertionError("never reached")
+
+    async def take_back(self, detached: Detached, moved: dict[str, MovedProxy]) -> bool:
         raise AssertionError("never reached")
 
     async def handed_over(self, ok: bool) -> None:
