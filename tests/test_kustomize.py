@@ -8,6 +8,8 @@ as non-root, the adaptor as root with only added capabilities."""
 from __future__ import annotations
 
 import copy
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ K8S_VERSION = "1.34"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = "ghcr.io/peerpods/peerpods"
 CUSTOM_KINDS = {("cert-manager.io/v1", "Certificate"), ("cert-manager.io/v1", "Issuer")}
-SUPPORTED = {"apiVersion", "kind", "resources", "images", "namespace", "patches"}
+SUPPORTED = {"apiVersion", "kind", "resources", "images", "namespace", "patches", "replacements"}
 # What the adaptor's networking may add (docs/networking.md): VXLAN devices, tc and nftables
 # rules (NET_ADMIN) made inside each pod's network namespace, which setns(2) enters (SYS_ADMIN).
 ADAPTOR_CAPABILITIES = {"NET_ADMIN", "SYS_ADMIN"}
@@ -44,6 +46,8 @@ def _set_image(image: str, overrides: list[dict[str, str]]) -> str:
 def _pod_specs(doc: dict[str, Any]) -> list[dict[str, Any]]:
     if doc["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job"):
         return [doc["spec"]["template"]["spec"]]
+    if doc["kind"] == "CronJob":
+        return [doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]]
     if doc["kind"] == "Pod":
         return [doc["spec"]]
     return []
@@ -70,7 +74,44 @@ def build(directory: Path) -> list[dict[str, Any]]:
         for spec in _pod_specs(doc):
             for container in spec.get("initContainers", []) + spec.get("containers", []):
                 container["image"] = _set_image(container["image"], kustomization.get("images", []))
+    for replacement in kustomization.get("replacements", []):
+        _replace(directory, replacement, documents)
     return documents
+
+
+def _field(doc: Any, path: str, value: Any = None) -> Any:
+    """kustomize's fieldPath (`a.b.[name=x].c`): the value there, or set it when `value` is
+    given; a path that does not resolve fails."""
+    *parents, last = path.split(".")
+    node = doc
+    for part in [*parents, last] if value is None else parents:
+        if part.startswith("[") and part.endswith("]"):
+            key, _, wanted = part[1:-1].partition("=")
+            (node,) = [item for item in node if item.get(key) == wanted]
+        else:
+            node = node[part]
+    if value is not None:
+        node[last] = value
+    return node
+
+
+def _replace(directory: Path, replacement: dict[str, Any], documents: list[dict[str, Any]]) -> None:
+    """kustomize's `replacements` for the form ours use: one source object's field copied to
+    fields of target objects named by kind and name; any other form fails."""
+    source, targets = replacement["source"], replacement["targets"]
+    assert set(replacement) == {"source", "targets"}, f"{directory}: {replacement}"
+    assert set(source) == {"kind", "name", "fieldPath"}, f"{directory}: {source}"
+
+    def one(kind: str, name: str) -> dict[str, Any]:
+        (found,) = [d for d in documents if (d["kind"], d["metadata"]["name"]) == (kind, name)]
+        return found
+
+    value = _field(one(source["kind"], source["name"]), source["fieldPath"])
+    for target in targets:
+        assert set(target) == {"select", "fieldPaths"} and set(target["select"]) == {"kind", "name"}
+        doc = one(target["select"]["kind"], target["select"]["name"])
+        for path in target["fieldPaths"]:
+            _field(doc, path, value)
 
 
 def _patched(
@@ -227,6 +268,39 @@ def test_the_webhook_and_the_refresh_take_the_adaptors_provider_and_region() -> 
             assert refs[key]["name"] == config["metadata"]["name"] and refs[key]["key"] == key
         assert "PEERPODS_REGION" not in refs  # never the AWS key under another provider's name
     assert "PEERPODS_AWS_REGION" in config["data"]
+
+
+def test_the_refresh_job_runs_the_image_config_deploy_names(tmp_path: Path) -> None:
+    """`kustomize edit set image` in config/deploy (docs/install.md) reaches the CronJob too; an
+    `images` entry of config/catalog-refresh's own left it on the default image."""
+    shutil.copytree(ROOT / "config", tmp_path / "config")
+    deploy = tmp_path / "config" / "deploy" / "kustomization.yaml"
+    kustomization = yaml.safe_load(deploy.read_text())
+    mine = "registry.example.com/team/peerpods"
+    kustomization["images"] = [{"name": IMAGE, "newName": mine, "newTag": "v9"}]
+    deploy.write_text(yaml.safe_dump(kustomization))
+    built = build(tmp_path / "config" / "catalog-refresh")
+    cronjob = _in(built, "CronJob", "peerpods-catalog-refresh")
+    (refresh,) = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    webhook = _in(built, "Deployment", "peerpods-webhook")["spec"]["template"]["spec"]
+    assert refresh["image"] == webhook["containers"][0]["image"] == f"{mine}:v9"
+    assert (
+        _in(REFRESHED, "CronJob", "peerpods-catalog-refresh")["spec"]["jobTemplate"]["spec"][
+            "template"
+        ]["spec"]["containers"][0]["image"]
+        == f"{IMAGE}:{VERSION}"
+    )
+    if shutil.which("kubectl"):  # kustomize itself, where installed, agrees
+        done = subprocess.run(
+            ["kubectl", "kustomize", str(tmp_path / "config" / "catalog-refresh")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        images = {line.split("image:", 1)[1].strip() for line in done.stdout.splitlines()
+                  if line.strip().startswith("image:")}  # fmt: skip
+        assert images == {f"{mine}:v9"}, images
 
 
 def test_the_webhook_is_ready_only_with_its_catalog_and_never_killed_for_it() -> None:
