@@ -58,7 +58,8 @@ class NodeInstall(BaseModel):
     # a RuntimeClass handler: a DNS label (the RuntimeClass API's own rule)
     handler: str = Field("kata-remote", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
     runtime_type: str = Field("io.containerd.kata.v2", pattern=r"^io\.containerd\.[\w.-]+\.v\d+$")
-    # Kata's Go runtime or runtime-rs (the only one from Kata 4.1): their configurations differ
+    # Kata's Go runtime or runtime-rs: their configurations differ (kata-deploy's `remote` shim
+    # is the Go one, 4.1 included)
     shim: Literal["go", "rs"] = "go"
     shim_path: str = Field("", description="the shim binary ('': kata-deploy's for `shim`)")
     socket: str = "/run/peerpod/hypervisor.sock"
@@ -244,7 +245,9 @@ def _kata(settings: NodeInstall, files: HostFiles, old: _Record, plan: _Plan) ->
     else:
         base, where = _text(target, current), str(target)
         owner = files.owner(target) or ROOT_0644
-        if entry is None:  # someone else's file: kept for uninstall
+        # someone else's file, or one its owner wrote again since (no edit of ours left in
+        # it, e.g. Kata upgraded): kept as it is now, for uninstall
+        if entry is None or (backup and not tomledit.marked(base)):
             backup = str(settings.backup_path(target))
             owner_list = [owner.mode, owner.uid, owner.gid]
             plan.backups.append((settings.backup_path(target), current))
@@ -377,7 +380,7 @@ def _carry_out(settings: NodeInstall, files: HostFiles, old: _Record, plan: _Pla
     outcome = Outcome(notes=plan.notes)
     created = list(old.directories)
     for path, data in plan.backups:
-        if files.read(path) is None:
+        if files.read(path) != data:
             files.write(path, data, ROOT_0600, created, private=True)
     # What was there before is recorded before anything of it changes.
     for name, entry in old.files.items():

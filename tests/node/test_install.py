@@ -212,6 +212,36 @@ def test_an_existing_kata_configuration_is_saved_and_put_back(base: Path) -> Non
     assert not (base / "var/lib/peerpods").exists()
 
 
+def test_a_kata_file_its_owner_wrote_again_is_what_uninstall_puts_back(base: Path) -> None:
+    kata = _seed_kata(base, KATA_GENERATED.replace('"/run/peerpod/', '"/run/kata/'))
+    (base / "etc/containerd/config.toml").write_text("version = 2\n")
+    settings = NodeInstall.build(
+        host_root=base, kata_config=KATA_DEPLOY_GO, containerd_version="1.7"
+    )
+    install(settings)
+    upgraded = KATA_GENERATED.replace('"/run/peerpod/', '"/run/kata-2/')
+    kata.write_text(upgraded)  # Kata's upgrade writes its file again
+    install(settings)
+    assert tomledit.marked(kata.read_text())
+    uninstall(settings)
+    assert kata.read_text() == upgraded
+
+
+def test_a_runtime_already_configured_as_the_docs_say_is_left_alone(base: Path) -> None:
+    # EKS: nodeadm merges NodeConfig's containerd block into the file it writes at every boot
+    block = next(b for b in re.findall(r"```toml\n(.*?)```", _install_md(), flags=re.S)
+                 if "grpc.v1.cri" in b)  # fmt: skip
+    proxy = (
+        '\n[proxy_plugins.nydus-for-kata-tee]\n  type = "snapshot"\n'
+        '  address = "/run/nydus-for-kata-tee/containerd-nydus-grpc.sock"\n'
+    )
+    text = "version = 2\n\n" + block + proxy
+    (base / "etc/containerd/config.toml").write_text(text)
+    outcome = install(NodeInstall.build(host_root=base, containerd_version="1.7"))
+    assert "/etc/containerd/config.toml" not in outcome.written
+    assert (base / "etc/containerd/config.toml").read_text() == text
+
+
 # --- containerd: the real binaries ------------------------------------------------------------
 
 
@@ -597,8 +627,12 @@ def test_the_installer_daemonset_mounts_every_path_it_reads_and_writes() -> None
     assert "node" in yaml.safe_load((root / "kustomization.yaml").read_text())["resources"]
 
 
+def _install_md() -> str:
+    return (Path(__file__).resolve().parents[2] / "docs" / "install.md").read_text()
+
+
 def _doc_blocks() -> list[dict[str, Any]]:
-    text = (Path(__file__).resolve().parents[2] / "docs" / "install.md").read_text()
+    text = _install_md()
     return [tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", text, flags=re.S)]
 
 
