@@ -37,12 +37,16 @@ def run(args: argparse.Namespace) -> int:
     cdi = cdi_config(flags.section(CdiSettings, args))
     cloud = registry.section(settings.provider)
     provider_settings = flags.section(cloud, args) if cloud is not None else None
-    daemon = serve(settings, provider_settings=provider_settings, cdi=cdi)
     plugin = flags.section(DraPluginSettings, args)
-    if plugin.dra_plugin:
-        from adaptor.dra.run import with_plugin
+    if not plugin.dra_plugin:
+        run_loop(serve(settings, provider_settings=provider_settings, cdi=cdi))
+        return 0
+    from adaptor.dra import Checkpoint
+    from adaptor.dra.run import with_plugin
+    from adaptor.hypervisor.dra_claims import DraClaimsHook
 
-        run_loop(with_plugin(daemon, plugin))
-    else:
-        run_loop(daemon)
+    # the VM of a pod with claims is planned from what the plugin prepared for it
+    hooks = (DraClaimsHook(Checkpoint(plugin.checkpoint_path)),)
+    daemon = serve(settings, provider_settings=provider_settings, cdi=cdi, hooks=hooks)
+    run_loop(with_plugin(daemon, plugin))
     return 0

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from google.protobuf.message import DecodeError
 
 from adaptor.cdi import ANNOTATION_PREFIX, CdiError, Registry, apply_to_proto
+from adaptor.devices.dra import devices_from_env
 from adaptor.devices.plan import DevicePlan
 from adaptor.devices.sanitize import strip_gpu_access
 from adaptor.ttrpc.gen import agent_pb2
@@ -106,6 +107,9 @@ def rewrite_for_container(
             if not name:
                 raise RewriteError(f"CreateContainer for a GPU pod without {CONTAINER_NAME}")
             devices = plan.for_container(name)
+            devices += [
+                d for d in devices_from_env(plan, request.OCI.Process.Env) if d not in devices
+            ]
     if not devices and not foreign and not stripped:
         return Rewritten(payload, container, ())
     for key in foreign:

@@ -39,6 +39,7 @@ class PreparedClaim:
     pod_uids: tuple[str, ...]
     devices: tuple[AllocatedDevice, ...]
     cdi_ids: tuple[str, ...] = field(default=())
+    pod_names: tuple[str, ...] = field(default=())  # the same pods, by name (their namespace's)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +49,7 @@ class PreparedClaim:
             "pod_uids": list(self.pod_uids),
             "devices": [d.to_dict() for d in self.devices],
             "cdi_ids": list(self.cdi_ids),
+            "pod_names": list(self.pod_names),
         }
 
     @classmethod
@@ -62,6 +64,7 @@ class PreparedClaim:
                 pod_uids=tuple(str(u) for u in data.get("pod_uids") or ()),
                 devices=tuple(AllocatedDevice.from_dict(d) for d in data.get("devices") or ()),
                 cdi_ids=tuple(str(i) for i in data.get("cdi_ids") or ()),
+                pod_names=tuple(str(n) for n in data.get("pod_names") or ()),
             )
         except (KeyError, TypeError) as exc:
             raise CheckpointError(f"a prepared claim is malformed: {exc}") from None
@@ -123,6 +126,13 @@ class Checkpoint:
         with self._lock:
             claims = self._read()
         return sorted((c for c in claims.values() if pod_uid in c.pod_uids), key=lambda c: c.uid)
+
+    def for_pod_name(self, namespace: str, name: str) -> list[PreparedClaim]:
+        """The claims prepared for the pod `namespace/name` (CreateVM names a pod, not its UID)."""
+        with self._lock:
+            claims = self._read()
+        found = (c for c in claims.values() if c.namespace == namespace and name in c.pod_names)
+        return sorted(found, key=lambda c: c.uid)
 
     def __iter__(self) -> Iterator[PreparedClaim]:
         with self._lock:

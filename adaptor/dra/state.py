@@ -58,12 +58,13 @@ def _our_results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [r for r in results if isinstance(r, dict) and r.get("driver") == DRIVER]
 
 
-def _pod_uids(claim: Mapping[str, Any]) -> tuple[str, ...]:
+def _pods(claim: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    """The UIDs or names of the pods the claim is reserved for."""
     reserved = (claim.get("status") or {}).get("reservedFor") or []
     return tuple(
-        str(r["uid"])
+        str(r[key])
         for r in reserved
-        if isinstance(r, dict) and r.get("resource") == "pods" and r.get("uid")
+        if isinstance(r, dict) and r.get("resource") == "pods" and r.get(key)
     )
 
 
@@ -95,7 +96,13 @@ class DeviceState:
         devices = [self._facts(ref, r) for r in results]
         cdi_ids = write_spec(self.cdi_dir, ref.uid, devices)
         prepared = PreparedClaim(
-            ref.uid, ref.namespace, ref.name, _pod_uids(claim), tuple(devices), tuple(cdi_ids)
+            ref.uid,
+            ref.namespace,
+            ref.name,
+            _pods(claim, "uid"),
+            tuple(devices),
+            tuple(cdi_ids),
+            _pods(claim, "name"),
         )
         self.checkpoint.put(prepared)
         log.info("prepared claim %s/%s: %d devices", ref.namespace, ref.name, len(devices))

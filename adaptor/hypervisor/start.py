@@ -75,19 +75,21 @@ class Starts:
                 network_namespace=network_namespace,
                 agent_socket=path,
             )
-            await self._record(record)
+            stored = await self._record(record)
+            if stored.annotations != record.annotations:  # a hook planned the VM (DRA claims)
+                intent = _checked_intent(stored.annotations, table)
             table.intents[sandbox_id] = intent
         log.info(
             "sandbox %s recorded for pod %s/%s", sandbox_id, intent.pod_namespace, intent.pod_name
         )
         return path
 
-    async def _record(self, record: SandboxRecord) -> None:
+    async def _record(self, record: SandboxRecord) -> SandboxRecord:
         """The new sandbox, as the hooks make it (its pod network inspected), written."""
         hooks = self.table.hooks
         record = await hooks.sandbox_created(record)
         try:
-            await self.table.store.put(record)
+            return await self.table.store.put(record)
         except BaseException:
             await asyncio.shield(hooks.create_failed(record))
             raise

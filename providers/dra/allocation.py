@@ -15,6 +15,7 @@ from typing import Any
 
 from providers.core.contract import GpuIntent
 from providers.core.errors import InvalidRequest
+from providers.core.skus import product_key
 from providers.dra.slices import DRIVER
 
 __all__ = ["AllocatedDevice", "device_facts", "gpu_intent"]
@@ -127,7 +128,7 @@ def gpu_intent(devices: Sequence[AllocatedDevice]) -> GpuIntent:
         raise InvalidRequest(
             f"the pod was allocated GPUs of models {', '.join(models)}; a pod VM carries one"
         )
-    products = sorted({d.product for d in devices if d.product})
+    products = sorted({product_key(d.product) for d in devices if d.product})
     shared = [d for d in devices if d.shared]
     whole = [d for d in devices if not d.shared]
     if shared and whole:

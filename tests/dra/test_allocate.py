@@ -22,9 +22,7 @@ def slices(limits: dict[str, int] | None = None, quota: AccountQuota | None = No
     return build_pool(CatalogLoader(None).load("aws", "us-east-1"), parsed, quota).slices(1)
 
 
-def claim(
-    cls: str = "gpu.peerpods.io", *selectors: str, count: int = 1, **extra: Any
-) -> dict[str, Any]:
+def claim(cls: str = "gpu.peerpods.io", *selectors: str, count: int = 1, **extra: Any) -> Any:
     exactly: dict[str, Any] = {"deviceClassName": cls, "count": count, **extra}
     if selectors:
         exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
@@ -72,7 +70,7 @@ def test_an_account_quota_counter_stops_what_the_account_cannot_launch() -> None
 
 def test_a_memory_request_takes_a_share_rounded_up_to_what_is_sold() -> None:
     allocator = Allocator(slices({"l4": 2}), classes())
-    eight = {"capacity": {"requests": {"memory": "8Gi"}}}
+    eight: dict[str, Any] = {"capacity": {"requests": {"memory": "8Gi"}}}
     first = allocator.allocate_claim("a", claim("fraction.gpu.peerpods.io", **eight))
     second = allocator.allocate_claim("b", claim("fraction.gpu.peerpods.io", **eight))
     third = allocator.allocate_claim("c", claim("fraction.gpu.peerpods.io", **eight))
@@ -95,8 +93,8 @@ def test_an_incomplete_pool_is_not_allocatable() -> None:
 
 def test_first_available_takes_the_first_subrequest_that_fits() -> None:
     allocator = Allocator(slices({"h100": 0}), classes())
-    h100 = {"name": "h100", "deviceClassName": "gpu.peerpods.io"}
-    h100["selectors"] = [{"cel": {"expression": H100}}]  # type: ignore[list-item]
+    h100: dict[str, Any] = {"name": "h100", "deviceClassName": "gpu.peerpods.io"}
+    h100["selectors"] = [{"cel": {"expression": H100}}]
     any_gpu = {"name": "any", "deviceClassName": "gpu.peerpods.io"}
     spec = {"devices": {"requests": [{"name": "gpu", "firstAvailable": [h100, any_gpu]}]}}
     [result] = allocator.allocate_claim("c", spec)

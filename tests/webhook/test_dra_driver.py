@@ -44,7 +44,7 @@ def peer_pod(**spec: Any) -> dict[str, Any]:
 
 
 def admitted(pod: dict[str, Any], catalog: Catalog | None = None) -> dict[str, Any]:
-    resolver: Resolver = NoLookups()  # type: ignore[assignment]
+    resolver: Resolver = NoLookups()
     result = mutate_pod(pod, resolver=resolver, catalog=catalog, settings=DRA, namespace="ml")
     out: dict[str, Any] = jsonpatch.apply_patch(pod, result.patch)
     return out
