@@ -56,6 +56,7 @@ class _Watched:
     (the TLS layer takes over the socket object; the connection underneath is the same)."""
 
     _watch: socket.socket | None = None
+    _owner: Deadline | None = None  # the call using the connection now
 
     def _keep(self, sock: socket.socket) -> socket.socket:
         self._drop()
@@ -66,9 +67,15 @@ class _Watched:
         return sock
 
     def _arm(self) -> None:
-        limit = _active()
-        if limit is not None:
-            limit.watch(lambda: shut(self._watch))
+        limit = self._owner = _active()
+        if limit is None:
+            return
+
+        def stop() -> None:
+            if self._owner is limit:  # not a later call's, should this one's time run out late
+                shut(self._watch)
+
+        limit.watch(stop)
 
     def _drop(self) -> None:
         if self._watch is not None:

@@ -185,3 +185,23 @@ def test_a_password_in_a_given_server_url_stays_out_of_call_errors() -> None:
         with pytest.raises(KubeApiError) as failed:
             client.get("/x")
     assert "s3cret" not in str(failed.value) and "***@127.0.0.1" in str(failed.value)
+
+
+def test_the_client_serves_on_after_a_call_cut_off() -> None:
+    calls = []
+
+    def answer(conn: Any, head: Any) -> None:
+        calls.append(head.path)
+        if head.path == "/drip":
+            drip(OK_HEAD + b"Content-Length: 1000\r\n\r\n{")(conn, head)
+        else:
+            reply("200 OK", b'{"kind": "Node"}')(conn, head)
+
+    with hostile(answer) as server:
+        client = _client(server.url, timeout_seconds=1)
+        assert client.get("/a") == {"kind": "Node"}
+        failed = finished(lambda: client.get("/drip"))
+        assert isinstance(failed, KubeApiError) and "no answer within 1s" in str(failed)
+        for _ in range(3):  # a fresh connection; no expired deadline touches it
+            assert client.get("/b", timeout_seconds=5) == {"kind": "Node"}
+    assert calls == ["/a", "/drip", "/b", "/b", "/b"]
