@@ -55,9 +55,24 @@ def _read(path: str) -> str:
         raise InvalidRequest(f"{path}: not UTF-8 text") from None
 
 
-def report_json(report: PlanReport) -> dict[str, Any]:
+def warm_vm(report: PlanReport, pools: Sequence[str]) -> tuple[str, str] | None:
+    """Whether StartVM would adopt a warm VM from one of `pools` (serve's --warm-pool):
+    ("yes", the pool) or ("no", why); None without pools or a plan."""
+    from adaptor.settings import parse_pool
+    from adaptor.warmpool import Pool, match
+
+    if not pools or report.plan is None:
+        return None
+    parsed = [Pool(name, size, zone) for name, size, zone in map(parse_pool, pools)]
+    found = match([p for p in parsed if p.size > 0], report.plan.vm_spec(), "")
+    return ("yes", found.pool.key) if found.pool is not None else ("no", found.reason)
+
+
+def report_json(report: PlanReport, pools: Sequence[str] = ()) -> dict[str, Any]:
     """The report as JSON (the shape `--output json` prints)."""
     from adaptor.cli.select import selection_json
+
+    warm = warm_vm(report, pools)
 
     catalog = report.catalog
     intent = report.intent
@@ -106,6 +121,9 @@ def report_json(report: PlanReport) -> dict[str, Any]:
         "containers": [
             {"name": c.name, "init": c.init, "cdi": list(c.cdi)} for c in report.containers
         ],
+        "warm_vm": None
+        if warm is None
+        else {"adopted": warm[0] == "yes", "pool" if warm[0] == "yes" else "reason": warm[1]},
     }
 
 
@@ -135,7 +153,7 @@ def _rows(rows: Sequence[tuple[str, ...]], out: TextIO, indent: str = "  ") -> N
         print((indent + "  ".join(cells)).rstrip(), file=out)
 
 
-def print_report(report: PlanReport, limit: int, out: TextIO) -> None:
+def print_report(report: PlanReport, limit: int, out: TextIO, pools: Sequence[str] = ()) -> None:
     """The report as a human reads it: one section per step."""
     catalog = report.catalog
     source = f", {catalog.source}" if catalog.source else ""
@@ -155,6 +173,10 @@ def print_report(report: PlanReport, limit: int, out: TextIO) -> None:
     if report.plan is not None:
         for name, reason in report.plan.ranked_away:
             print(f"tried last: {name}: {reason}", file=out)
+    warm = warm_vm(report, pools)
+    if warm is not None:
+        said = f"yes (pool {warm[1]})" if warm[0] == "yes" else f"no: {warm[1]}"
+        print(f"warm VM: {said}", file=out)
     _print_devices(report, out)
 
 
@@ -268,10 +290,10 @@ def run(args: argparse.Namespace) -> int:
         capacity=capacity,
     )
     if args.output == "json":
-        json.dump(report_json(report), sys.stdout, indent=2)
+        json.dump(report_json(report, args.warm_pool), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print_report(report, args.limit, sys.stdout)
+        print_report(report, args.limit, sys.stdout, args.warm_pool)
     sys.stdout.flush()
     failure = report.failure
     if failure is None:

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from adaptor.settings import WarmPoolList
 from providers.core.catalog import ARCHES, CLOUDS
 from providers.core.settings import Flag, Section
 from webhook import AdmissionPolicy, ServerSettings, WebhookPolicy
@@ -121,6 +122,13 @@ class PlanSettings(CatalogChoice, CatalogSource, OutputSettings, AdmissionPolicy
     )
     limit: Annotated[int, Flag("--limit", metavar="N")] = Field(
         5, description="candidates shown in the table (JSON lists all)"
+    )
+    warm_pools: Annotated[
+        WarmPoolList, Flag("--warm-pool", metavar="TYPE=N[@ZONE]", repeated=True)
+    ] = Field(
+        (),
+        description="the node's warm pools, as serve's --warm-pool: the plan says whether the "
+        "pod would get a warm VM, and from which pool",
     )
 
 

@@ -9,7 +9,7 @@ from adaptor.settings._cdi import CdiNames, CdiSettings
 from adaptor.settings._podnet import PodNetworkSettings
 from adaptor.settings._sandbox import ReclaimSettings, SandboxSettings
 from adaptor.settings._tls import AgentTls
-from adaptor.settings._warmpool import WarmPoolSettings, parse_pool
+from adaptor.settings._warmpool import WarmPoolList, WarmPoolSettings, parse_pool
 
 __all__ = [
     "AgentTls",
@@ -18,6 +18,7 @@ __all__ = [
     "PodNetworkSettings",
     "ReclaimSettings",
     "SandboxSettings",
+    "WarmPoolList",
     "WarmPoolSettings",
     "parse_pool",
 ]

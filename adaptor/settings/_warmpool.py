@@ -35,14 +35,15 @@ def _pools(value: tuple[str, ...]) -> tuple[str, ...]:
     return value
 
 
+# A list of pools, `TYPE=N[@ZONE]` each (a field adds its own Flag).
+WarmPoolList = Annotated[tuple[str, ...], BeforeValidator(listed), AfterValidator(_pools)]
+
+
 class WarmPoolSettings(Section):
     """Stopped VMs kept ready per instance type and zone (docs/warm-pools.md)."""
 
     warm_pools: Annotated[
-        tuple[str, ...],
-        Flag("--warm-pool", metavar="TYPE=N[@ZONE]", repeated=True),
-        BeforeValidator(listed),
-        AfterValidator(_pools),
+        WarmPoolList, Flag("--warm-pool", metavar="TYPE=N[@ZONE]", repeated=True)
     ] = Field(
         (),
         description="keep N stopped VMs of instance type TYPE (in ZONE; default: the provider's "
