@@ -394,3 +394,48 @@ async def test_a_cri_pod_runs_through_the_real_shim_to_its_exit_status(
         cri.close()
     assert pod_vm.calls[:2] == ["Check", "CreateSandbox"], pod_vm.calls
     assert "CopyFile" in pod_vm.calls and "DestroySandbox" in pod_vm.calls
+
+
+BARE = """\
+[hypervisor.remote]
+remote_hypervisor_socket = "{socket}"
+remote_hypervisor_timeout = 600
+enable_annotations = ["default_vcpus", "default_memory", "default_gpus", "default_gpu_model"]
+
+[runtime]
+internetworking_model = "none"
+disable_new_netns = true
+disable_guest_seccomp = true
+static_sandbox_resource_mgmt = true
+"""
+
+
+@pytest.mark.parametrize("series", ["1.6"])
+@pytest.mark.parametrize("source", ["kata"])
+async def test_a_file_without_kata_s_timeouts_fails_every_container(
+    running: tuple[Node, ServeProcess, PodVMAgent],
+) -> None:
+    """Why the installer starts from Kata's file: the two-table file an installer might write
+    from scratch has no create_container_timeout, and the Go runtime's default is 0 s."""
+    node, serve, pod_vm = running
+    installed = Path(node.config_path)
+    kept = await asyncio.to_thread(installed.read_bytes)
+    await asyncio.to_thread(installed.write_text, BARE.format(socket=serve.socket))
+    client = str(Path(node.containerd).parent / "ctr")
+    try:
+        run = await asyncio.create_subprocess_exec(
+            client, "--address", str(node.daemon.socket), "--namespace", NAMESPACE, "run",
+            "--rm", "--runtime", "io.containerd.kata.v2",
+            "--runtime-config-path", node.config_path,
+            "--annotation", "io.kubernetes.cri.sandbox-name=bare-pod",
+            "--annotation", "io.kubernetes.cri.sandbox-namespace=default",
+            IMAGE, "peerpods-bare",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(run.communicate(), 120)
+        assert run.returncode != 0
+        assert b"CreateContainerRequest timed out" in out, out
+        assert "StartContainer" not in pod_vm.calls
+        await asyncio.to_thread(ctr, node.daemon, "containers", "rm", "peerpods-bare")
+    finally:
+        await asyncio.to_thread(installed.write_bytes, kept)
