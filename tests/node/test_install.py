@@ -503,6 +503,13 @@ def test_a_tampered_record_is_refused_and_nothing_changes(
     assert tree(base) == before
 
 
+def test_a_link_loop_is_a_clear_refusal(base: Path) -> None:
+    (base / "etc/containerd/config.toml").symlink_to("/etc/containerd/config.toml")
+    with pytest.raises(InstallError, match="too many levels of symbolic links"):
+        install(NodeInstall.build(host_root=base, containerd_version="1.7"))
+    assert sorted(p.name for p in base.rglob("*")) == ["config.toml", "containerd", "etc"]
+
+
 def test_install_is_idempotent_and_uninstall_restores_every_byte(base: Path) -> None:
     settings = settings_in(base, containerd_version="2.1")
     main_config = base / "etc/containerd/config.toml"

@@ -282,10 +282,10 @@ async def agent() -> AsyncIterator[tuple[PodVMAgent, str]]:
     await started.close()
 
 
-@pytest.fixture(params=["1.6", "2"])
+@pytest.fixture(params=["1.6", "1.7", "2"])
 def series(request: pytest.FixtureRequest) -> str:
-    """Debian's containerd 1.6 (a version 2 file, the runtime's lines in it) or 2.x (version 3,
-    a drop-in)."""
+    """Debian's containerd 1.6 or 1.7 (a version 2 file, the runtime's lines in it) or 2.x
+    (version 3, a drop-in)."""
     return str(request.param)
 
 
