@@ -108,3 +108,34 @@ def test_every_region_the_docs_name_has_a_catalog_or_a_refresh_hint() -> None:
     clouds = {cloud for cloud, _ in named}
     assert clouds == {"aws", "gcp", "azure"}, named  # the scan finds what the docs name
     assert any(f"{c}-{r}" not in snapshots for c, r in named)  # and the hint rule is exercised
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys; kubectl refuses the file: so do we."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    keys = [loader.construct_object(key, deep=deep) for key, _ in node.value]
+    repeated = {k for k in keys if keys.count(k) > 1}
+    if repeated:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"keys defined twice: {sorted(map(str, repeated))}", node.start_mark
+        )
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def test_no_manifest_defines_a_key_twice() -> None:
+    files = sorted((ROOT / "config").rglob("*.yaml"))
+    assert len(files) > 20
+    for path in files:
+        list(yaml.load_all(path.read_text(), Loader=_StrictLoader))  # raises on a repeated key
+    twice = "a: 1\nb: 2\na: 3\n"
+    try:
+        yaml.load(twice, Loader=_StrictLoader)
+    except yaml.constructor.ConstructorError as exc:
+        assert "keys defined twice: ['a']" in str(exc)
+    else:
+        raise AssertionError("a repeated key went through")
