@@ -23,6 +23,7 @@ from adaptor.node.tomlwrite import value as toml_value
 
 MARK = "# added by peerpods node install"
 WAS = "#peerpods-was: "
+_LEGACY_WAS = "# was: "
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -266,6 +267,11 @@ def unmark(text: str) -> str:
             index += 1
             while index < len(lines) and lines[index].startswith(WAS):
                 out.append(lines[index].removeprefix(WAS))
+                index += 1
+            # the first installer's imports line kept what it replaced as "# was: "
+            legacy = index < len(lines) and lines[index].startswith(_LEGACY_WAS + "imports")
+            if line.startswith("imports =") and legacy:
+                out.append(lines[index].removeprefix(_LEGACY_WAS))
                 index += 1
             continue
         out.append(line)

@@ -688,6 +688,24 @@ def test_edits_are_taken_back_exactly() -> None:
     assert tomledit.unmark(again) == text  # a second change keeps the first original
 
 
+def test_a_node_installed_by_the_first_installer_is_uninstalled_exactly(base: Path) -> None:
+    # its record held digests only, and its imports line kept the old one as "# was: "
+    import json
+
+    settings = NodeInstall.build(host_root=base, containerd_version="2.1")
+    before = "version = 3\nimports = ['/etc/a.toml']\n"
+    main_config = base / "etc/containerd/config.toml"
+    main_config.write_text(
+        f"version = 3\nimports = ['/etc/a.toml', '{settings.dropin}'] {tomledit.MARK}\n"
+        "# was: imports = ['/etc/a.toml']\n"
+    )
+    record = base / "var/lib/peerpods/node-install.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"files": {}, "directories": [], "imports": True}))
+    uninstall(settings)
+    assert main_config.read_text() == before
+
+
 def test_paths_are_the_hosts_under_host_root(base: Path) -> None:
     settings = NodeInstall.build(host_root=base, containerd_version="2.1")
     (base / "etc/containerd/config.toml").write_text("version = 3\n")
