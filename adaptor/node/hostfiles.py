@@ -28,8 +28,9 @@ class Owner:
         return cls(stat.S_IMODE(found.st_mode), found.st_uid, found.st_gid)
 
 
-ROOT_0644 = Owner(0o644, 0, 0)
-ROOT_0600 = Owner(0o600, 0, 0)
+# New files: owned by whoever runs the installer (root on a node; -1 leaves fchown a no-op)
+ROOT_0644 = Owner(0o644, -1, -1)
+ROOT_0600 = Owner(0o600, -1, -1)
 
 
 def digest(data: bytes) -> str:

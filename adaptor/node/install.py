@@ -455,7 +455,7 @@ def _undo_file(
         outcome.kept.append(str(path) + (f" (what was there before: {backup})" if saved else ""))
         return
     if backup is not None and saved is not None:
-        mode, uid, gid = entry["owner"] or (0o644, 0, 0)
+        mode, uid, gid = entry["owner"] or (0o644, -1, -1)
         files.write(path, saved, Owner(mode, uid, gid), [], private=False)
         files.remove(backup)
         outcome.written.append(str(path))

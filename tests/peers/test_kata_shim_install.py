@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+from adaptor.node import kataconfig
 from adaptor.node.install import NodeInstall, install, uninstall
 from tests.adaptor.daemon_proc import ServeProcess
 from tests.adaptor.handoff_rig import serve_args
@@ -439,3 +440,19 @@ async def test_a_file_without_kata_s_timeouts_fails_every_container(
         await asyncio.to_thread(ctr, node.daemon, "containers", "rm", "peerpods-bare")
     finally:
         await asyncio.to_thread(installed.write_bytes, kept)
+
+
+def test_the_whole_file_the_installer_writes_is_kata_s_own() -> None:
+    """Where Kata installed none, the installer's file has Kata's generated tables and keys with
+    Kata's values (the annotations list aside, which admits the same names); on Kata's own file
+    it changes nothing at all with the default socket."""
+    generated = tomllib.loads(kata_generated().read_text())
+    ours = tomllib.loads(kataconfig.complete("go", "/run/peerpod/hypervisor.sock"))
+    for table in (("hypervisor", "remote"), ("agent", "kata"), ("runtime",)):
+        theirs, mine = generated, ours
+        for part in table:
+            theirs, mine = theirs[part], mine[part]
+        theirs = {k: v for k, v in theirs.items() if k != "enable_annotations"}
+        mine = {k: v for k, v in mine.items() if k != "enable_annotations"}
+        assert mine == theirs, table
+    assert kataconfig.required_edits(generated, "go", "/run/peerpod/hypervisor.sock") == []
