@@ -30,7 +30,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from adaptor.settings import CdiNames
 
     parser.add_argument("manifest", metavar="POD.yaml", help="pod manifest ('-' for stdin)")
-    flags.add_settings(parser, PlanSettings, CdiNames)
+    from adaptor.cli.dra_plan import DraPlanSettings
+
+    flags.add_settings(parser, PlanSettings, CdiNames, DraPlanSettings)
 
 
 def _read(path: str) -> str:
@@ -261,6 +263,17 @@ def _print_devices(report: PlanReport, out: TextIO) -> None:
     _rows(rows, out)
 
 
+def _dra(args: argparse.Namespace) -> int:
+    """The DRA-driver mode's plan (adaptor.cli.dra_plan)."""
+    from adaptor.cli import dra_plan
+    from providers.core.snapshots import DEFAULT_REGIONS, load_catalog
+
+    region = args.region.strip() or DEFAULT_REGIONS[args.provider]
+    directory = Path(args.catalog_dir) if args.catalog_dir else None
+    catalog = load_catalog(args.provider, region, catalog_dir=directory)
+    return dra_plan.run(args, _read(args.manifest), catalog)
+
+
 def run(args: argparse.Namespace) -> int:
     from adaptor.cli.pod_plan import load_documents, plan_manifest
     from adaptor.devices import naming_from_flags
@@ -269,6 +282,8 @@ def run(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise InvalidRequest(f"--limit must be at least 1, got {args.limit}")
     naming = naming_from_flags(args.cdi_gpu_name, args.cdi_mig_name, args.cdi_rdma_name)
+    if args.dra_driver:
+        return _dra(args)
     source = "stdin" if args.manifest == "-" else args.manifest
     documents = load_documents(_read(args.manifest), source)
     allowed = list(args.allowed_machine_types)

@@ -85,3 +85,9 @@ def test_a_device_missing_attributes_is_no_match_never_an_error(name: str) -> No
     # a device of ours without `type` but with `shared`
     no_type = {"name": "x", "attributes": {"shared": {"bool": False}}}
     assert not matches(classes()[name], "gpu.peerpods.io", no_type)
+
+
+def test_the_shipped_classes_are_the_ones_plan_uses() -> None:
+    from providers.dra.classes import device_classes
+
+    assert classes() == device_classes()
