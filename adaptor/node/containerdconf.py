@@ -132,6 +132,19 @@ def proxy_snapshotters(documents: list[Mapping[str, Any]]) -> dict[str, str]:
     return found
 
 
+def runtimes(document: Mapping[str, Any]) -> set[str]:
+    """The CRI runtime handlers a configuration file names (either version's layout)."""
+    names: set[str] = set()
+    plugins = document.get("plugins", {})
+    for plugin in (CRI_V2, CRI_V3):
+        table: Any = plugins.get(plugin, {}) if isinstance(plugins, Mapping) else {}
+        for part in ("containerd", "runtimes"):
+            table = table.get(part, {}) if isinstance(table, Mapping) else {}
+        if isinstance(table, Mapping):
+            names.update(table)
+    return names
+
+
 def choose_snapshotter(asked: str, address: str, declared: Mapping[str, str]) -> tuple[str, str]:
     """(snapshotter name, address to declare or '') for `--snapshotter` `asked`.
 

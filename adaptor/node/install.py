@@ -342,6 +342,11 @@ def _runtime(
                 documents.append(tomllib.loads(found.decode()))
         except (HostPathError, OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
             continue  # containerd says what is wrong with it
+        if settings.handler in containerdconf.runtimes(documents[-1]):
+            plan.notes.append(
+                f"{path} registers a {settings.handler} runtime too (kata-deploy's remote "
+                "shim?): containerd takes the one imported last; --handler names another"
+            )
     declared = containerdconf.proxy_snapshotters(documents)
     snapshotter, address = containerdconf.choose_snapshotter(
         settings.snapshotter, settings.nydus_address, declared

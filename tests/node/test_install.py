@@ -334,13 +334,27 @@ def test_kata_deploys_nydus_is_used_where_it_declares_it(base: Path) -> None:
     main_config.write_text(
         main_config.read_text().replace("imports = []", f"imports = ['{kata_deploy}']")
     )
-    install(settings)
+    outcome = install(settings)
+    assert not any("registers a kata-remote runtime too" in note for note in outcome.notes)
     dropin = tomllib.loads(Path(settings.dropin).read_text())
     assert "proxy_plugins" not in dropin  # declared once, by kata-deploy
     config = dump(binary, main_config)
     runtime = config["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
     assert runtime["kata-remote"]["snapshotter"] == "nydus"
     assert config["proxy_plugins"]["nydus"]["address"].startswith("/run/nydus-snapshotter/")
+
+
+def test_a_kata_deploy_runtime_of_the_same_name_is_named(base: Path) -> None:
+    settings = settings_in(base, containerd_version="2.1")
+    kata_deploy = base / "kata-deploy.toml"
+    kata_deploy.write_text(
+        "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.kata-remote]\n"
+        "  runtime_type = 'io.containerd.kata-remote.v2'\n"
+    )
+    (base / "etc/containerd/config.toml").write_text(f"version = 3\nimports = ['{kata_deploy}']\n")
+    outcome = install(settings)
+    assert any(note.startswith(f"{kata_deploy} registers a kata-remote runtime too")
+               for note in outcome.notes), outcome.notes  # fmt: skip
 
 
 def test_choosing_the_snapshotter() -> None:
