@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.peers.kube import KubeCluster
 
 
 def peers_dir() -> Path | None:
@@ -30,3 +35,14 @@ def peer_binary(name: str) -> Path:
     if name == "etcd" and found:
         return Path(found)
     pytest.skip(f"{name} not found in PEERPODS_PEERS_DIR ({folder})")
+
+
+@pytest.fixture(scope="session")
+def kube_cluster() -> Iterator[KubeCluster]:
+    """One etcd + kube-apiserver + kube-scheduler for the whole session (skips without them)."""
+    for name in ("etcd", "kube-apiserver", "kube-scheduler", "kubectl"):
+        peer_binary(name)
+    from tests.peers.kube import KubeCluster
+
+    with KubeCluster(scheduler=True) as cluster:
+        yield cluster

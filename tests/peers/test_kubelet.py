@@ -1,0 +1,63 @@
+"""A real kubelet joins the real control plane through a private containerd: its Node appears,
+carries what the kubelet reports, and its client certificate only lets it touch its own Node."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.peers.conftest import peer_binary, peers_dir
+from tests.peers.kube import KubeCluster, start_containerd
+
+
+def _containerd() -> Path:
+    folder = peers_dir()
+    if folder is not None and (folder / "containerd").is_file():
+        return folder / "containerd"
+    found = shutil.which("containerd")
+    if found is None:
+        pytest.skip("no containerd in PEERPODS_PEERS_DIR or PATH")
+    return Path(found)
+
+
+@pytest.fixture
+def needs_root() -> None:
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the kubelet test needs root under CI")
+        pytest.skip("the kubelet needs root")
+
+
+@pytest.fixture
+def kubelet_binary() -> Path:
+    return peer_binary("kubelet")
+
+
+@pytest.mark.usefixtures("needs_root", "kubelet_binary")
+def test_kubelet_registers_its_node(kube_cluster: KubeCluster) -> None:
+    with (
+        start_containerd(_containerd()) as runtime,
+        kube_cluster.kubelet("harness-kubelet", runtime.endpoint) as kubelet,
+    ):
+        node = kube_cluster.api_get("/api/v1/nodes/harness-kubelet")
+        assert kubelet.alive()
+        info = node["status"]["nodeInfo"]
+        assert info["kubeletVersion"] == "v1.36.2"
+        assert info["containerRuntimeVersion"].startswith("containerd://")
+        assert node["status"]["allocatable"]["pods"] == "110"
+        addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
+        assert addresses["InternalIP"] == "127.0.0.1"
+        # NodeRestriction: the kubelet's identity may not change another Node.
+        kube_cluster.create_fake_node("harness-kubelet-other")
+        try:
+            own = kube_cluster.node_kubeconfig("harness-kubelet")
+            refused = kube_cluster.kubectl(
+                "label", "node", "harness-kubelet-other", "a=b", kubeconfig=own, check=False
+            )
+            assert refused.returncode != 0
+        finally:
+            kube_cluster.kubectl("delete", "node", "harness-kubelet-other")
+    kube_cluster.kubectl("delete", "node", "harness-kubelet")
