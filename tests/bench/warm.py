@@ -82,8 +82,9 @@ async def bench(pods: int, model: LatencyModel, endpoint_url: str) -> int:
     ratio = statistics.median(warm) / statistics.median(cold)
     print(f"warm/cold p50 ratio {ratio:.3f} (goal <= 0.25)")
     print(
-        f"pool refilled to {pods} in {refill:.2f} s after the warm phase; one cold launch of "
-        f"the model: {model.cold:.2f} s (launch {model.scaled(model.launch):.2f} + first boot "
+        f"pool refilled to {pods} in {refill:.2f} s after the warm phase; one cold launch: "
+        f"{statistics.median(cold):.2f} s in this run (p50), {model.cold:.2f} s in the model "
+        f"(launch {model.scaled(model.launch):.2f} + first boot "
         f"{model.scaled(model.first_boot):.2f} + pull {model.scaled(model.image_pull):.2f})"
     )
     print(f"VMs left after StopVMs and the drain: {len(left)}")
