@@ -379,6 +379,8 @@ def install(settings: NodeInstall) -> Outcome:
         return _carry_out(settings, files, old, plan)
     except HostPathError as exc:
         raise InstallError(str(exc)) from None
+    except OSError as exc:  # a read-only mount, a full disk: said in one line
+        raise InstallError(_os_error(settings, exc)) from None
 
 
 def _carry_out(settings: NodeInstall, files: HostFiles, old: _Record, plan: _Plan) -> Outcome:
@@ -434,6 +436,16 @@ def uninstall(settings: NodeInstall) -> Outcome:
         return outcome
     except HostPathError as exc:
         raise InstallError(str(exc)) from None
+    except OSError as exc:
+        raise InstallError(_os_error(settings, exc)) from None
+
+
+def _os_error(settings: NodeInstall, exc: OSError) -> str:
+    where = str(exc.filename or "")
+    root = str(settings.host_root.resolve())
+    if where.startswith(root) and root != "/":
+        where = "/" + where[len(root) :].lstrip("/")
+    return f"{where or 'host files'}: {exc.strerror or exc}"
 
 
 def _unedit(settings: NodeInstall, files: HostFiles, record: _Record, outcome: Outcome) -> None:

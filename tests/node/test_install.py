@@ -524,6 +524,15 @@ def test_a_link_loop_is_a_clear_refusal(base: Path) -> None:
     assert sorted(p.name for p in base.rglob("*")) == ["config.toml", "containerd", "etc"]
 
 
+def test_a_folder_it_cannot_write_is_one_line(base: Path) -> None:
+    (base / "etc/containerd/config.toml").write_text("version = 2\n")
+    (base / "opt").write_text("not a folder")  # where the Kata configuration would go
+    with pytest.raises(
+        InstallError, match=r"^/opt/peerpods/share/kata/configuration-remote\.toml: Not a directory"
+    ):
+        install(NodeInstall.build(host_root=base, containerd_version="1.7"))
+
+
 def test_install_is_idempotent_and_uninstall_restores_every_byte(base: Path) -> None:
     settings = settings_in(base, containerd_version="2.1")
     main_config = base / "etc/containerd/config.toml"
