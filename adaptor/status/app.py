@@ -5,7 +5,8 @@
                              devices; a sandbox whose stored record cannot be read is listed with
                              state "quarantined" and the reason; under "abandoned", the last
                              sandboxes torn down because their shim never came back after a
-                             restart, with why
+                             restart, with why. At most 1 s old, and 20 a second for all
+                             clients together (429 beyond, with Retry-After)
     GET /v1/sandboxes/{id}   one sandbox (a quarantined or abandoned one as in the list);
                              404 {code, message} when unknown
     GET /v1/quota            the cloud account's quotas as last read (limits shared by every
@@ -57,6 +58,7 @@ class SandboxSource(Protocol):
 
 
 LISTING_SECONDS = 1.0  # how old a listing may be
+LISTINGS_PER_SECOND = 20  # listings sent, all clients together; 429 beyond
 
 
 def quarantined_json(sandbox_id: str, reason: str) -> dict[str, Any]:
@@ -149,6 +151,22 @@ class _Listing:
         self._body = b""
         self._at = -LISTING_SECONDS
         self._pending: asyncio.Future[bytes] | None = None
+        # a token bucket: LISTINGS_PER_SECOND, as many at once; writing a large listing costs
+        # the event loop about a millisecond, so a flood would still queue CreateVM behind it
+        self._tokens = float(LISTINGS_PER_SECOND)
+        self._filled = time.monotonic()
+
+    def admit(self) -> bool:
+        """Whether one more listing may be sent now (429 otherwise)."""
+        now = time.monotonic()
+        self._tokens = min(
+            float(LISTINGS_PER_SECOND), self._tokens + (now - self._filled) * LISTINGS_PER_SECOND
+        )
+        self._filled = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
     async def body(self) -> bytes:
         if time.monotonic() - self._at < LISTING_SECONDS:
@@ -187,6 +205,10 @@ class _Endpoints:
     account_quota: Callable[[], AccountQuota | None] | None
 
     async def list_sandboxes(self, request: Request) -> Response:
+        if not self.listing.admit():
+            response = _error(429, "too_many_requests", "listings are rate limited; retry")
+            response.headers["Retry-After"] = "1"
+            return response
         return Response(await self.listing.body(), media_type="application/json")
 
     async def get_sandbox(self, request: Request) -> Response:
