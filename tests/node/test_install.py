@@ -729,6 +729,32 @@ def test_a_node_installed_by_the_first_installer_is_uninstalled_exactly(base: Pa
     assert main_config.read_text() == before
 
 
+def test_a_node_of_the_first_installer_moves_to_the_new_layout(base: Path) -> None:
+    # containerd 1.x: its drop-in (a copy of the CRI section) goes, the runtime moves into the
+    # main file, and its imports line is put back as it was
+    import hashlib
+    import json
+
+    settings = NodeInstall.build(host_root=base, containerd_version="1.7")
+    dropin = base / "etc/containerd/conf.d/50-peerpods-kata-remote.toml"
+    dropin.parent.mkdir()
+    dropin.write_text("version = 2\n")
+    main_config = base / "etc/containerd/config.toml"
+    main_config.write_text(f'imports = ["{settings.dropin}"] {tomledit.MARK}\nversion = 2\n')
+    record = base / "var/lib/peerpods/node-install.json"
+    record.parent.mkdir(parents=True)
+    digest = hashlib.sha256(dropin.read_bytes()).hexdigest()
+    record.write_text(json.dumps({"files": {str(settings.dropin): digest}, "imports": True,
+                                  "directories": ["/etc/containerd/conf.d"]}))  # fmt: skip
+    outcome = install(settings)
+    assert str(settings.dropin) in outcome.removed and not dropin.exists()
+    text = main_config.read_text()
+    assert "imports" not in text and "kata-remote" in text
+    uninstall(settings)
+    assert main_config.read_text() == "version = 2\n"
+    assert not (base / "etc/containerd/conf.d").exists()
+
+
 def test_paths_are_the_hosts_under_host_root(base: Path) -> None:
     settings = NodeInstall.build(host_root=base, containerd_version="2.1")
     (base / "etc/containerd/config.toml").write_text("version = 3\n")
