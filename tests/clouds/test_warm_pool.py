@@ -324,8 +324,9 @@ async def test_a_type_leaving_the_allow_list_drains_its_pool(ec2: Any, store: St
     try:
         await until(lambda: warm_count(pool) == 1)
         allowed.clear()
-        await until(lambda: not pool.slots)
+        await until(lambda: f"{TYPE}@{ZONE}" in pool.refused)
         assert "not in the allowed" in pool.refused[f"{TYPE}@{ZONE}"]
+        assert not pool.slots
     finally:
         await pool.stop()
         await cloud.close()
@@ -343,3 +344,70 @@ async def test_drain_deletes_every_pool_vm(ec2: Any, store: StateStore) -> None:
         await cloud.close()
     assert instances(ec2, "pending", "running", "stopped") == []
     assert await PoolRecord(store).members() == {}
+
+
+class Quota:
+    """An AccountQuotaCache's stand-in: the account's quotas as last read."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    async def get(self) -> Any:
+        return self.value
+
+
+async def test_a_refill_counts_against_the_account_quota(ec2: Any, store: StateStore) -> None:
+    from providers.core.account_quota import AccountLimit, AccountQuota
+    from providers.core.snapshots import load_catalog
+
+    catalog = load_catalog("aws", "us-east-1")
+    vcpus = catalog.by_name()[TYPE].vcpus  # m5.large: 2
+    # the account's standard-class quota has room for two more VMs of the type, no more
+    limit = AccountLimit("L-1216C47A Standard", "vcpus", "class", ("m",), 10, 10 - 2 * vcpus)
+    quota = Quota(AccountQuota("aws", "us-east-1", (limit,)))
+    cloud = LatencyCloud(aws(ec2), MODEL)
+    pool = WarmPool(
+        cloud,
+        PoolRecord(store),
+        WarmConfig(pools=(Pool(TYPE, 4, ZONE),), interval_seconds=0.05),
+        default_image=IMAGE,
+        zones=(ZONE,),
+        sources=Sources(catalog=lambda: catalog, account_quota=lambda: quota),  # type: ignore[arg-type,return-value]
+    )
+    try:
+        await pool.keep()
+        assert len(pool.slots) == 2  # the launching ones count as pending usage
+        assert "L-1216C47A Standard" in pool.refused[f"{TYPE}@{ZONE}"]
+    finally:
+        await pool.stop()
+        await cloud.close()
+
+
+async def test_a_type_leaving_the_catalog_drains_its_pool(ec2: Any, store: StateStore) -> None:
+    from providers.core.snapshots import load_catalog
+
+    full = load_catalog("aws", "us-east-1")
+    fields = {name: getattr(full, name) for name in type(full).model_fields}
+    fields["types"] = tuple(t for t in full.types if t.name != TYPE)
+    without = type(full).model_construct(**fields)
+    current = [full]
+    cloud = LatencyCloud(aws(ec2), MODEL)
+    pool = WarmPool(
+        cloud,
+        PoolRecord(store),
+        WarmConfig(pools=(Pool(TYPE, 1, ZONE),), interval_seconds=0.05),
+        default_image=IMAGE,
+        zones=(ZONE,),
+        sources=Sources(catalog=lambda: current[0]),
+    )
+    pool.start()
+    try:
+        await until(lambda: warm_count(pool) == 1)
+        current[0] = without
+        await until(lambda: f"{TYPE}@{ZONE}" in pool.refused)
+        assert "is not in the aws us-east-1 catalog" in pool.refused[f"{TYPE}@{ZONE}"]
+        assert not pool.slots
+    finally:
+        await pool.stop()
+        await cloud.close()
+    assert instances(ec2, "pending", "running", "stopped") == []

@@ -73,6 +73,13 @@ async def test_pods_adopt_warm_vms_and_the_pool_refills(ec2: Any, root: Path) ->
         (pool,) = listed["pools"]
         assert pool["pool"] == f"{TYPE}@{ZONE}" and pool["size"] == 3
         assert listed["cost_per_hour"] > 0
+        # and the metrics count them
+        text = await asyncio.to_thread(_get, f"{rig.daemon.status.url}/metrics")
+        pool_key = f'pool="{TYPE}@{ZONE}"'
+        assert f"peerpods_warm_pool_adoptions_total{{{pool_key}}}" in text
+        assert 'peerpods_warm_pool_misses_total{reason="empty"}' in text
+        assert "peerpods_warm_pool_refill_seconds_count" in text
+        assert "peerpods_warm_pool_cost_per_hour" in text
         # StopVM deletes an adopted VM like a cold one
         await rig.stop_pod("warm-0")
         assert vms(ec2)[adopted["warm-0"].id]["State"]["Name"] in ("shutting-down", "terminated")
