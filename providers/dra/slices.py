@@ -158,6 +158,10 @@ class Pool:
         count = len(chunks) + (1 if self.counters else 0)
         pool = {"name": self.name, "generation": generation, "resourceSliceCount": count}
         out: list[dict[str, Any]] = []
+        key, value = NODE_LABEL
+        selector = {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": key, "operator": "In", "values": [value]}
+        ]}]}  # fmt: skip
         if self.counters:
             sets = [
                 {
@@ -166,11 +170,9 @@ class Pool:
                 }
                 for name, values in sorted(self.counters.items())
             ]
-            out.append(self._slice("counters", pool, {"sharedCounters": sets}))
-        key, value = NODE_LABEL
-        selector = {"nodeSelectorTerms": [{"matchExpressions": [
-            {"key": key, "operator": "In", "values": [value]}
-        ]}]}  # fmt: skip
+            # the API server wants a node selection on every slice, the counters' too
+            spec = {"nodeSelector": selector, "sharedCounters": sets}
+            out.append(self._slice("counters", pool, spec))
         for index, chunk in enumerate(chunks):
             spec = {"nodeSelector": selector, "devices": chunk}
             out.append(self._slice(f"devices-{index:03d}", pool, spec))
