@@ -67,16 +67,29 @@ AWS: dict[str, tuple[str, ...]] = {
     # TagSpecifications at launch need CreateTags, allowed below only as part of RunInstances.
     "RunInstances": ("ec2:RunInstances", "ec2:CreateTags"),
     "TerminateInstances": ("ec2:TerminateInstances",),
+    # warm pools (adaptor.warmpool): a warm VM is stopped once ready, and adopted by writing the
+    # pod's user data while stopped, moving it from the pool's tags to the sandbox's, starting it
+    "StopInstances": ("ec2:StopInstances",),
+    "StartInstances": ("ec2:StartInstances",),
+    "ModifyInstanceAttribute": ("ec2:ModifyInstanceAttribute",),
+    "CreateTags": ("ec2:CreateTags",),
+    "DeleteTags": ("ec2:DeleteTags",),
     # the account's vCPU quotas, read for ranking (providers.clouds.quotas)
     "GetServiceQuota": ("servicequotas:GetServiceQuota",),
 }
-# Conditions narrowing an action: tags only while launching; terminate and delete only what
-# carries the owner tag (instances and volumes are tagged at launch).
+# Conditions narrowing an action: tags while launching, or on what carries the owner tag (a
+# warm VM's adoption); terminate, stop, start, modify and delete only what carries the owner
+# tag (instances and volumes are tagged at launch). An action with several conditions is
+# allowed under any of them (one statement each).
 _OWNED = {"Null": {f"aws:ResourceTag/{TAG_OWNER}": "false"}}
-AWS_CONDITIONS: dict[str, dict[str, Any]] = {
-    "ec2:CreateTags": {"StringEquals": {"ec2:CreateAction": "RunInstances"}},
-    "ec2:DeleteVolume": _OWNED,
-    "ec2:TerminateInstances": _OWNED,
+AWS_CONDITIONS: dict[str, list[dict[str, Any]]] = {
+    "ec2:CreateTags": [{"StringEquals": {"ec2:CreateAction": "RunInstances"}}, _OWNED],
+    "ec2:DeleteTags": [_OWNED],
+    "ec2:DeleteVolume": [_OWNED],
+    "ec2:ModifyInstanceAttribute": [_OWNED],
+    "ec2:StartInstances": [_OWNED],
+    "ec2:StopInstances": [_OWNED],
+    "ec2:TerminateInstances": [_OWNED],
 }
 
 # Polling a begin_* operation reads the provider's operation status.
@@ -326,15 +339,18 @@ def render_aws(actions: Iterable[str]) -> str:
         {"Sid": "PeerpodsPodVMs", "Effect": "Allow", "Action": plain, "Resource": "*"}
     ]
     for action in (a for a in actions if a in AWS_CONDITIONS):
-        statements.append(
-            {
-                "Sid": "Peerpods" + action.split(":", 1)[1],
-                "Effect": "Allow",
-                "Action": [action],
-                "Resource": "*",
-                "Condition": AWS_CONDITIONS[action],
-            }
-        )
+        conditions = AWS_CONDITIONS[action]
+        for n, condition in enumerate(conditions):
+            suffix = "" if n == 0 else str(n + 1)
+            statements.append(
+                {
+                    "Sid": "Peerpods" + action.split(":", 1)[1] + suffix,
+                    "Effect": "Allow",
+                    "Action": [action],
+                    "Resource": "*",
+                    "Condition": condition,
+                }
+            )
     return json.dumps({"Version": "2012-10-17", "Statement": statements}, indent=2) + "\n"
 
 
