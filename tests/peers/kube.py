@@ -681,6 +681,7 @@ def start_kubelet(
     extra_args: tuple[str, ...] = (),
     config_overrides: dict[str, Any] | None = None,
     isolate_kernel_tunables: bool = True,
+    node_ip: str | None = None,
 ) -> Iterator[Process]:
     """Start a kubelet (root dir and config in a temporary folder); stop it and unmount after."""
     folder = Path(tempfile.mkdtemp(prefix=f"peerpods-kubelet-{node_name}-"))
@@ -740,7 +741,8 @@ def start_kubelet(
         f"--kubeconfig={kubeconfig}",
         f"--root-dir={root}",
         f"--hostname-override={node_name}",
-        "--node-ip=127.0.0.1",
+        # --node-ip may not be loopback; without it the kubelet reports the machine's address.
+        *([f"--node-ip={node_ip}"] if node_ip else []),
         *extra_args,
     ]
     if isolate_kernel_tunables:
