@@ -19,8 +19,7 @@ import yaml
 
 from adaptor.hypervisor.gc import GarbageCollector
 from adaptor.state import StateStore
-from adaptor.warmpool import PoolRecord, SlotState, Sources, WarmConfig, WarmPool
-from adaptor.warmpool._model import Pool
+from adaptor.warmpool import Pool, PoolRecord, SlotState, Sources, WarmConfig, WarmPool
 from providers.clouds.aws import AwsConfig, AwsProvider
 from providers.clouds.retry import RetryPolicy
 from providers.core.base import TAG_OWNER, TAG_SANDBOX, VMCandidate, VMSpec
