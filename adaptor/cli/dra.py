@@ -30,10 +30,12 @@ if TYPE_CHECKING:
 class DraPublishSettings(CatalogChoice, CatalogSource):
     """`peerpods dra publish`: which pools, bounded how, written how often and by whom."""
 
-    gpu_limit: Annotated[Names, Flag("--gpu-limit", metavar="MODEL=N[,...]")] = Field(
-        (),
-        description="devices per GPU model (any alias: h100=2 limits each H100 model to 2); a "
-        "model without one gets the account's GPU quota for it, else 8",
+    gpu_limit: Annotated[Names, Flag("--gpu-limit", metavar="MODEL=N[,...]", repeated=True)] = (
+        Field(
+            (),
+            description="devices per GPU model (any alias: h100=2 limits each H100 model to 2); a "
+            "model without one gets the account's GPU quota for it, else 8",
+        )
     )
     arch: Annotated[Literal["x86_64", "arm64"], Flag("--arch")] = Field(
         "x86_64", description="the pod VM image's architecture: only its types are published"

@@ -31,6 +31,13 @@ def test_once_publishes_then_delete_removes(
     monkeypatch.setenv("PEERPODS_GPU_LIMIT", "h100=3")
     assert main([*argv, "--once"]) == 0
     assert "generation 2" in capsys.readouterr().out
+    assert main([*argv, "--once", "--gpu-limit", "h100=1", "--gpu-limit", "l4=2,t4=1"]) == 0
+    assert "generation 3" in capsys.readouterr().out
+    devices = [d for s in kube.store.items(SLICES) for d in s["spec"].get("devices", [])]
+    models = [
+        d["attributes"]["model"]["string"] for d in devices if not d.get("allowMultipleAllocations")
+    ]
+    assert (models.count("h100-80gb"), models.count("l4"), models.count("t4")) == (1, 2, 1)
     assert main([*argv, "--delete"]) == 0
     assert kube.store.items(SLICES) == []
 
