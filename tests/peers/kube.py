@@ -630,8 +630,14 @@ class KubeCluster:
             }
         }
         self.api_request("PATCH", f"/api/v1/nodes/{name}/status", status)
-        # The TaintNodesByCondition admission plugin gives every new Node the not-ready taint;
-        # kube-controller-manager would lift it once Ready, but none runs here.
+        self.untaint_node(name)
+
+    def untaint_node(self, name: str) -> None:
+        """Drop every taint of Node `name`.
+
+        The TaintNodesByCondition admission plugin gives every new Node the not-ready taint, and
+        kube-controller-manager, which would lift it once the node is Ready, does not run here.
+        """
         self.api_request("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
 
     # --- kubelet ---------------------------------------------------------------------------
