@@ -66,7 +66,7 @@ from adaptor.node.wiring import (
 )
 from adaptor.planning.userdata import PodVmUserData
 from adaptor.planning.vmpolicy import VmPolicy
-from adaptor.podnet import PodNet, PodNetSettings, SandboxPodNetwork
+from adaptor.podnet import PodNet, PodNetSettings, SandboxPodNetwork, is_local
 from adaptor.proxy import AgentProxy, CreateContainerHook
 from adaptor.proxy.moved import MovedProxy
 from adaptor.proxy.pki import AdaptorPKI
@@ -366,7 +366,27 @@ class Daemon:
 
         await podnet.scan(recorded)
         podnet.start_sweeping()
+        await self._warn_local_endpoints()
         return podnet
+
+    async def _warn_local_endpoints(self) -> None:
+        """Static endpoints on this node's own addresses serve host-network pods only: a pod
+        with a network is refused a tunnel to them at StartVM (it would loop back into it)."""
+        settings = self.settings
+        if settings.provider != "static":
+            return
+        local = [
+            str(endpoint)
+            for endpoint in settings.static_endpoints
+            if await asyncio.to_thread(is_local, None, endpoint.host)
+        ]
+        if local:
+            log.warning(
+                "static endpoints %s are addresses of this node: a pod with a network is "
+                "refused a tunnel to them at StartVM (its frames would loop back into it); "
+                "only host-network pods can use them",
+                ", ".join(local),
+            )
 
     async def _recover(self, manager: SandboxManager) -> None:
         """The recorded sandboxes, served again (through a predecessor's sockets when taking

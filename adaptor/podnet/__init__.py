@@ -17,13 +17,21 @@ from adaptor.podnet._model import (
 )
 from adaptor.podnet._netns import check_netns
 from adaptor.podnet._sandbox import SandboxPodNetwork, pod_network_section, write_apf_copy
-from adaptor.podnet._service import VNI_POOL, PodNet, PodNetSettings, VniLeases
+from adaptor.podnet._service import (
+    VNI_POOL,
+    LocalRemote,
+    PodNet,
+    PodNetSettings,
+    VniLeases,
+    is_local,
+)
 
 __all__ = [
     "POD_VM_MAX_MTU",
     "VNI_POOL",
     "VXLAN_DEVICE",
     "BadNetns",
+    "LocalRemote",
     "Neighbor",
     "NetnsGone",
     "PodNet",
@@ -38,6 +46,7 @@ __all__ = [
     "VniExhausted",
     "VniLeases",
     "check_netns",
+    "is_local",
     "pod_network_section",
     "write_apf_copy",
 ]

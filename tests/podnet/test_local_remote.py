@@ -6,6 +6,7 @@ such a tunnel, naming the address, and makes nothing."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import pytest
 from adaptor.podnet import PodNet, PodNetSettings
 from adaptor.podnet._service import LocalRemote
 from adaptor.state import StateStore
+from tests.adaptor.daemon_proc import ServeProcess
+from tests.adaptor.handoff_rig import serve_args
 from tests.podnet.snapshot import snapshot
 from tests.podnet.topology import Topology
 
@@ -66,3 +69,15 @@ async def test_a_tunnel_to_a_pod_vm_elsewhere_is_made(topo: Topology, store: Sta
         await podnet.deleted()
     finally:
         await podnet.close()
+
+
+async def test_serve_says_at_start_which_static_endpoints_are_local() -> None:
+    with tempfile.TemporaryDirectory(prefix="pp", dir="/tmp") as directory:
+        serve = ServeProcess(Path(directory), serve_args(["127.0.0.1:1", "192.0.2.7:15150"]))
+        await serve.start()
+        try:
+            log = serve.log()
+            assert "static endpoints 127.0.0.1:1 are addresses of this node" in log
+            assert "192.0.2.7" not in log.split("are addresses of this node")[0]
+        finally:
+            await serve.kill()
