@@ -193,3 +193,61 @@ def test_stop_leaves_no_process() -> None:
         )
         assert state.stdout.strip() == ""
     assert not folder.exists()
+
+
+def test_validating_admission_policy_is_enforced(kube_cluster: KubeCluster) -> None:
+    kube_cluster.apply(
+        """
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: harness-no-forbidden-key}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [""]
+      apiVersions: [v1]
+      operations: [CREATE, UPDATE]
+      resources: [configmaps]
+  validations:
+  - expression: "!has(object.data) || !('forbidden' in object.data)"
+    message: harness says no
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: harness-no-forbidden-key}
+spec:
+  policyName: harness-no-forbidden-key
+  validationActions: [Deny]
+  matchResources:
+    namespaceSelector:
+      matchLabels: {kubernetes.io/metadata.name: default}
+"""
+    )
+    manifest = """
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: harness-cm, namespace: default}
+data: {forbidden: "1"}
+"""
+    try:
+
+        def refused() -> str:
+            result = kube_cluster.kubectl("create", "-f", "-", input=manifest, check=False)
+            if result.returncode == 0:  # the policy is not loaded yet
+                kube_cluster.kubectl("delete", "configmap", "harness-cm", "-n", "default")
+                return ""
+            return result.stderr
+
+        assert "harness says no" in _wait_for("policy enforced", refused)
+        allowed = manifest.replace("forbidden", "fine")
+        kube_cluster.kubectl("create", "-f", "-", input=allowed)
+    finally:
+        kube_cluster.kubectl(
+            "delete", "configmap", "harness-cm", "-n", "default", "--ignore-not-found"
+        )
+        kube_cluster.kubectl(
+            "delete",
+            "validatingadmissionpolicybinding,validatingadmissionpolicy",
+            "harness-no-forbidden-key",
+        )
