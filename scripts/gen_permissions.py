@@ -142,6 +142,12 @@ GCP: dict[str, tuple[str, ...]] = {
         _GCE_WAIT,
     ),
     "InstancesClient.delete": ("compute.instances.delete", _GCE_WAIT),
+    # warm pools (adaptor.warmpool): stopped once ready; adopted by replacing the metadata (the
+    # pod's user data) and the labels while stopped, then started
+    "InstancesClient.stop": ("compute.instances.stop", _GCE_WAIT),
+    "InstancesClient.start": ("compute.instances.start", _GCE_WAIT),
+    "InstancesClient.set_metadata": ("compute.instances.setMetadata", _GCE_WAIT),
+    "InstancesClient.set_labels": ("compute.instances.setLabels", _GCE_WAIT),
     "InstancesClient.get": ("compute.instances.get",),
     "InstancesClient.aggregated_list": ("compute.instances.list",),
     "RegionsClient.get": ("compute.regions.get",),

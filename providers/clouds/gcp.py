@@ -16,6 +16,9 @@ the VM record, whatever its status, and so its disks.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -48,6 +51,17 @@ from providers.core.errors import (
 )
 from providers.core.markets import VMCondition, create_in_markets
 from providers.core.offers import offer_for
+from providers.core.warm import (
+    GONE,
+    PENDING,
+    RUNNING,
+    STOPPED,
+    STOPPING,
+    TAG_WARM_POOL,
+    TAG_WARM_SLOT,
+    WarmSpec,
+    disk_cost_per_hour,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +94,29 @@ N1_ACCELERATORS = {
     "p4": "nvidia-tesla-p4",
 }
 _LABEL_BAD = re.compile(r"[^a-z0-9_-]")
+# An instance's status as a warm VM's power state (providers.core.warm). A warm VM is stopped
+# (TERMINATED), never suspended: GCP cannot suspend a VM with GPUs.
+_POWER = {
+    "PROVISIONING": PENDING,
+    "STAGING": PENDING,
+    "RUNNING": RUNNING,
+    "REPAIRING": RUNNING,
+    "STOPPING": STOPPING,
+    "SUSPENDING": STOPPING,
+    "TERMINATED": STOPPED,
+    "STOPPED": STOPPED,
+    "SUSPENDED": STOPPED,
+}
+# What a stopped VM bills: its boot disk, per GB-month in us-central1 (Compute Engine disk
+# pricing, cloud.google.com/compute/disks-image-pricing, 2025): pd-standard $0.04, pd-balanced
+# $0.10, pd-ssd $0.17; hyperdisk-balanced's capacity $0.08 (its IOPS and throughput beyond the
+# baseline bill apart). A disk type not listed is counted as pd-ssd.
+DISK_USD_PER_GB_MONTH = {
+    "pd-standard": 0.04,
+    "pd-balanced": 0.10,
+    "pd-ssd": 0.17,
+    "hyperdisk-balanced": 0.08,
+}
 
 
 @dataclass(frozen=True)
@@ -126,6 +163,11 @@ def label_value(value: str) -> str:
 def vm_name(sandbox_id: str) -> str:
     """The deterministic instance name of a sandbox."""
     return f"podvm-{sandbox_hash(sandbox_id, 20)}"
+
+
+def warm_vm_name(slot: str) -> str:
+    """The deterministic instance name of a warm pool's slot (a retried launch finds it)."""
+    return f"podvm-warm-{sandbox_hash(slot, 20)}"
 
 
 def accelerator_type(candidate: VMCandidate) -> tuple[str, int]:
@@ -564,6 +606,151 @@ class GcpProvider:
         pairs = await self._call("list owned instances", collect)
         owned = [self._instance(raw, zone) for zone, raw in pairs]
         return [vm for vm in owned if vm.tags.get(TAG_OWNER) == self.owner_id]
+
+    # --- warm pool (providers.core.warm) -------------------------------------------------------
+
+    def cannot_stop(self, instance_type: str) -> str:
+        """GCP stops any machine type (a warm VM's local SSDs, where its type has them, are
+        discarded at the stop; the images are on the boot disk)."""
+        return ""
+
+    def stopped_cost_per_hour(self, instance_type: str) -> float:
+        """The boot disk a stopped (TERMINATED) VM keeps, per hour; the machine bills nothing."""
+        price = DISK_USD_PER_GB_MONTH.get(self.config.disk_type, DISK_USD_PER_GB_MONTH["pd-ssd"])
+        return disk_cost_per_hour(self.config.disk_size_gb, price)
+
+    async def launch_warm(self, spec: WarmSpec) -> Instance:
+        from google.cloud import compute_v1
+
+        image = spec.image or self.config.image
+        if not image:
+            raise InvalidRequest(f"warm slot {spec.slot}: no pod VM image")
+        zone = spec.zone or self.config.zones[0]
+        name = warm_vm_name(spec.slot)
+        existing = await self._get(zone, name)
+        if existing is None:
+            candidate = VMCandidate(spec.instance_type)
+            # the pod VM's body, then every sandbox mark replaced by the pool's
+            shell = VMSpec(sandbox_id=spec.slot, pod_namespace="", pod_name="")
+            body = self._body(shell, image, candidate, zone)
+            labels = {
+                TAG_OWNER: label_value(self.owner_id),
+                TAG_WARM_POOL: label_value(self.owner_id),
+                TAG_WARM_SLOT: label_value(spec.slot),
+                TAG_CAPACITY_TYPE: ON_DEMAND,
+            }
+            body.name = name
+            body.labels = labels
+            body.disks[0].initialize_params.disk_name = name
+            body.disks[0].initialize_params.labels = labels
+            items = [("user-data", spec.user_data), (TAG_OWNER, self.owner_id)]
+            items += [(TAG_WARM_POOL, self.owner_id), (TAG_WARM_SLOT, spec.slot)]
+            body.metadata = compute_v1.Metadata(
+                items=[compute_v1.Items(key=k, value=v) for k, v in items if v]
+            )
+            with contextlib.suppress(AlreadyExists):
+                await self._run_operation(
+                    f"warm slot {spec.slot}: insert {spec.instance_type} in {zone}",
+                    "insert",
+                    project=self.config.project,
+                    zone=zone,
+                    instance_resource=body,
+                )
+            existing = await self._get(zone, name)
+            if existing is None:
+                raise ProviderError(f"warm slot {spec.slot}: {zone}/{name} vanished after insert")
+        return self._warm_instance(existing, zone)
+
+    def _warm_instance(self, raw: Any, zone: str) -> Instance:
+        instance = self._instance(raw, zone)
+        meta = {item.key: item.value for item in raw.metadata.items}
+        tags = dict(instance.tags)
+        for key in (TAG_WARM_POOL, TAG_WARM_SLOT):
+            if key in meta:
+                tags[key] = meta[key]
+            else:
+                tags.pop(key, None)
+        extra = {**instance.extra, "power": _POWER.get(str(raw.status), GONE)}
+        return dataclasses.replace(instance, tags=tags, extra=extra)
+
+    async def warm_vms(self) -> list[Instance]:
+        from google.cloud import compute_v1
+
+        request = compute_v1.AggregatedListInstancesRequest(
+            project=self.config.project,
+            filter=f'labels.{TAG_WARM_POOL} = "{label_value(self.owner_id)}"',
+        )
+
+        def collect() -> list[tuple[str, Any]]:
+            found = []
+            for scope, scoped in self.client.aggregated_list(request=request):
+                zone = scope.rsplit("/", 1)[-1]
+                found += [(zone, raw) for raw in scoped.instances]
+            return found
+
+        pairs = await self._call("list warm instances", collect)
+        vms = [self._warm_instance(raw, zone) for zone, raw in pairs]
+        return [vm for vm in vms if vm.tags.get(TAG_WARM_POOL) == self.owner_id]
+
+    async def power_state(self, instance_id: str) -> str:
+        zone, _, name = instance_id.partition("/")
+        raw = await self._get(zone, name)
+        return GONE if raw is None else _POWER.get(str(raw.status), GONE)
+
+    async def stop_warm(self, instance_id: str) -> None:
+        from google.cloud import compute_v1
+
+        zone, _, name = instance_id.partition("/")
+        request = compute_v1.StopInstanceRequest(
+            project=self.config.project, zone=zone, instance=name, discard_local_ssd=True
+        )
+        await self._run_operation(f"stop warm VM {instance_id}", "stop", request=request)
+        power = await self.power_state(instance_id)
+        if power != STOPPED:
+            raise ProviderError(f"stop warm VM {instance_id}: still {power}")
+
+    async def adopt_warm(
+        self, instance_id: str, spec: VMSpec, tags: Mapping[str, str] | None = None
+    ) -> Instance:
+        from google.cloud import compute_v1
+
+        what = f"sandbox {spec.sandbox_id[:12]}: adopt warm VM {instance_id}"
+        USER_DATA_LIMIT.check(spec.user_data, what)
+        zone, _, name = instance_id.partition("/")
+        raw = await self._get(zone, name)
+        if raw is None or _POWER.get(str(raw.status)) != STOPPED:
+            raise ProviderError(f"{what}: it is {raw.status if raw else 'gone'}, not stopped")
+        items = [
+            ("user-data", spec.user_data),
+            (TAG_OWNER, self.owner_id),
+            (TAG_SANDBOX, spec.sandbox_id),
+            (TAG_POD_NAMESPACE, spec.pod_namespace),
+            (TAG_POD_NAME, spec.pod_name),
+        ]
+        metadata = compute_v1.Metadata(
+            fingerprint=raw.metadata.fingerprint,
+            items=[compute_v1.Items(key=k, value=v) for k, v in items if v],
+        )
+        # the labels are replaced whole: the sandbox's on, the pool's off, in one call, before
+        # the start (from then on every sweep sees the sandbox's VM)
+        labels = compute_v1.InstancesSetLabelsRequest(
+            labels={**self._labels(spec), **{k: label_value(v) for k, v in (tags or {}).items()}},
+            label_fingerprint=raw.label_fingerprint,
+        )
+        where = {"project": self.config.project, "zone": zone, "instance": name}
+        await asyncio.gather(
+            self._run_operation(
+                f"{what}: metadata", "set_metadata", metadata_resource=metadata, **where
+            ),
+            self._run_operation(
+                f"{what}: labels",
+                "set_labels",
+                instances_set_labels_request_resource=labels,
+                **where,
+            ),
+        )
+        await self._run_operation(f"{what}: start", "start", **where)
+        return await self._finish(what, zone, name)
 
 
 def config_from_settings(settings: GcpSettings) -> GcpConfig:

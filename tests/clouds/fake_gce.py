@@ -98,6 +98,11 @@ class FakeGce:
         self.cloud.route("DELETE", zone_instances + r"/(?P<name>[^/]+)", self._delete)
         self.cloud.route("GET", rf"{COMPUTE}/aggregated/instances", self._aggregated)
         self.cloud.route(
+            "POST",
+            zone_instances + r"/(?P<name>[^/]+)/(?P<action>stop|start|setMetadata|setLabels)",
+            self._action,
+        )
+        self.cloud.route(
             "GET", rf"{COMPUTE}/zones/(?P<zone>[^/]+)/operations/(?P<op>[^/]+)", self._op_get
         )
 
@@ -159,6 +164,7 @@ class FakeGce:
                 "machineType": f"{BASE}/{body['machineType']}",
                 "status": "RUNNING",
                 "labels": body.get("labels", {}),
+                "labelFingerprint": "l0=",
                 "metadata": {
                     "kind": "compute#metadata",
                     "fingerprint": "abc=",
@@ -206,6 +212,36 @@ class FakeGce:
             if self.instances.pop((zone, name), None) is None:
                 return http_error(404, "notFound", f"The resource '{name}' was not found")
         return self._operation("delete", zone, f"{BASE}/zones/{zone}/instances/{name}")
+
+    def _action(self, request: RecordedRequest) -> FakeResponse:
+        """stop and start (status TERMINATED, RUNNING), setMetadata and setLabels (replacing
+        them whole, as GCP does, refused on a stale fingerprint)."""
+        assert request.match is not None
+        zone, name, action = request.match["zone"], request.match["name"], request.match["action"]
+        target = f"{BASE}/zones/{zone}/instances/{name}"
+        with self._lock:
+            instance = self.instances.get((zone, name))
+            if instance is None:
+                return http_error(404, "notFound", f"The resource '{target}' was not found")
+            if action in ("stop", "start"):
+                instance["status"] = "TERMINATED" if action == "stop" else "RUNNING"
+            elif action == "setMetadata":
+                body = request.json()
+                if body.get("fingerprint") != instance["metadata"]["fingerprint"]:
+                    return http_error(412, "conditionNotMet", "metadata fingerprint mismatch")
+                fingerprint = f"m{next(self._ids)}="
+                instance["metadata"] = {
+                    "kind": "compute#metadata",
+                    "fingerprint": fingerprint,
+                    "items": body.get("items", []),
+                }
+            else:
+                body = request.json()
+                if body.get("labelFingerprint") != instance.get("labelFingerprint", "l0="):
+                    return http_error(412, "conditionNotMet", "label fingerprint mismatch")
+                instance["labels"] = body.get("labels", {})
+                instance["labelFingerprint"] = f"l{next(self._ids)}="
+        return self._operation(action, zone, target)
 
     def _aggregated(self, request: RecordedRequest) -> FakeResponse:
         wanted = re.fullmatch(r'labels\.([a-z0-9_-]+) = "([^"]*)"', request.query.get("filter", ""))
