@@ -110,3 +110,26 @@ async def test_spot_pods_never_get_a_warm_vm(ec2: Any, root: Path) -> None:
         assert rig.warm() == 1
         instance = await rig.instance_of("spot-1")
         assert instance.capacity_type == "spot"
+
+
+def pool_vms(ec2: Any) -> list[dict[str, Any]]:
+    live = ("pending", "running", "stopping", "stopped")
+    return [
+        raw
+        for raw in vms(ec2).values()
+        if raw["State"]["Name"] in live and TAG_WARM_POOL in tags(raw)
+    ]
+
+
+async def test_a_restart_keeps_the_pool_and_drain_on_exit_empties_it(ec2: Any, root: Path) -> None:
+    async with warm_rig(root, MODEL, 2) as rig:
+        await rig.until_warm(2)
+        kept = {s.instance_id for s in rig.pool.slots.values()}
+    # a plain stop (a restart, an upgrade) leaves the pool's stopped VMs for the next start
+    assert {raw["InstanceId"] for raw in pool_vms(ec2)} == kept
+    async with warm_rig(root, MODEL, 2, warm_pool_drain_on_exit=True) as rig:
+        await rig.until_warm(2)
+        assert {s.instance_id for s in rig.pool.slots.values()} == kept
+        assert rig.cloud.warm_launches == 0  # nothing launched: the record found them
+    # stopping with --warm-pool-drain-on-exit (an uninstall) deletes them
+    assert pool_vms(ec2) == []
