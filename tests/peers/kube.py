@@ -512,7 +512,7 @@ class KubeCluster:
         return self.kubectl("apply", "-f", "-", input=yaml_text)
 
     def ensure_namespace(self, name: str) -> None:
-        """Create namespace `name` and its "default" ServiceAccount if missing.
+        """Create namespace `name`, its "default" ServiceAccount and CA ConfigMaps if missing.
 
         Without kube-controller-manager nobody else creates that account, and the ServiceAccount
         admission plugin refuses pods whose account does not exist.
@@ -527,6 +527,20 @@ class KubeCluster:
                 {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
             ),
         ]
+        ca = self.pki.ca_path.read_text()
+        # What kube-controller-manager's publishers would put in every namespace; the pods'
+        # kube-api-access projected volume needs both (the second is OpenShift's addition).
+        for config_map, key in (
+            ("kube-root-ca.crt", "ca.crt"),
+            ("openshift-service-ca.crt", "service-ca.crt"),
+        ):
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": config_map},
+                "data": {key: ca},
+            }
+            objects.append((f"/api/v1/namespaces/{name}/configmaps", body))
         for path, body in objects:
             try:
                 self.api_request("POST", path, body)
@@ -858,6 +872,9 @@ state = "{folder}/state"
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+[plugins.'io.containerd.cri.v1.runtime']
+  # Without CAP_SYS_RESOURCE (a container host) runc may not lower oom_score_adj to -998.
+  restrict_oom_score_adj = true
 """
     return f"""version = 2
 {common}
@@ -866,6 +883,7 @@ state = "{folder}/state"
 [plugins."io.containerd.grpc.v1.cri"]
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+  restrict_oom_score_adj = true
 """
 
 
@@ -905,5 +923,150 @@ def start_containerd(
         yield runtime
     finally:
         runtime.process.stop()
+        _kill_shims(folder)
         _unmount_below(folder)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _kill_shims(folder: Path) -> None:
+    """SIGKILL the shims this containerd started (their command line names its socket, which
+    lives in `folder`) and the container processes under them; shims outlive containerd."""
+
+    def parent_of(pid: str) -> str:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[1]
+
+    pids = [p.name for p in Path("/proc").iterdir() if p.name.isdigit()]
+    shims: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if str(folder).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                shims.add(pid)
+    doomed = set(shims)
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError):
+            if parent_of(pid) in shims:
+                doomed.add(pid)
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+# --- images without a registry ---------------------------------------------------------------
+
+SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.2"  # containerd 2.3's default sandbox image
+
+
+def _with_libraries(paths: tuple[str, ...]) -> list[str]:
+    """`paths` plus the shared libraries `ldd` says they load."""
+    found = list(paths)
+    for path in paths:
+        listing = subprocess.run(["ldd", path], capture_output=True, text=True, check=False)
+        for line in listing.stdout.splitlines():
+            for word in line.split():
+                if word.startswith("/") and word not in found:
+                    found.append(word)
+    return found
+
+
+def host_files_image(archive: Path, name: str, paths: tuple[str, ...], command: list[str]) -> Path:
+    """Write an OCI image archive named `name` whose one layer holds `paths` (host binaries and
+    their libraries) and whose entrypoint is `command`: pods run without any registry."""
+    import hashlib
+    import io
+    import tarfile
+
+    layer_buffer = io.BytesIO()
+    with tarfile.open(fileobj=layer_buffer, mode="w") as layer:
+        files = _with_libraries(paths)
+        folders = sorted({str(parent) for f in files for parent in Path(f.lstrip("/")).parents})
+        for folder in folders:
+            if folder != ".":
+                entry = tarfile.TarInfo(folder)
+                entry.type, entry.mode = tarfile.DIRTYPE, 0o755
+                layer.addfile(entry)
+        for path in files:
+            real = os.path.realpath(path)
+            info = layer.gettarinfo(real, arcname=path.lstrip("/"))
+            with open(real, "rb") as handle:
+                layer.addfile(info, handle)
+    layer_bytes = layer_buffer.getvalue()
+
+    def digest(data: bytes) -> str:
+        return "sha256:" + hashlib.sha256(data).hexdigest()
+
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": command},
+            "rootfs": {"type": "layers", "diff_ids": [digest(layer_bytes)]},
+        }
+    ).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": digest(config),
+                "size": len(config),
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": digest(layer_bytes),
+                    "size": len(layer_bytes),
+                }
+            ],
+        }
+    ).encode()
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": digest(manifest),
+                    "size": len(manifest),
+                    "annotations": {
+                        "io.containerd.image.name": name,
+                        "org.opencontainers.image.ref.name": name,
+                    },
+                }
+            ],
+        }
+    ).encode()
+    with tarfile.open(archive, "w") as out:
+        entries = {
+            "oci-layout": b'{"imageLayoutVersion": "1.0.0"}',
+            "index.json": index,
+            **{f"blobs/sha256/{digest(b)[7:]}": b for b in (layer_bytes, config, manifest)},
+        }
+        for arcname, data in entries.items():
+            info = tarfile.TarInfo(arcname)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    return archive
+
+
+def import_image(runtime: Containerd, archive: Path, ctr: Path | None = None) -> None:
+    """Import an OCI archive into the CRI namespace (k8s.io) of `runtime`."""
+    binary = ctr or peer_binary("ctr")
+    subprocess.run(
+        [str(binary), "-a", str(runtime.socket), "-n", "k8s.io", "images", "import", str(archive)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def import_sleep_images(runtime: Containerd, ctr: Path | None = None) -> str:
+    """Give `runtime` a sandbox image and a `peerpods.test/sleep:1` image built from the host's
+    /bin/sleep; returns the latter's name. Both run `sleep infinity`."""
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    for name in (SANDBOX_IMAGE, "peerpods.test/sleep:1"):
+        archive = runtime.folder / f"image-{name.replace('/', '_').replace(':', '_')}.tar"
+        host_files_image(archive, name, (sleep,), [sleep, "infinity"])
+        import_image(runtime, archive, ctr)
+    return "peerpods.test/sleep:1"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.peers.conftest import peer_binary, peers_dir
-from tests.peers.kube import KubeCluster, start_containerd
+from tests.peers.kube import KubeCluster, import_sleep_images, start_containerd
 
 
 def _containerd() -> Path:
@@ -72,3 +72,51 @@ def test_kubelet_registers_its_node(kube_cluster: KubeCluster) -> None:
         finally:
             kube_cluster.kubectl("delete", "node", "harness-kubelet-other")
     kube_cluster.kubectl("delete", "node", "harness-kubelet")
+
+
+def _ctr(containerd: Path) -> Path:
+    ctr = containerd.parent / "ctr"
+    if not ctr.is_file():
+        pytest.skip(f"no ctr beside {containerd}")
+    return ctr
+
+
+@pytest.mark.usefixtures("needs_root", "kubelet_binary")
+def test_kubelet_runs_a_host_network_pod(kube_cluster: KubeCluster) -> None:
+    containerd = _containerd()
+    with (
+        start_containerd(containerd) as runtime,
+        kube_cluster.kubelet("harness-runner", runtime.endpoint),
+    ):
+        image = import_sleep_images(runtime, _ctr(containerd))
+        kube_cluster.apply(
+            f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: harness-sleeper, namespace: default}}
+spec:
+  nodeName: harness-runner
+  hostNetwork: true
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: sleep
+    image: {image}
+    imagePullPolicy: Never
+"""
+        )
+        try:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                pod = kube_cluster.api_get("/api/v1/namespaces/default/pods/harness-sleeper")
+                if pod["status"].get("phase") == "Running":
+                    break
+                time.sleep(1)
+            statuses = pod["status"].get("containerStatuses", [])
+            assert pod["status"].get("phase") == "Running", statuses
+            assert statuses[0]["state"]["running"]["startedAt"]
+            assert statuses[0]["containerID"].startswith("containerd://")
+        finally:
+            kube_cluster.kubectl(
+                "delete", "pod", "harness-sleeper", "--wait=true", "--timeout=60s", check=False
+            )
+    kube_cluster.kubectl("delete", "node", "harness-runner")
