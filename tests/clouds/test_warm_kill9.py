@@ -1,7 +1,8 @@
 """kill -9 of a real `peerpods serve` (aws provider, moto's EC2 server, latency-modelled) with a
 warm pool, during a refill and during an adoption, then a restart over the same state: no pool
 VM leaks, none is adopted twice, and the pod that was starting fails with a status (its VM then
-deleted by the reaper), never runs as well. The warm VMs' guests are played by this test
+deleted by the reaper), never runs as well; a hand-off to a successor keeps the pool as it is.
+The warm VMs' guests are played by this test
 (tests.clouds.latency.Guests), outside the killed process, as a VM outlives its adaptor."""
 
 from __future__ import annotations
@@ -233,3 +234,20 @@ async def test_kill_9_during_an_adoption_fails_the_pod_and_adopts_nothing_twice(
             # nothing of the pod runs: no VM carries its sandbox tag any more
             assert [vm for vm in owned(cloud, *LIVE) if tags(vm).get(TAG_SANDBOX) == pod] == []
         assert instance is None or adopted_id in instance
+
+
+async def test_a_hand_off_keeps_the_pool(root: Path, moto_port: int) -> None:
+    cloud = ec2(moto_port)
+    model = LatencyModel(scale=0.01)
+    async with guests(cloud, model), Serve(root, moto_port, model) as first:
+        await until(lambda: first.warm() == 2, 60, "the pool warm")
+        kept = {vm["InstanceId"] for vm in pool_vms(cloud, *LIVE)}
+        assert len(kept) == 2
+        # a second serve over the same state takes the sockets over (an upgrade)
+        async with Serve(root, moto_port, model) as second:
+            assert first.proc is not None
+            await asyncio.wait_for(first.proc.wait(), 60)  # the predecessor ends
+            await until(lambda: second.warm() == 2, 60, "the pool after the hand-off")
+            await asyncio.sleep(1.0)  # a few passes: nothing launched, nothing deleted
+            assert {vm["InstanceId"] for vm in pool_vms(cloud, *LIVE)} == kept
+            assert first.proc.returncode == 0  # it handed over and exited, pool kept
