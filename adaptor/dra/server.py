@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,22 @@ def _unary(
         request_deserializer=request.FromString,
         response_serializer=response.SerializeToString,
     )
+
+
+class _QuietHealth(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """The kubelet's optional device-health stream (`NodeWatchResources`): held open with
+    nothing to report (a pod VM's GPUs are not watched from the node), rather than answered
+    Unimplemented, which the kubelet logs and retries every 5 s."""
+
+    def service(self, details: Any) -> grpc.RpcMethodHandler | None:
+        if str(details.method).endswith("/NodeWatchResources"):
+            return grpc.unary_stream_rpc_method_handler(_no_health_reports)
+        return None
+
+
+async def _no_health_reports(request: bytes, context: Any) -> AsyncIterator[bytes]:
+    await asyncio.Event().wait()  # until the kubelet hangs up or the server stops
+    yield b""  # never reached: makes this the stream handler it must be
 
 
 class PluginServer:
@@ -116,7 +132,8 @@ class PluginServer:
                 dra_pb2.NodeUnprepareResourcesResponse,
             ),
         }
-        return tuple(grpc.method_handlers_generic_handler(name, dra) for name in DRA_SERVICES)
+        services = tuple(grpc.method_handlers_generic_handler(name, dra) for name in DRA_SERVICES)
+        return (*services, _QuietHealth())
 
     async def start(self) -> None:
         """Serve the DRA service first, then registration (the kubelet dials the endpoint it is
