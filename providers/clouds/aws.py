@@ -765,7 +765,10 @@ def config_from_settings(settings: AwsSettings) -> AwsConfig:
 
         region = boto3.session.Session().region_name or ""
     if not region:
-        raise InvalidRequest("aws provider: no region (set --aws-region or AWS_REGION)")
+        raise InvalidRequest(
+            "aws provider: no region (set --aws-region or AWS_DEFAULT_REGION, "
+            "or let the instance metadata name the node's)"
+        )
     return AwsConfig(
         region=region,
         image_id=settings.aws_image_id or settings.pod_vm_image,

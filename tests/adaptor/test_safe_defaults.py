@@ -102,7 +102,8 @@ def test_the_shipped_config_map_is_refused_until_an_image_is_set(root: Path) -> 
     data = yaml.safe_load(CONFIG.read_text().split("\n---\n")[0])["data"]
     env = {k: str(v) for k, v in data.items() if k.startswith("PEERPODS_")}
     assert env["PEERPODS_POD_VM_IMAGE"] == "", "the shipped config names no image of ours"
-    code, stderr = serve(root, [], env)
+    # The shipped config leaves the region to the node: AWS_DEFAULT_REGION stands in for it here.
+    code, stderr = serve(root, [], {**env, "AWS_DEFAULT_REGION": "us-east-1"})
     assert code == 2, stderr
     assert "no pod VM image" in stderr and stderr.count("\n") == 1, stderr
     # and the ConfigMap says so in the comment above the key an operator edits
