@@ -24,6 +24,8 @@ from providers.core.settings import Flag, Names
 
 if TYPE_CHECKING:
     from providers.clouds.kube import KubeClient
+    from providers.core.account_quota import AccountQuota
+    from providers.core.catalog import Catalog
     from providers.dra import Pool
 
 
@@ -39,6 +41,11 @@ class DraPublishSettings(CatalogChoice, CatalogSource):
     )
     arch: Annotated[Literal["x86_64", "arm64"], Flag("--arch")] = Field(
         "x86_64", description="the pod VM image's architecture: only its types are published"
+    )
+    account_quotas: Annotated[bool, Flag("--account-quotas")] = Field(
+        False,
+        description="aws: read the account's EC2 vCPU quotas (Service Quotas, default "
+        "credentials) each round and publish them as the pool's account counters",
     )
     once: Annotated[bool, Flag("--once")] = Field(
         False, description="publish once and exit (else run as the controller)"
@@ -86,7 +93,32 @@ def _pool(settings: DraPublishSettings) -> Pool:
 
     loader = CatalogLoader(Path(settings.catalog_dir) if settings.catalog_dir else None)
     catalog = loader.load(settings.provider, settings.region or None)
-    return build_pool(catalog, parse_gpu_limits(settings.gpu_limit), arch=settings.arch)
+    limits = parse_gpu_limits(settings.gpu_limit)
+    quota = _account_quota(catalog) if settings.account_quotas else None
+    return build_pool(catalog, limits, quota, arch=settings.arch)
+
+
+def _account_quota(catalog: Catalog) -> AccountQuota:
+    """The account's quotas as the cloud reports them now (AWS: EC2's vCPU quotas per class)."""
+    from providers.clouds.quotas import aws_quota
+    from providers.core.errors import InvalidRequest
+
+    if catalog.cloud != "aws":
+        raise InvalidRequest(
+            f"--account-quotas reads AWS accounts only; for {catalog.cloud} bound the pool with "
+            "--gpu-limit"
+        )
+    try:
+        import boto3
+
+        ec2 = boto3.client("ec2", region_name=catalog.region)
+        quotas = boto3.client("service-quotas", region_name=catalog.region)
+        vcpus = {t.name: t.vcpus for t in catalog.types}
+        return aws_quota(catalog.region, ec2, quotas, vcpus)
+    except ImportError:
+        raise InvalidRequest("--account-quotas needs boto3: pip install 'peerpods[aws]'") from None
+    except Exception as exc:  # credentials, the network, the API: one line, no traceback
+        raise InvalidRequest(f"reading the AWS account's quotas: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:

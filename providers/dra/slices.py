@@ -301,6 +301,7 @@ def build_pool(
     forms = _forms(catalog, arch)
     unknown = sorted(set(limits) - {f.model for f in forms})
     notes = [f"--gpu-limit {m}: no {arch} type of the catalog sells it" for m in unknown]
+    notes += [f"account quota not read: {n}" for n in (quota.notes if quota else ())]
     accounts = _account_limits(quota, forms)
     names = {id(limit): _dns_label(limit.name) for limit in accounts}
     account_counters = {names[id(limit)]: int(limit.limit) for limit in accounts}

@@ -67,3 +67,35 @@ def test_bad_input_is_one_line_and_exit_2(
     assert main(["dra", "publish", "--print", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("peerpods dra: ") and "Traceback" not in err[0]
+
+
+def test_account_quotas_become_the_pools_account_counters(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from providers.core.account_quota import AccountLimit, AccountQuota
+
+    p_class = AccountLimit(
+        "L-417A185B Running On-Demand P instances", "vcpus", "class", ("p",), 96, 0
+    )
+    seen: list[str] = []
+
+    def read(region: str, ec2: object, quotas: object, vcpus: dict[str, int]) -> AccountQuota:
+        seen.append(region)
+        return AccountQuota("aws", region, (p_class,), notes=("L-DB2E81BA: AccessDenied",))
+
+    monkeypatch.setattr("providers.clouds.quotas.aws_quota", read)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    assert main(["dra", "publish", "--account-quotas", "--print"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    sets = {c["name"]: c["counters"] for c in docs[0]["spec"]["sharedCounters"]}
+    assert sets["account"] == {"l-417a185b-running-on-demand-p-instances": {"value": "96"}}
+    assert seen == ["us-east-1"]
+
+
+def test_account_quotas_of_another_cloud_are_one_clear_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["dra", "publish", "--provider", "gcp", "--account-quotas", "--print"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "AWS accounts only" in err[0]
