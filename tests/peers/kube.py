@@ -765,8 +765,7 @@ def start_kubelet(
         *([f"--node-ip={node_ip}"] if node_ip else []),
         *extra_args,
     ]
-    if isolate_kernel_tunables:
-        argv = _in_tunables_namespace(folder, root, argv)
+    argv = _in_own_mount_namespace(folder, root, argv, fake_tunables=isolate_kernel_tunables)
     process = start_process("kubelet", argv, folder / "kubelet.log")
     try:
         yield process
@@ -788,21 +787,45 @@ KUBELET_KERNEL_TUNABLES = {
 }
 
 
-def _in_tunables_namespace(folder: Path, root: Path, argv: list[str]) -> list[str]:
-    """Wrap `argv` so the kubelet runs in its own mount namespace, where the kernel tunables it
-    checks read as it wants them (files bound over /proc/sys) and the host's stay untouched.
+# iptables front ends the kubelet would run to add KUBE-FIREWALL, KUBE-IPTABLES-HINT and canary
+# chains to the machine's firewall; inside its namespace they are /bin/false, so it finds none.
+IPTABLES_COMMANDS = (
+    "iptables",
+    "ip6tables",
+    "iptables-legacy",
+    "ip6tables-legacy",
+    "iptables-nft",
+    "ip6tables-nft",
+)
+
+
+def _in_own_mount_namespace(
+    folder: Path, root: Path, argv: list[str], *, fake_tunables: bool
+) -> list[str]:
+    """Wrap `argv` so the kubelet runs in its own mount namespace, where it cannot change the
+    machine: the iptables commands are /bin/false (no firewall chains), and with `fake_tunables`
+    the kernel tunables it checks read as it wants them (files bound over /proc/sys).
 
     The root dir is first made a shared mount in this namespace, so volumes the kubelet mounts
     there are seen by the container runtime outside.
     """
     subprocess.run(["mount", "--bind", str(root), str(root)], check=True)
     subprocess.run(["mount", "--make-rshared", str(root)], check=True)
-    binds = []
-    for name, value in KUBELET_KERNEL_TUNABLES.items():
-        fake = folder / ("sysctl-" + name.replace("/", "-"))
-        fake.write_text(value + "\n")
-        binds.append(f"mount --bind -o ro {fake} /proc/sys/{name}")
-    script = " && ".join([*binds, 'exec "$@"'])
+    false = os.path.realpath(shutil.which("false") or "/bin/false")
+    targets = {os.path.realpath(p) for p in map(shutil.which, IPTABLES_COMMANDS) if p}
+    covers = {target: false for target in targets}
+    if fake_tunables:
+        for name, value in KUBELET_KERNEL_TUNABLES.items():
+            fake = folder / ("sysctl-" + name.replace("/", "-"))
+            fake.write_text(value + "\n")
+            covers[f"/proc/sys/{name}"] = str(fake)
+    steps = []
+    for target, source in sorted(covers.items()):
+        # The mount holding the target turns private first (only that mount, not the ones
+        # below it): on a host whose / is shared the cover would otherwise reach the machine.
+        steps.append(f'mount --make-private "$(findmnt -n -o TARGET -T {target})"')
+        steps.append(f"mount --bind -o ro {source} {target}")
+    script = " && ".join([*steps, 'exec "$@"'])
     return [
         "unshare",
         "--mount",

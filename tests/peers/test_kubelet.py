@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -24,6 +25,20 @@ def _containerd() -> Path:
     return Path(found)
 
 
+def _kube_chains() -> list[str]:
+    """KUBE-* chains in the machine's iptables tables (none where iptables is missing)."""
+    found: list[str] = []
+    for command in ("iptables", "ip6tables"):
+        if shutil.which(command) is None:
+            continue
+        for table in ("filter", "nat", "mangle"):
+            listing = subprocess.run(
+                [command, "-t", table, "-S"], capture_output=True, text=True, check=False
+            )
+            found += [line for line in listing.stdout.splitlines() if "KUBE-" in line]
+    return found
+
+
 @pytest.fixture
 def needs_root() -> None:
     if os.geteuid() != 0:
@@ -39,12 +54,17 @@ def kubelet_binary() -> Path:
 
 @pytest.mark.usefixtures("needs_root", "kubelet_binary")
 def test_kubelet_registers_its_node(kube_cluster: KubeCluster) -> None:
+    panic_before = Path("/proc/sys/kernel/panic").read_text()
     with (
         start_containerd(_containerd()) as runtime,
         kube_cluster.kubelet("harness-kubelet", runtime.endpoint) as kubelet,
     ):
         node = kube_cluster.api_get("/api/v1/nodes/harness-kubelet")
         assert kubelet.alive()
+        # It ran in its own mount namespace: the machine's firewall and kernel tunables are as
+        # they were (a kubelet adds KUBE-* chains and sets kernel.panic=10 when it can).
+        assert _kube_chains() == []
+        assert Path("/proc/sys/kernel/panic").read_text() == panic_before
         info = node["status"]["nodeInfo"]
         assert info["kubeletVersion"] == "v1.36.2"
         assert info["containerRuntimeVersion"].startswith("containerd://")
