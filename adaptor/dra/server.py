@@ -42,6 +42,15 @@ def _unary(
     )
 
 
+def _request_names(request: str) -> list[str]:
+    """The request a device was allocated for, and for a `firstAvailable` subrequest
+    (`<main>/<sub>`) its main request too, which is what a container's claim names."""
+    if not request:
+        return []
+    main = request.split("/", 1)[0]
+    return [request] if main == request else [request, main]
+
+
 class _QuietHealth(grpc.GenericRpcHandler):  # type: ignore[misc]
     """The kubelet's optional device-health stream (`NodeWatchResources`): held open with
     nothing to report (a pod VM's GPUs are not watched from the node), rather than answered
@@ -100,7 +109,7 @@ class PluginServer:
             for device, cdi_id in zip(prepared.devices, prepared.cdi_ids, strict=True):
                 entry.devices.append(
                     dra_pb2.Device(
-                        request_names=[device.request.split("/", 1)[0]] if device.request else [],
+                        request_names=_request_names(device.request),
                         pool_name=device.pool,
                         device_name=device.device,
                         cdi_device_ids=[cdi_id],

@@ -93,7 +93,8 @@ class DeviceState:
         results = _our_results(claim)
         if not results:
             raise ClaimError(f"claim {ref.namespace}/{ref.name} has no devices of {DRIVER}")
-        devices = [self._facts(ref, r) for r in results]
+        slices = self._slices()
+        devices = [self._facts(ref, r, slices) for r in results]
         cdi_ids = write_spec(self.cdi_dir, ref.uid, devices)
         prepared = PreparedClaim(
             ref.uid,
@@ -108,13 +109,19 @@ class DeviceState:
         log.info("prepared claim %s/%s: %d devices", ref.namespace, ref.name, len(devices))
         return prepared
 
-    def _facts(self, ref: ClaimRef, result: Mapping[str, Any]) -> AllocatedDevice:
-        pool, device = str(result.get("pool", "")), str(result.get("device", ""))
+    def _slices(self) -> list[Any]:
+        """The published slices of this driver (read once per claim)."""
         selector = quote(f"spec.driver={DRIVER}", safe="=")
         try:
-            slices = self._get(f"{SLICES}?fieldSelector={selector}").get("items") or []
+            items = self._get(f"{SLICES}?fieldSelector={selector}").get("items") or []
         except KubeError as exc:
             raise ClaimError(f"reading the pools of {DRIVER}: {exc}") from None
+        return list(items)
+
+    def _facts(
+        self, ref: ClaimRef, result: Mapping[str, Any], slices: list[Any]
+    ) -> AllocatedDevice:
+        pool, device = str(result.get("pool", "")), str(result.get("device", ""))
         facts = device_facts(
             slices, pool, device, str(result.get("request", "")), result.get("consumedCapacity")
         )

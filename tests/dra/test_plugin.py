@@ -187,3 +187,11 @@ def test_the_kubelet_sees_registration_and_calls_prepare_over_grpc(
     asyncio.run(main())
     record = json.loads((short_dir / "plugin" / "checkpoint.json").read_text())
     assert record["claims"] == []  # unprepared
+
+
+def test_a_subrequests_device_names_its_main_request_too() -> None:
+    from adaptor.dra.server import _request_names
+
+    assert _request_names("gpu") == ["gpu"]
+    assert _request_names("gpu/h100") == ["gpu/h100", "gpu"]
+    assert _request_names("") == []
