@@ -5,7 +5,8 @@ record, or a delete that failed) must not live on. At start and then periodicall
 lists the VMs carrying this adaptor's owner tag, reads the known sandboxes *after* the listing
 (a sandbox is recorded before its VM is launched, so a VM seen in the listing whose sandbox is
 still unknown afterwards is an orphan), and deletes only those. A VM without our owner tag or
-without a sandbox tag is never touched.
+without a sandbox tag is never touched: a warm pool's VMs (adaptor.warmpool) carry none until
+adopted, and the pool's keeper deletes its own orphans.
 """
 
 from __future__ import annotations
