@@ -973,6 +973,15 @@ def _kill_shims(folder: Path) -> None:
     for pid in doomed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGKILL)
+    if doomed:
+        time.sleep(0.5)
+    # runc removes a container's cgroups only when it deletes the container; for those killed
+    # here (cgroup path /<namespace>/<id>) they are removed now that they are empty.
+    tasks = folder / "state" / "io.containerd.runtime.v2.task"
+    for task in tasks.glob("*/*"):
+        for hierarchy in Path("/sys/fs/cgroup").glob(f"**/{task.parent.name}/{task.name}"):
+            with contextlib.suppress(OSError):
+                hierarchy.rmdir()
 
 
 # --- images without a registry ---------------------------------------------------------------
