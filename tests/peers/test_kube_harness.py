@@ -251,3 +251,43 @@ data: {forbidden: "1"}
             "validatingadmissionpolicybinding,validatingadmissionpolicy",
             "harness-no-forbidden-key",
         )
+
+
+def test_node_bound_token_names_the_node(kube_cluster: KubeCluster) -> None:
+    kube_cluster.create_fake_node("harness-bound-node")
+    try:
+        node = kube_cluster.api_get("/api/v1/nodes/harness-bound-node")
+        token = kube_cluster.create_token(
+            "default", "default", bound_kind="Node", bound_name="harness-bound-node"
+        )
+        review = kube_cluster.api_request(
+            "POST",
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenReview",
+                "spec": {"token": token},
+            },
+        )
+        extra = review["status"]["user"]["extra"]
+        assert extra["authentication.kubernetes.io/node-name"] == ["harness-bound-node"]
+        assert extra["authentication.kubernetes.io/node-uid"] == [node["metadata"]["uid"]]
+        assert "authentication.kubernetes.io/pod-name" not in extra
+    finally:
+        kube_cluster.kubectl("delete", "node", "harness-bound-node")
+
+    # Deleting the node invalidates the token bound to it, once the apiserver's cache of
+    # successful token reviews (seconds) has let the old answer go.
+    def rejected() -> bool:
+        review = kube_cluster.api_request(
+            "POST",
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenReview",
+                "spec": {"token": token},
+            },
+        )
+        return review["status"].get("authenticated") is not True
+
+    assert _wait_for("token of the deleted node rejected", rejected)
