@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from webhook._admission import ANSWER_OF_FAULT, Admission
+    from webhook._allocate import AllocationFailed, Allocator
     from webhook._capacity import CAPACITY_ANNOTATION, CapacityPolicy, parse_namespace_policy
     from webhook._catalog_view import CatalogView
     from webhook._devices import POST_BOOT_ATTRIBUTES, DeviceSpace, SelectorLimits, VirtualDevice
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 _WHERE = {
     "ANSWER_OF_FAULT": "_admission",
     "Admission": "_admission",
+    "AllocationFailed": "_allocate",
+    "Allocator": "_allocate",
     "AdmissionPolicy": "_settings",
     "CAPACITY_ANNOTATION": "_capacity",
     "CapacityPolicy": "_capacity",
@@ -84,6 +87,8 @@ __all__ = [
     "POST_BOOT_ATTRIBUTES",
     "Admission",
     "AdmissionPolicy",
+    "AllocationFailed",
+    "Allocator",
     "CapacityPolicy",
     "CatalogView",
     "ClaimDenied",

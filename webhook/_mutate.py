@@ -519,6 +519,19 @@ def _readmitted_intent(
     return intent, plan
 
 
+def _decided_part(pod: Pod, settings: Settings) -> Pod:
+    """What the webhook decides and seals: the whole pod, or in the DRA-driver mode the pod
+    without what the scheduler allocates (webhook._scheduled)."""
+    return without_scheduled(pod) if settings.dra_driver else pod
+
+
+def _strip(pod: Pod, mutated: Pod, intent: PodIntent, settings: Settings) -> None:
+    """Remove what the pod VM provides; the DRA-driver mode keeps the scheduler's part."""
+    strip_node_resources(mutated["spec"], quota_units(intent.gpu))
+    if settings.dra_driver:
+        restore_scheduled(pod["spec"], mutated["spec"])
+
+
 def mutate_pod(
     pod: Pod,
     *,
@@ -547,8 +560,7 @@ def mutate_pod(
     warnings: list[str] = []
     mutated = copy.deepcopy(pod)
     kept = {k: v for k, v in annotations.items() if not k.startswith(CDI_PREFIX)}
-    # In the DRA-driver mode the pod is decided without what the scheduler allocates.
-    subject = without_scheduled(pod) if settings.dra_driver else pod
+    subject = _decided_part(pod, settings)
     if _looks_mutated(subject, annotations, settings, namespace):
         intent, plan = _readmitted_intent(kept, machine_type, capacity)
     else:
@@ -568,14 +580,12 @@ def mutate_pod(
             intent = replace(intent, gpu=intent.gpu.model_copy(update={"confidential": True}))
         kept = {k: v for k, v in kept.items() if k not in OWNED_KEYS}
         kept.update(_contract(intent, plan))
-        strip_node_resources(mutated["spec"], quota_units(intent.gpu))
-        if settings.dra_driver:
-            restore_scheduled(pod["spec"], mutated["spec"])
+        _strip(pod, mutated, intent, settings)
     _check_possible(intent, view, settings, warnings)
     kept.pop(SEAL, None)
     if any(k in OWNED_KEYS for k in kept):
-        sealed_over = without_scheduled(mutated) if settings.dra_driver else mutated
-        kept[SEAL] = seal(settings.seal_key, namespace, kept, request_digest(sealed_over))
+        digest = request_digest(_decided_part(mutated, settings))
+        kept[SEAL] = seal(settings.seal_key, namespace, kept, digest)
     if kept or "annotations" in mutated["metadata"]:
         mutated["metadata"]["annotations"] = kept
     return MutationResult(

@@ -65,7 +65,7 @@ def _kind(documents: Sequence[Document], kind: str) -> list[Document]:
 
 
 def _named(documents: Sequence[Document], kind: str, name: str) -> Document:
-    from webhook._allocate import AllocationFailed
+    from webhook import AllocationFailed
 
     for doc in _kind(documents, kind):
         if (doc.get("metadata") or {}).get("name") == name:
@@ -130,8 +130,7 @@ def plan_dra(
     from providers.dra.allocation import device_facts, gpu_intent
     from providers.dra.classes import device_classes
     from providers.dra.slices import DRIVER
-    from webhook import Settings, mutate_pod
-    from webhook._allocate import Allocator
+    from webhook import Allocator, Settings, mutate_pod
 
     name = str((pod.get("metadata") or {}).get("name", ""))
     report = DraPlan(pod=name)
