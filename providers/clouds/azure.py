@@ -3,19 +3,29 @@
 A VM's name is derived from its sandbox (`podvm-<hash>`), and create is a PUT, so a retried
 create finds (or completes) the same VM. The VM manages its own NIC and OS disk with
 `deleteOption: Delete`, so one DELETE removes everything it made. An allocation failure can leave
-a Failed VM behind: it is deleted before the next zone or size is tried. Custom data is base64
-and limited to 64 KiB encoded. An instance id is the VM name (one resource group per adaptor).
+a Failed VM behind: it is deleted before the next zone or size is tried. The pod's user data is
+the VM's `userData` property (base64, at most 64 KiB encoded), which the pod VM reads from IMDS
+(`/metadata/instance/compute/userData`); unlike `osProfile.customData` it can be replaced on an
+existing VM, which is what lets a deallocated warm VM be adopted. An instance id is the VM name
+(one resource group per adaptor).
 
 A Spot VM (VMSpec.capacity_type) has priority Spot, eviction policy Delete and max price -1 (it
 is evicted for capacity only, never for price), so an eviction removes the VM and what it made;
 `inspect` tells the adaptor a VM is gone or deallocated, and `purge` deletes the VM, its NIC and
 its OS disk (named after the VM) whatever is left of them.
+
+A warm pool VM (providers.core.warm) is named after its slot and tagged as the pool's; once its
+guest powered off it is deallocated (the compute stops billing, its OS disk does not). An
+adoption PATCHes the deallocated VM's userData and tags (the sandbox's replace the pool's in one
+call) and starts it.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +40,7 @@ from providers.core.base import (
     TAG_SANDBOX,
     Instance,
     Resolver,
+    VMCandidate,
     VMSpec,
     identity,
     sandbox_hash,
@@ -43,6 +54,17 @@ from providers.core.errors import (
     TransientError,
 )
 from providers.core.markets import VMCondition, create_in_markets
+from providers.core.warm import (
+    GONE,
+    PENDING,
+    RUNNING,
+    STOPPED,
+    STOPPING,
+    TAG_WARM_POOL,
+    TAG_WARM_SLOT,
+    WarmSpec,
+    disk_cost_per_hour,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +91,35 @@ STOPPED_POWER_STATES = frozenset(
 TRANSIENT_CODES = frozenset(
     {"TooManyRequests", "RetryableError", "ServiceUnavailable", "InternalServerError", "Conflict"}
 )
+DEALLOCATED = "PowerState/deallocated"
+# A VM's instance view power state as a warm VM's (providers.core.warm). A guest's own power-off
+# leaves it PowerState/stopped: powered off, yet still allocated and billed for its compute.
+_POWER = {
+    "PowerState/starting": PENDING,
+    "PowerState/running": RUNNING,
+    "PowerState/stopping": STOPPING,
+    "PowerState/stopped": STOPPED,
+    "PowerState/deallocating": STOPPING,
+    DEALLOCATED: STOPPED,
+}
+# What a deallocated VM bills: its OS disk, priced by tier (the smallest tier that holds the
+# disk's size), USD per month, Standard SSD LRS, East US (azure.microsoft.com/pricing/details/
+# managed-disks, 2025): E1 4 GiB $0.30 ... E50 4 TiB $307.20; transactions are not counted.
+STANDARD_SSD_TIERS_USD_PER_MONTH = (
+    (4, 0.30),
+    (8, 0.60),
+    (16, 1.20),
+    (32, 2.40),
+    (64, 4.80),
+    (128, 9.60),
+    (256, 19.20),
+    (512, 38.40),
+    (1024, 76.80),
+    (2048, 153.60),
+    (4096, 307.20),
+)
+# The OS disk of an image that sets none (--azure-os-disk-gib 0): Azure's Linux images have 30 GiB.
+ASSUMED_OS_DISK_GIB = 30
 
 
 @dataclass(frozen=True)
@@ -93,6 +144,36 @@ class AzureConfig:
 
 def vm_name(sandbox_id: str) -> str:
     return f"podvm-{sandbox_hash(sandbox_id, 20)}"
+
+
+def warm_vm_name(slot: str) -> str:
+    """The deterministic VM name of a warm pool's slot (a retried launch finds it)."""
+    return f"podvm-warm-{sandbox_hash(slot, 20)}"
+
+
+def disk_usd_per_gb_month(gib: int) -> float:
+    """A Standard SSD disk's monthly price per GiB of its size, from its tier's price (a disk
+    larger than the table is priced at the largest tier's rate)."""
+    for size, usd in STANDARD_SSD_TIERS_USD_PER_MONTH:
+        if gib <= size:
+            return usd / gib
+    size, usd = STANDARD_SSD_TIERS_USD_PER_MONTH[-1]
+    return usd / size
+
+
+def power_of_view(vm: Any) -> str:
+    """The ARM PowerState/... code of a VM read with its instance view ("" when none)."""
+    view = vm.instance_view
+    for status in (view.statuses or []) if view is not None else []:
+        code = str(status.code or "")
+        if code.startswith("PowerState/"):
+            return code
+    return ""
+
+
+def encode_user_data(text: str) -> str:
+    """The userData property's value: the user data, base64."""
+    return base64.b64encode(text.encode()).decode()
 
 
 def nic_name(vm: str) -> str:
@@ -205,24 +286,35 @@ class AzureProvider:
         )
         return tags
 
-    def _body(self, spec: VMSpec, image: str, placement: Site, spot: bool = False) -> Any:
+    def _body(
+        self,
+        spec: VMSpec,
+        image: str,
+        placement: Site,
+        spot: bool = False,
+        *,
+        name: str = "",
+        tags: Mapping[str, str] | None = None,
+    ) -> Any:
         """The VM resource in ARM's JSON shape (the SDK model accepts the mapping as is)."""
         from azure.mgmt.compute import models as m
 
-        name = vm_name(spec.sandbox_id)
+        name = name or vm_name(spec.sandbox_id)
         body: dict[str, Any] = {
             "location": self.config.location,
-            "tags": self._tags(spec, spot),
+            "tags": dict(tags) if tags is not None else self._tags(spec, spot),
             "properties": {
                 "hardwareProfile": {"vmSize": placement.instance_type},
                 "storageProfile": {"imageReference": {"id": image}, "osDisk": self._os_disk(name)},
-                "osProfile": self._os_profile(spec, name),
+                "osProfile": self._os_profile(name),
                 "networkProfile": {
                     "networkApiVersion": "2020-11-01",
                     "networkInterfaceConfigurations": [self._nic(name)],
                 },
             },
         }
+        if spec.user_data:
+            body["properties"]["userData"] = encode_user_data(spec.user_data)
         if placement.zone:
             body["zones"] = [placement.zone]
         if spot:
@@ -232,8 +324,8 @@ class AzureProvider:
             )
         return m.VirtualMachine(body)
 
-    def _os_profile(self, spec: VMSpec, name: str) -> dict[str, Any]:
-        """Login by SSH key only (when one is set), and the user data as customData."""
+    def _os_profile(self, name: str) -> dict[str, Any]:
+        """Login by SSH key only (when one is set); the user data is the VM's userData."""
         linux: dict[str, Any] = {"disablePasswordAuthentication": True}
         if self.config.ssh_public_key:
             linux["ssh"] = {
@@ -249,8 +341,6 @@ class AzureProvider:
             "adminUsername": self.config.admin_username,
             "linuxConfiguration": linux,
         }
-        if spec.user_data:
-            os_profile["customData"] = base64.b64encode(spec.user_data.encode()).decode()
         return os_profile
 
     def _os_disk(self, name: str) -> dict[str, Any]:
@@ -456,6 +546,149 @@ class AzureProvider:
 
         vms = await self._call("list VMs", collect)
         return [self._instance(vm) for vm in vms if (vm.tags or {}).get(TAG_OWNER) == self.owner_id]
+
+    # --- warm pool (providers.core.warm) -------------------------------------------------------
+
+    def cannot_stop(self, instance_type: str) -> str:
+        """Azure deallocates any size whose OS disk is managed, as a pod VM's is (the temporary
+        resource disk, where a size has one, is wiped: the images are on the OS disk)."""
+        return ""
+
+    def stopped_cost_per_hour(self, instance_type: str) -> float:
+        """The Standard SSD OS disk a deallocated VM keeps, per hour; the compute bills nothing."""
+        gib = self.config.os_disk_gib or ASSUMED_OS_DISK_GIB
+        return disk_cost_per_hour(gib, disk_usd_per_gb_month(gib))
+
+    async def launch_warm(self, spec: WarmSpec) -> Instance:
+        image = spec.image or self.config.image_id
+        if not image:
+            raise InvalidRequest(f"warm slot {spec.slot}: no pod VM image")
+        what = f"warm slot {spec.slot}"
+        USER_DATA_LIMIT.check(spec.user_data, what)
+        name = warm_vm_name(spec.slot)
+        existing = await self._get(name)
+        if existing is not None and existing.provisioning_state == "Succeeded":
+            return self._warm_instance(existing, PENDING)
+        if existing is not None:  # a Failed leftover of an earlier try: start clean
+            await self.delete(name)
+        zone = spec.zone or (self.config.zones[0] if self.config.zones else "")
+        placement = Site(VMCandidate(spec.instance_type), zone)
+        tags = {
+            TAG_OWNER: self.owner_id,
+            TAG_WARM_POOL: self.owner_id,
+            TAG_WARM_SLOT: spec.slot[:256],
+            TAG_CAPACITY_TYPE: ON_DEMAND,
+        }
+        # the pod VM's body, named after the slot, with the pool's tags and user data
+        shell = VMSpec(
+            sandbox_id=spec.slot, pod_namespace="", pod_name="", user_data=spec.user_data
+        )
+        body = self._body(shell, image, placement, name=name, tags=tags)
+        rg = self.config.resource_group
+
+        def put() -> Any:
+            return self.compute.virtual_machines.begin_create_or_update(rg, name, body).result()
+
+        try:
+            vm = await self._call(f"{what}: create {placement}", put)
+        except BaseException:
+            await self.calls.discard(
+                f"{what}: {name}", lambda: self.delete(name), self.config.policy
+            )
+            raise
+        return self._warm_instance(vm, PENDING)
+
+    def _warm_instance(self, vm: Any, power: str) -> Instance:
+        instance = self._instance(vm)
+        return dataclasses.replace(instance, extra={**instance.extra, "power": power})
+
+    async def warm_vms(self) -> list[Instance]:
+        """The pool's VMs; one powered off but not yet deallocated is reported STOPPING, so the
+        pool watches it again and deallocates it (it still bills its compute)."""
+        rg = self.config.resource_group
+
+        def collect() -> list[Any]:
+            return list(self.compute.virtual_machines.list(rg, expand="instanceView"))
+
+        vms = await self._call("list warm VMs", collect)
+        found = []
+        for vm in vms:
+            if (vm.tags or {}).get(TAG_WARM_POOL) != self.owner_id:
+                continue
+            code = power_of_view(vm)
+            power = STOPPING if code == "PowerState/stopped" else _POWER.get(code, PENDING)
+            found.append(
+                self._warm_instance(vm, GONE if vm.provisioning_state == "Deleting" else power)
+            )
+        return found
+
+    async def _viewed(self, name: str) -> Any:
+        """The VM with its instance view (None when it does not exist)."""
+        rg = self.config.resource_group
+
+        def get() -> Any:
+            return self.compute.virtual_machines.get(rg, name, expand="instanceView")
+
+        try:
+            return await self._call(f"get {name}", get)
+        except InstanceNotFound:
+            return None
+
+    async def power_state(self, instance_id: str) -> str:
+        """STOPPED once the guest powered off (PowerState/stopped) or the VM is deallocated."""
+        vm = await self._viewed(instance_id)
+        if vm is None or vm.provisioning_state == "Deleting":
+            return GONE
+        return _POWER.get(power_of_view(vm), PENDING)
+
+    async def stop_warm(self, instance_id: str) -> None:
+        """Deallocate (a powered-off VM still holds, and bills, its compute until then)."""
+        what = f"deallocate warm VM {instance_id}"
+        rg = self.config.resource_group
+
+        def deallocate() -> None:
+            self.compute.virtual_machines.begin_deallocate(rg, instance_id).result()
+
+        await self._call(what, deallocate)
+        vm = await self._viewed(instance_id)
+        code = power_of_view(vm) if vm is not None else "gone"
+        if code != DEALLOCATED:
+            raise ProviderError(f"{what}: still {code or 'without a power state'}")
+
+    async def adopt_warm(
+        self, instance_id: str, spec: VMSpec, tags: Mapping[str, str] | None = None
+    ) -> Instance:
+        from azure.mgmt.compute import models as m
+
+        what = f"sandbox {spec.sandbox_id[:12]}: adopt warm VM {instance_id}"
+        USER_DATA_LIMIT.check(spec.user_data, what)
+        vm = await self._viewed(instance_id)
+        code = power_of_view(vm) if vm is not None else "gone"
+        if code != DEALLOCATED:
+            raise ProviderError(f"{what}: it is {code or 'without a power state'}, not deallocated")
+        # A PATCH replaces the whole tags map: the sandbox's go on and the pool's come off in
+        # one call, before the start (from then on every sweep sees the sandbox's VM), together
+        # with the pod's user data, which the guest reads from IMDS at its next boot.
+        update = m.VirtualMachineUpdate(
+            {
+                "tags": {**self._tags(spec), **{str(k): str(v) for k, v in (tags or {}).items()}},
+                "properties": {"userData": encode_user_data(spec.user_data)},
+            }
+        )
+        rg = self.config.resource_group
+
+        def patch() -> Any:
+            return self.compute.virtual_machines.begin_update(rg, instance_id, update).result()
+
+        def start() -> None:
+            self.compute.virtual_machines.begin_start(rg, instance_id).result()
+
+        await self._call(f"{what}: user data and tags", patch)
+        await self._call(f"{what}: start", start)
+        started = await self._get(instance_id)
+        if started is None:
+            raise ProviderError(f"{what}: the VM is gone")
+        return await self._finish(what, started)
 
 
 def make_clients(config: AzureConfig) -> tuple[Any, Any]:

@@ -70,7 +70,7 @@ PROVIDERS: dict[str, Entry] = {
         "azure",
         "settings",
         AzureSettings,
-        UserDataLimit(64 * 1024, "base64", "Azure custom data (base64)"),
+        UserDataLimit(64 * 1024, "base64", "Azure user data (base64)"),
     ),
     "gcp": Entry(
         "providers.clouds.gcp:from_settings",

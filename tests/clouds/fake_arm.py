@@ -5,6 +5,14 @@ failure is reported as ARM does, through an Azure-AsyncOperation that ends Faile
 stays behind in provisioningState Failed. Deleting a VM deletes the NIC and disk whose
 deleteOption is Delete, as ARM does; `evict` takes a VM away as a Spot eviction would, optionally
 leaving its NIC and disk behind. Faults are injected per call.
+
+Power, as ARM reports it in the instance view (`$expand=instanceView`, on a GET and on a list):
+POST deallocate answers 202 with an Azure-AsyncOperation that is InProgress once (the VM
+PowerState/deallocating) and then Succeeded (PowerState/deallocated); POST start likewise
+(PowerState/starting, then PowerState/running; an injected fault fails the operation, the VM
+stays deallocated, as an allocation failure at start does); `power_off` is the guest's own
+shutdown (PowerState/stopped, still allocated). PATCH replaces the tags map whole and sets
+properties.userData; a GET or list returns userData only with `$expand=userData`.
 """
 
 from __future__ import annotations
@@ -57,6 +65,10 @@ class FakeArm:
         self.cloud.route("DELETE", NICS + r"/(?P<name>[^/]+)", self._delete_nic)
         self.cloud.route("DELETE", DISKS + r"/(?P<name>[^/]+)", self._delete_disk)
         self.cloud.route("GET", OPS, self._op)
+        self.cloud.route("PATCH", VMS + r"/(?P<name>[^/]+)", self._patch)
+        self.cloud.route(
+            "POST", VMS + r"/(?P<name>[^/]+)/(?P<action>deallocate|start)", self._power
+        )
 
     def clients(self) -> tuple[Any, Any]:
         return compute_client(self.cloud), network_client(self.cloud)
@@ -116,19 +128,96 @@ class FakeArm:
 
     def _op(self, request: RecordedRequest) -> FakeResponse:
         assert request.match is not None
-        return json_response(self._ops[request.match["op"]])
+        with self._lock:
+            op = self._ops[request.match["op"]]
+            if op.get("_polls", 0) > 0:  # still running: one more poll
+                op["_polls"] -= 1
+                return json_response({"status": "InProgress"})
+            done = op.pop("_then", None)
+            if done is not None:
+                done()
+        return json_response({k: v for k, v in op.items() if not k.startswith("_")})
+
+    def _async(self, location: str, then: Callable[[], None], error: str = "") -> FakeResponse:
+        """A 202 whose Azure-AsyncOperation runs `then` as it ends (Failed with `error`)."""
+        op = f"op-{next(self._ids)}"
+        record: dict[str, Any] = {"status": "Failed" if error else "Succeeded", "_polls": 1}
+        record["_then"] = then
+        if error:
+            record["error"] = {"code": error, "message": f"{error}: injected"}
+        self._ops[op] = record
+        url = (
+            f"{ARM}/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Compute/locations/"
+            f"{location}/operations/{op}?api-version=2024-07-01"
+        )
+        return FakeResponse(202, None, {"Azure-AsyncOperation": url, "Retry-After": "0"})
+
+    def _power(self, request: RecordedRequest) -> FakeResponse:
+        """POST deallocate or start: the transition now, its end when the operation ends."""
+        assert request.match is not None
+        name, action = request.match["name"], request.match["action"]
+        fault = self._fault(action, {"name": name})
+        if isinstance(fault, FakeResponse):
+            return fault
+        with self._lock:
+            vm = self.vms.get(name)
+            if vm is None:
+                return arm_error(404, "ResourceNotFound", f"VM {name} not found")
+            before = vm.get("_power", "PowerState/running")
+            if action == "deallocate":
+                vm["_power"], after = "PowerState/deallocating", "PowerState/deallocated"
+            else:
+                vm["_power"], after = "PowerState/starting", "PowerState/running"
+            if fault:  # the start failed (no capacity): the VM stays as it was
+                after = before
+
+        def then() -> None:
+            vm["_power"] = after
+
+        return self._async(vm["location"], then, fault or "")
+
+    def _patch(self, request: RecordedRequest) -> FakeResponse:
+        """A VM update: the tags map replaced whole when given, properties merged (userData)."""
+        assert request.match is not None
+        name = request.match["name"]
+        body = request.json()
+        fault = self._fault("patch", body)
+        if isinstance(fault, FakeResponse):
+            return fault
+        with self._lock:
+            vm = self.vms.get(name)
+            if vm is None:
+                return arm_error(404, "ResourceNotFound", f"VM {name} not found")
+            if "tags" in body:
+                vm["tags"] = dict(body["tags"])
+            vm["properties"] = {**vm["properties"], **body.get("properties", {})}
+        return json_response(self._public(vm, request))
+
+    def _public(self, vm: dict[str, Any], request: RecordedRequest) -> dict[str, Any]:
+        """The VM as ARM answers it: userData only when expanded, the instance view when asked."""
+        public = {k: v for k, v in vm.items() if not k.startswith("_")}
+        props = dict(public["properties"])
+        expand = request.query.get("$expand", "")
+        if expand != "userData":
+            props.pop("userData", None)
+        if expand == "instanceView":
+            power = vm.get("_power", "PowerState/running")
+            state = str(props.get("provisioningState", "Succeeded")).lower()
+            props["instanceView"] = {
+                "statuses": [
+                    {"code": f"ProvisioningState/{state}", "displayStatus": state},
+                    {"code": power, "displayStatus": "VM " + power.split("/")[-1]},
+                ]
+            }
+        public["properties"] = props
+        return public
 
     def _get(self, request: RecordedRequest) -> FakeResponse:
         assert request.match is not None
         vm = self.vms.get(request.match["name"])
         if vm is None:
             return arm_error(404, "ResourceNotFound", f"VM {request.match['name']} not found")
-        public = {k: v for k, v in vm.items() if not k.startswith("_")}
-        if request.query.get("$expand") == "instanceView":
-            power = vm.get("_power", "PowerState/running")
-            view = {"statuses": [{"code": power, "displayStatus": power.split("/")[-1]}]}
-            public["properties"] = {**public["properties"], "instanceView": view}
-        return json_response(public)
+        return json_response(self._public(vm, request))
 
     def _delete(self, request: RecordedRequest) -> FakeResponse:
         assert request.match is not None
@@ -173,6 +262,11 @@ class FakeArm:
                 self.nics.discard(f"{name}-nic")
                 self.disks.discard(vm["properties"]["storageProfile"]["osDisk"].get("name", ""))
 
+    def power_off(self, name: str) -> None:
+        """The guest's own shutdown: powered off, still allocated (and billed)."""
+        with self._lock:
+            self.vms[name]["_power"] = "PowerState/stopped"
+
     def deallocate(self, name: str) -> None:
         """Stop a VM as an eviction with policy Deallocate would (the VM record stays)."""
         with self._lock:
@@ -180,9 +274,7 @@ class FakeArm:
 
     def _list(self, request: RecordedRequest) -> FakeResponse:
         with self._lock:
-            value = [
-                {k: v for k, v in vm.items() if not k.startswith("_")} for vm in self.vms.values()
-            ]
+            value = [self._public(vm, request) for vm in self.vms.values()]
         return json_response({"value": value})
 
     def _nic(self, request: RecordedRequest) -> FakeResponse:

@@ -65,7 +65,9 @@ async def test_create_and_delete_with_checked_request_body(
     assert body["tags"][TAG_OWNER] == OWNER and body["tags"][TAG_SANDBOX] == f"{1:064x}"
     assert body["tags"][TAG_POD_NAMESPACE] == "ml"
     props = body["properties"]
-    assert base64.b64decode(props["osProfile"]["customData"]).decode() == spec(1).user_data
+    # userData (read by the pod VM from IMDS, replaceable later), never the fixed customData
+    assert base64.b64decode(props["userData"]).decode() == spec(1).user_data
+    assert "customData" not in props["osProfile"]
     assert props["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
     nic = props["networkProfile"]["networkInterfaceConfigurations"][0]["properties"]
     assert nic["deleteOption"] == "Delete"

@@ -172,7 +172,7 @@ def test_each_clouds_size_limit() -> None:
     # Azure counts base64: 48 KiB raw is exactly 64 KiB encoded
     assert counted_size("azure", sized(48 * 1024)) == 64 * 1024
     check_size("azure", sized(48 * 1024))
-    with pytest.raises(InvalidRequest, match="Azure custom data"):
+    with pytest.raises(InvalidRequest, match="Azure user data"):
         check_size("azure", sized(48 * 1024 + 1))
     check_size("gcp", sized(256 * 1024))
     with pytest.raises(InvalidRequest, match="GCP metadata"):
