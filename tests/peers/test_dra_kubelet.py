@@ -2,12 +2,15 @@
 watcher finds the registration socket and registers the plugin (NotifyRegistrationStatus), and
 for a pod bound to its node whose claim is allocated on gpu.peerpods.io it calls
 NodePrepareResources, which returns the claim's CDI IDs (the per-claim spec and the checkpoint
-hold them); deleting the pod unprepares it."""
+hold them); containerd 2.x resolves them, so the container's OCI spec carries the environment
+edit; deleting the pod unprepares it."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,11 +26,14 @@ from providers.clouds.kube import KubeClient, kubeconfig_config
 from providers.core.snapshots import CatalogLoader
 from providers.dra import build_pool
 from providers.dra.publisher import delete_pool, publish
-from tests.peers.kube import KubeCluster, start_containerd
+from tests.peers.conftest import peer_binary
+from tests.peers.kube import Containerd, KubeCluster, import_sleep_images, start_containerd
 from tests.peers.test_kubelet import _containerd
 
 NODE = "dra-kubelet"
 NS = "dra-kubelet"
+# where containerd 2.x reads CDI specs by default (cdi_spec_dirs): the node's real place
+NODE_CDI_DIR = Path("/var/run/cdi")
 
 
 @pytest.fixture
@@ -84,35 +90,59 @@ def test_the_kubelet_registers_the_plugin_and_prepare_returns_cdi_ids(
     publish(client, pool)
     cluster.ensure_namespace(NS)
     checkpoint = Checkpoint(tmp_path / "checkpoint.json")
-    state = DeviceState(client.get, checkpoint, tmp_path / "cdi")
+    state = DeviceState(client.get, checkpoint, NODE_CDI_DIR)
+    existed = NODE_CDI_DIR.exists()
+    before = set(NODE_CDI_DIR.iterdir()) if existed else set()
     try:
         with (
             start_containerd(_containerd()) as runtime,
             cluster.kubelet(NODE, runtime.endpoint) as kubelet,
         ):
+            image = import_sleep_images(runtime)
             root = kubelet.log_path.parent / "root"
             registry = root / "plugins_registry"
             with PluginThread(state, registry, root / "plugins" / "gpu.peerpods.io") as server:
                 wait_for("the kubelet to register the plugin", server.registered.is_set, 60)
                 assert server.registration_error == ""
                 try:
-                    prepared = run_pod(cluster, checkpoint)
+                    prepared = run_pod(cluster, checkpoint, image)
                 except BaseException:
                     print(about_dra(kubelet.log_path))
                     raise
                 assert prepared.cdi_ids == ("k8s.gpu.peerpods.io/claim=" + prepared.uid + "-0",)
-                [spec_file] = (tmp_path / "cdi").iterdir()
+                [spec_file] = set(NODE_CDI_DIR.iterdir()) - before
                 env = [e for d in load_spec(str(spec_file)).devices for e in d.edits.env]
                 assert devices_in_env(env) == [(pool.name, "nvidia-h100-80gb-hbm3-0")]
+                # containerd resolved the CDI ID: the container's OCI spec carries the edit
+                oci_env = wait_for("the container", lambda: container_env(runtime), 90)
+                assert env[0] in oci_env
                 cluster.kubectl("delete", "pod", "-n", NS, "gpu", "--wait=false")
                 wait_for(
                     "the kubelet to unprepare the claim", lambda: not checkpoint.get(prepared.uid)
                 )
-                assert list((tmp_path / "cdi").iterdir()) == []
+                assert set(NODE_CDI_DIR.iterdir()) == before
                 # the optional health stream is served (held open), not answered Unimplemented
                 assert "Method not found" not in about_dra(kubelet.log_path)
     finally:
         delete_pool(client, pool.name)
+        if not existed and NODE_CDI_DIR.exists() and not any(NODE_CDI_DIR.iterdir()):
+            NODE_CDI_DIR.rmdir()
+
+
+def container_env(runtime: Containerd) -> list[str]:
+    """The environment of the pod's app container in its OCI spec, once containerd made it."""
+    ctr = [str(peer_binary("ctr")), "-a", str(runtime.socket), "-n", "k8s.io"]
+    listed = subprocess.run([*ctr, "containers", "ls", "-q"], capture_output=True, text=True)
+    for cid in listed.stdout.split():
+        info = subprocess.run([*ctr, "containers", "info", cid], capture_output=True, text=True)
+        if info.returncode != 0:
+            continue
+        data = json.loads(info.stdout)
+        labels = data.get("Labels") or {}
+        if labels.get("io.kubernetes.container.name") == "main":
+            env: list[str] = data["Spec"]["process"]["env"]
+            return env
+    return []
 
 
 def about_dra(log: Path) -> str:
@@ -122,7 +152,7 @@ def about_dra(log: Path) -> str:
     return "\n".join(line for line in lines if any(w in line.lower() for w in words))[-6000:]
 
 
-def run_pod(cluster: KubeCluster, checkpoint: Checkpoint) -> Any:
+def run_pod(cluster: KubeCluster, checkpoint: Checkpoint, image: str) -> Any:
     """A claim allocated (as the scheduler would, written here) to a pod bound to the kubelet's
     node; the kubelet prepares it before it creates the sandbox."""
     claims = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"
@@ -139,7 +169,7 @@ def run_pod(cluster: KubeCluster, checkpoint: Checkpoint) -> Any:
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu"},
          "spec": {"nodeName": NODE, "hostNetwork": True, "automountServiceAccountToken": False,
                   "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}],
-                  "containers": [{"name": "main", "image": "registry.invalid/none:1",
+                  "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
                                   "resources": {"claims": [{"name": "gpu"}]}}]}},
     )  # fmt: skip
     status = {
