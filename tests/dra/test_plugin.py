@@ -195,3 +195,19 @@ def test_a_subrequests_device_names_its_main_request_too() -> None:
     assert _request_names("gpu") == ["gpu"]
     assert _request_names("gpu/h100") == ["gpu/h100", "gpu"]
     assert _request_names("") == []
+
+
+def test_the_checkpoint_is_private_and_a_foreign_file_is_refused(tmp_path: Path) -> None:
+    import os
+
+    from adaptor.dra import CheckpointError, PreparedClaim
+
+    checkpoint = Checkpoint(tmp_path / "plugin" / "checkpoint.json")
+    checkpoint.put(PreparedClaim("u", "ns", "c", ("pod-uid",), (), (), ("pod",)))
+    assert os.stat(checkpoint.path).st_mode & 0o777 == 0o600
+    assert os.stat(checkpoint.path.parent).st_mode & 0o777 == 0o700
+    assert [c.uid for c in checkpoint.for_pod_name("ns", "pod")] == ["u"]
+    assert checkpoint.for_pod_name("other", "pod") == []
+    checkpoint.path.write_text('{"version": 99}')
+    with pytest.raises(CheckpointError):
+        checkpoint.get("u")
