@@ -23,7 +23,7 @@ def warm_pool_for(
     if not isinstance(provider, WarmCapable):
         raise InvalidRequest(
             f"--warm-pool: the {provider.name} provider cannot keep stopped VMs "
-            "(warm pools need aws or gcp)"
+            "(warm pools need aws, azure or gcp)"
         )
     config_of = getattr(provider, "config", None)
     image = str(getattr(config_of, "image_id", "") or getattr(config_of, "image", "") or "")
