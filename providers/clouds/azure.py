@@ -566,9 +566,10 @@ class AzureProvider:
         what = f"warm slot {spec.slot}"
         USER_DATA_LIMIT.check(spec.user_data, what)
         name = warm_vm_name(spec.slot)
-        existing = await self._get(name)
-        if existing is not None and existing.provisioning_state == "Succeeded":
-            return self._warm_instance(existing, PENDING)
+        existing = await self._viewed(name)
+        if existing is not None and existing.provisioning_state != "Failed":
+            # launched before (a restart, a retried launch): the pool watches it from here
+            return self._warm_instance(existing, _POWER.get(power_of_view(existing), PENDING))
         if existing is not None:  # a Failed leftover of an earlier try: start clean
             await self.delete(name)
         zone = spec.zone or (self.config.zones[0] if self.config.zones else "")

@@ -26,6 +26,7 @@ from providers.clouds.retry import RetryPolicy
 from providers.core.base import TAG_OWNER, TAG_SANDBOX, VMCandidate, VMSpec
 from providers.core.errors import ProviderError
 from providers.core.warm import (
+    RUNNING,
     STOPPED,
     STOPPING,
     TAG_WARM_POOL,
@@ -204,7 +205,9 @@ async def test_a_powered_off_azure_vm_is_deallocated_before_it_counts_as_warm() 
     arm = FakeArm()
     provider = azure(arm)
     launched = await provider.launch_warm(WarmSpec("slot-a", TYPE, ZONE, IMAGE, "#cloud-config\n"))
-    assert await provider.launch_warm(WarmSpec("slot-a", TYPE, ZONE, IMAGE)) == launched
+    again = await provider.launch_warm(WarmSpec("slot-a", TYPE, ZONE, IMAGE))
+    assert again.id == launched.id and again.extra["power"] == RUNNING  # found, not made twice
+    assert len(arm.cloud.seen("PUT", VMS + r"/[^/]+")) == 1
     assert len(arm.vms) == 1
     with pytest.raises(ProviderError, match="running, not deallocated"):
         await provider.adopt_warm(launched.id, spec("early"))
@@ -236,3 +239,36 @@ def test_a_deallocated_vm_bills_its_os_disk_tier() -> None:
     assert azure(arm).cannot_stop(TYPE) == ""
     # what `serve` checks before it keeps a pool (static and local are refused)
     assert isinstance(azure(arm), WarmCapable)
+
+
+async def test_a_restart_deallocates_vms_that_powered_off_while_serve_was_down(
+    store: StateStore,
+) -> None:
+    """serve gone between a warm VM's power-off and its deallocation: the next serve finds the
+    VM powered off but allocated (still billing compute), deallocates it, launches nothing."""
+    arm = FakeArm()
+    first = LatencyCloud(azure(arm), MODEL, guests=False)  # the guests power off below
+    pool = pool_of(first, store)
+    pool.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(arm.vms) < 2 or not all(s.instance_id for s in pool.slots.values()):
+            assert time.monotonic() < deadline, "not launched"
+            await asyncio.sleep(0.02)
+    finally:
+        await pool.stop()
+        await first.close()
+    names = set(arm.vms)
+    for name in names:
+        arm.power_off(name)
+    second = LatencyCloud(azure(arm), MODEL, guests=False)
+    again = pool_of(second, store)
+    again.start()
+    try:
+        await warm(again, 2)
+    finally:
+        await again.stop()
+        await second.close()
+    assert set(arm.vms) == names and second.warm_launches == 0
+    assert {vm["_power"] for vm in arm.vms.values()} == {"PowerState/deallocated"}
+    assert {s.instance_id for s in again.slots.values()} == names
