@@ -82,70 +82,74 @@ def bind_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
     return sock
 
 
-def _bounded(limits: StatusLimits) -> type[H11Protocol]:
-    """uvicorn's HTTP/1.1 protocol with a connection cap and a deadline for request headers."""
+class _Bounded(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a connection cap and a deadline for request headers;
+    `limits` is set on the subclass `_bounded` makes for one server."""
 
-    class Bounded(H11Protocol):
-        _timer: asyncio.TimerHandle | None = None
-        _since = 0.0
+    limits: StatusLimits
+    _timer: asyncio.TimerHandle | None = None
+    _since = 0.0
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._since = time.monotonic()
-            if len(self.connections) > limits.max_connections and not self._evict():
-                self.connections.discard(self)
-                transport.abort()  # its descriptor is free again at once
-                return
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._since = time.monotonic()
+        if len(self.connections) > self.limits.max_connections and not self._evict():
+            self.connections.discard(self)
+            transport.abort()  # its descriptor is free again at once
+            return
+        self._arm()
+
+    @property
+    def _waiting(self) -> bool:
+        """Whether no request of its own is being answered (nothing, or half a request)."""
+        return self.conn.their_state is h11.IDLE and (
+            self.cycle is None or self.cycle.response_complete
+        )
+
+    def _evict(self) -> bool:
+        """Make room by dropping the oldest connection that has no request being answered:
+        idle connections never keep a probe out. False when every one has a request."""
+        idle = [c for c in self.connections if isinstance(c, _Bounded) and c is not self]
+        idle = [c for c in idle if c._waiting and not c.transport.is_closing()]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda c: c._since)
+        oldest.connections.discard(oldest)
+        oldest.transport.abort()
+        return True
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(self.limits.header_timeout_seconds, self._late)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _late(self) -> None:
+        self._timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.abort()  # nothing or half a request in time: dropped
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._disarm()  # headers complete: the app answers
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
             self._arm()
 
-        @property
-        def _waiting(self) -> bool:
-            """Whether no request of its own is being answered (nothing, or half a request)."""
-            return self.conn.their_state is h11.IDLE and (
-                self.cycle is None or self.cycle.response_complete
-            )
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
 
-        def _evict(self) -> bool:
-            """Make room by dropping the oldest connection that has no request being answered:
-            idle connections never keep a probe out. False when every one has a request."""
-            idle = [c for c in self.connections if isinstance(c, Bounded) and c is not self]
-            idle = [c for c in idle if c._waiting and not c.transport.is_closing()]
-            if not idle:
-                return False
-            oldest = min(idle, key=lambda c: c._since)
-            oldest.connections.discard(oldest)
-            oldest.transport.abort()
-            return True
 
-        def _arm(self) -> None:
-            self._disarm()
-            self._timer = self.loop.call_later(limits.header_timeout_seconds, self._late)
-
-        def _disarm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-
-        def _late(self) -> None:
-            self._timer = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                self.transport.abort()  # nothing or half a request in time: dropped
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            if self.conn.their_state is not h11.IDLE:
-                self._disarm()  # headers complete: the app answers
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-    return Bounded
+def _bounded(limits: StatusLimits) -> type[H11Protocol]:
+    """The bounded protocol for one server's limits (uvicorn takes a class, not an instance)."""
+    return type("Bounded", (_Bounded,), {"limits": limits})
 
 
 class StatusServer:
