@@ -309,3 +309,42 @@ def test_the_webhook_is_ready_only_with_its_catalog_and_never_killed_for_it() ->
     assert webhook["livenessProbe"]["httpGet"]["path"] == "/healthz"
     adaptor = _workload("DaemonSet")["spec"]["template"]["spec"]["containers"][0]
     assert adaptor["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+DRA_DRIVER = build(ROOT / "config" / "dra-driver")
+
+
+@pytest.mark.parametrize(
+    "doc", DRA_DRIVER, ids=[f"{d['kind']}/{d['metadata']['name']}" for d in DRA_DRIVER]
+)
+def test_the_dra_driver_overlay_validates(doc: dict[str, Any]) -> None:
+    if (doc["apiVersion"], doc["kind"]) in CUSTOM_KINDS or doc["kind"] == "DeviceClass":
+        return  # DeviceClass (resource.k8s.io/v1) is checked in tests/dra against 1.36's schema
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_dra_driver_overlay_serves_the_kubelet_plugin_where_the_kubelet_looks() -> None:
+    """The adaptor's kubelet plugin finds the kubelet's registry, its own folder and containerd's
+    CDI folder on the host, at the paths its settings default to; the webhook keeps GPUs for the
+    scheduler; and the DeviceClasses and the publisher come with them."""
+    from adaptor.dra.settings import DraPluginSettings
+
+    defaults = DraPluginSettings()
+    pod = _in(DRA_DRIVER, "DaemonSet", "peerpods-adaptor")["spec"]["template"]["spec"]
+    adaptor = pod["containers"][0]
+    assert {"name": "PEERPODS_DRA_PLUGIN", "value": "true"} in adaptor["env"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    host_paths = {
+        m["mountPath"]: volumes[m["name"]]["hostPath"]["path"]
+        for m in adaptor["volumeMounts"]
+        if "hostPath" in volumes[m["name"]]
+    }
+    for folder in (defaults.dra_registry_dir, defaults.dra_plugin_dir, defaults.dra_cdi_dir):
+        assert host_paths.get(str(folder)) == str(folder), folder
+    webhook = _in(DRA_DRIVER, "Deployment", "peerpods-webhook")["spec"]["template"]["spec"]
+    assert {"name": "PEERPODS_DRA_DRIVER", "value": "true"} in webhook["containers"][0]["env"]
+    classes = {d["metadata"]["name"] for d in DRA_DRIVER if d["kind"] == "DeviceClass"}
+    assert "nvidia-gpu.gpu.peerpods.io" in classes
+    # config/deploy alone stays on the annotation path
+    plain = _workload("DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert all(e["name"] != "PEERPODS_DRA_PLUGIN" for e in plain["env"])
