@@ -38,6 +38,10 @@ BOTOCORE_SERVICES = frozenset({"ec2", "service-quotas", "pricing", "sts", "sso",
 COMPUTE_V1 = "google/cloud/compute_v1"
 COMPUTE_SERVICES = frozenset({"instances", "regions", "machine_types", "accelerator_types"})
 SERVICE_IMPORT = re.compile(r"compute_v1\.services(?:\.| import )(\w+)")
+# The one operation group of azure-mgmt-network that providers.clouds.azure calls (a pod VM's NIC
+# is read and deleted); the other 160-odd groups' classes and request builders are some 6 MiB.
+NETWORK = "azure/mgmt/network"
+NETWORK_OPERATIONS = frozenset({"NetworkInterfacesOperations"})
 # A compiled extension with debug information carries this section name.
 DEBUG_SECTION = b".debug_info"
 # Left as sources: pip and setuptools (pip installs peerpods after this, then leaves the image).
@@ -57,6 +61,9 @@ def prune(site: Path) -> tuple[int, list[str]]:
         if path.is_dir():
             shutil.rmtree(path)
     check: list[str] = []
+    if (site / NETWORK / "operations" / "_operations.py").is_file():
+        prune_network_operations(site / NETWORK, NETWORK_OPERATIONS)
+        check.append("azure.mgmt.network")
     if (site / COMPUTE_V1 / "services").is_dir():
         prune_compute_services(site / COMPUTE_V1, COMPUTE_SERVICES)
         check.append("google.cloud.compute_v1")
@@ -111,6 +118,82 @@ def _without_services(source: str, gone: set[str]) -> str:
     kept = [line for i, line in enumerate(lines) if i not in drop and line.strip() not in quoted]
     result = "".join(kept)
     compile(result, "compute_v1/__init__.py", "exec")  # still Python, or stop here
+    return result
+
+
+def prune_network_operations(package: Path, keep: frozenset[str]) -> set[str]:
+    """Remove from azure-mgmt-network the operation groups not in `keep` (the client's mixins
+    stay): their classes and the request builders only they call, their imports and the client's
+    attributes for them. The operation classes removed."""
+    client = package / "_client.py"
+    operations = package / "operations" / "_operations.py"
+    tree = ast.parse(operations.read_text())
+    bases = _base_names(client.read_text())
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    gone = {name for name in classes if name.endswith("Operations") and name not in keep | bases}
+    used = {
+        node.id
+        for name, cls in classes.items()
+        if name not in gone
+        for node in ast.walk(cls)
+        if isinstance(node, ast.Name)
+    }
+    builders = {
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.name.startswith("build_") and n.name not in used
+    }
+    operations.write_text(_without_nodes(operations.read_text(), gone | builders))
+    init = package / "operations" / "__init__.py"
+    init.write_text(_without_names(init.read_text(), gone))
+    client.write_text(_without_names(client.read_text(), gone))
+    return gone
+
+
+def _base_names(source: str) -> set[str]:
+    """The names of the base classes of the classes a module defines."""
+    return {
+        base.id
+        for node in ast.parse(source).body
+        if isinstance(node, ast.ClassDef)
+        for base in node.bases
+        if isinstance(base, ast.Name)
+    }
+
+
+def _without_nodes(source: str, names: set[str]) -> str:
+    """A module without its top-level classes and functions named in `names` (decorators too)."""
+    lines = source.splitlines(keepends=True)
+    drop: set[int] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef) and node.name in names:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            drop.update(range(first - 1, node.end_lineno or node.lineno))
+    result = "".join(line for i, line in enumerate(lines) if i not in drop)
+    compile(result, "_operations.py", "exec")  # still Python, or stop here
+    return result
+
+
+def _without_names(source: str, names: set[str]) -> str:
+    """A module without the imports of `names`, their entries in __all__, and the statements that
+    assign an instance of one (the client's `self.group = GroupOperations(...)`)."""
+    lines = source.splitlines(keepends=True)
+    drop: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        imported = isinstance(node, ast.ImportFrom) and all(a.name in names for a in node.names)
+        made = (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name)
+            and node.value.func.id in names
+        )
+        if imported or made:
+            assert isinstance(node, ast.stmt)
+            drop.update(range(node.lineno - 1, node.end_lineno or node.lineno))
+    listed = {f"{name}," for name in names} | {f'"{name}",' for name in names}
+    kept = [line for i, line in enumerate(lines) if i not in drop and line.strip() not in listed]
+    result = "".join(kept)
+    compile(result, "module", "exec")  # still Python, or stop here
     return result
 
 

@@ -170,6 +170,37 @@ def test_prune_venv_keeps_the_compute_clients_peerpods_creates(tmp_path: Path) -
     assert done.stdout == "Instance InstancesClient ZoneOperationsClient\n", done.stderr
 
 
+def test_prune_venv_keeps_the_network_interfaces_peerpods_calls(tmp_path: Path) -> None:
+    """azure-mgmt-network loses its other operation groups (classes, request builders, the
+    client's attributes for them); the provider's create-and-delete, which reads and deletes the
+    VM's NIC through it, still passes on the pruned copy."""
+    network = pytest.importorskip("azure.mgmt.network")
+    package = tmp_path / "azure" / "mgmt" / "network"
+    shutil.copytree(Path(network.__file__).parent, package, ignore=shutil.ignore_patterns("aio"))
+    gone = _prune_module().prune_network_operations(
+        package, frozenset({"NetworkInterfacesOperations"})
+    )
+    assert "ApplicationGatewaysOperations" in gone and "NetworkInterfacesOperations" not in gone
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    probe = (
+        "import azure.mgmt.network as n, pathlib; from azure.mgmt.network import "
+        "NetworkManagementClient as C; c = C(object(), 's'); "
+        "print(pathlib.Path(n.__file__).is_relative_to(pathlib.Path.cwd()), "
+        "hasattr(c, 'network_interfaces'), hasattr(c, 'application_gateways'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env=env,
+    )  # fmt: skip
+    assert done.stdout == "True True False\n", done.stderr
+    test = "tests/clouds/test_azure.py::test_create_and_delete_with_checked_request_body"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-2000:]
+
+
 def test_prune_venv_strips_debug_information_and_the_module_still_imports(tmp_path: Path) -> None:
     """uvloop's wheel ships its extension with debug information (12 MB of its 14)."""
     import uvloop
