@@ -589,11 +589,17 @@ class GcpProvider:
         await self.delete(instance.id)
 
     async def list_owned(self) -> list[Instance]:
+        pairs = await self._labelled("list owned instances", TAG_OWNER)
+        owned = [self._instance(raw, zone) for zone, raw in pairs]
+        return [vm for vm in owned if vm.tags.get(TAG_OWNER) == self.owner_id]
+
+    async def _labelled(self, what: str, label: str) -> list[tuple[str, Any]]:
+        """(zone, raw instance) of every instance in the project whose `label` is this owner."""
         from google.cloud import compute_v1
 
         request = compute_v1.AggregatedListInstancesRequest(
             project=self.config.project,
-            filter=f'labels.{TAG_OWNER} = "{label_value(self.owner_id)}"',
+            filter=f'labels.{label} = "{label_value(self.owner_id)}"',
         )
 
         def collect() -> list[tuple[str, Any]]:
@@ -603,9 +609,8 @@ class GcpProvider:
                 found += [(zone, raw) for raw in scoped.instances]
             return found
 
-        pairs = await self._call("list owned instances", collect)
-        owned = [self._instance(raw, zone) for zone, raw in pairs]
-        return [vm for vm in owned if vm.tags.get(TAG_OWNER) == self.owner_id]
+        pairs: list[tuple[str, Any]] = await self._call(what, collect)
+        return pairs
 
     # --- warm pool (providers.core.warm) -------------------------------------------------------
 
@@ -674,21 +679,7 @@ class GcpProvider:
         return dataclasses.replace(instance, tags=tags, extra=extra)
 
     async def warm_vms(self) -> list[Instance]:
-        from google.cloud import compute_v1
-
-        request = compute_v1.AggregatedListInstancesRequest(
-            project=self.config.project,
-            filter=f'labels.{TAG_WARM_POOL} = "{label_value(self.owner_id)}"',
-        )
-
-        def collect() -> list[tuple[str, Any]]:
-            found = []
-            for scope, scoped in self.client.aggregated_list(request=request):
-                zone = scope.rsplit("/", 1)[-1]
-                found += [(zone, raw) for raw in scoped.instances]
-            return found
-
-        pairs = await self._call("list warm instances", collect)
+        pairs = await self._labelled("list warm instances", TAG_WARM_POOL)
         vms = [self._warm_instance(raw, zone) for zone, raw in pairs]
         return [vm for vm in vms if vm.tags.get(TAG_WARM_POOL) == self.owner_id]
 
