@@ -119,6 +119,20 @@ AZURE: dict[str, tuple[str, ...]] = {
         "Microsoft.Network/networkInterfaces/delete",
         _AZURE_NETWORK_LRO,
     ),
+    # The warm pool: a ready VM is deallocated, then adopted by a PATCH of its user data and
+    # tags while deallocated, and started.
+    "compute.virtual_machines.begin_deallocate": (
+        "Microsoft.Compute/virtualMachines/deallocate/action",
+        _AZURE_LRO,
+    ),
+    "compute.virtual_machines.begin_update": (
+        "Microsoft.Compute/virtualMachines/write",
+        _AZURE_LRO,
+    ),
+    "compute.virtual_machines.begin_start": (
+        "Microsoft.Compute/virtualMachines/start/action",
+        _AZURE_LRO,
+    ),
     "compute.virtual_machines.get": ("Microsoft.Compute/virtualMachines/read",),
     "compute.virtual_machines.list": ("Microsoft.Compute/virtualMachines/read",),
     "compute.resource_skus.list": ("Microsoft.Compute/skus/read",),

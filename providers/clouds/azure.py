@@ -103,21 +103,11 @@ _POWER = {
     DEALLOCATED: STOPPED,
 }
 # What a deallocated VM bills: its OS disk, priced by tier (the smallest tier that holds the
-# disk's size), USD per month, Standard SSD LRS, East US (azure.microsoft.com/pricing/details/
-# managed-disks, 2025): E1 4 GiB $0.30 ... E50 4 TiB $307.20; transactions are not counted.
-STANDARD_SSD_TIERS_USD_PER_MONTH = (
-    (4, 0.30),
-    (8, 0.60),
-    (16, 1.20),
-    (32, 2.40),
-    (64, 4.80),
-    (128, 9.60),
-    (256, 19.20),
-    (512, 38.40),
-    (1024, 76.80),
-    (2048, 153.60),
-    (4096, 307.20),
-)
+# disk's size), Standard SSD LRS, East US (azure.microsoft.com/pricing/details/managed-disks,
+# 2025): the tiers E1 4 GiB ($0.30 a month) to E50 4 TiB ($307.20) double in size and in price,
+# $0.075 per GiB of the tier a month; transactions are not counted.
+STANDARD_SSD_TIERS_GIB = tuple(4 << n for n in range(11))
+STANDARD_SSD_USD_PER_TIER_GIB_MONTH = 0.075
 # The OS disk of an image that sets none (--azure-os-disk-gib 0): Azure's Linux images have 30 GiB.
 ASSUMED_OS_DISK_GIB = 30
 
@@ -154,11 +144,8 @@ def warm_vm_name(slot: str) -> str:
 def disk_usd_per_gb_month(gib: int) -> float:
     """A Standard SSD disk's monthly price per GiB of its size, from its tier's price (a disk
     larger than the table is priced at the largest tier's rate)."""
-    for size, usd in STANDARD_SSD_TIERS_USD_PER_MONTH:
-        if gib <= size:
-            return usd / gib
-    size, usd = STANDARD_SSD_TIERS_USD_PER_MONTH[-1]
-    return usd / size
+    tier = next((size for size in STANDARD_SSD_TIERS_GIB if gib <= size), gib)
+    return STANDARD_SSD_USD_PER_TIER_GIB_MONTH * tier / gib
 
 
 def power_of_view(vm: Any) -> str:
