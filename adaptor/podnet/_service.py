@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequ
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
-from adaptor.podnet import _inspect, _netns, _nl, _sweep, _tunnel
+from adaptor.podnet import _inspect, _sweep, _tunnel
 from adaptor.podnet._errors import PodNetError, VniExhausted
 from adaptor.podnet._model import MAX_VNI, Tunnel, TunnelState
 from adaptor.podnet._netns import NETNS_DIRS
@@ -61,10 +61,7 @@ def is_local(host_netns: str | None, address: str) -> bool:
         return False
     if parsed.is_loopback or parsed.is_unspecified:
         return True
-    with _netns.entered(host_netns):
-        sock = _nl.Netlink(_nl.NETLINK_ROUTE)
-    with sock:
-        return address in _nl.local_ipv4(sock)
+    return address in _tunnel.worker_addresses(host_netns)
 
 
 class PodNetSettings(PodNetworkSettings):

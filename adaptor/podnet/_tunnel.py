@@ -119,6 +119,12 @@ def _host_socket(host_netns: str | None) -> _nl.Netlink:
     return sock
 
 
+def worker_addresses(host_netns: str | None) -> set[str]:
+    """The IPv4 addresses of the worker netns's interfaces, dumped on this thread's kept socket
+    there (one round trip; no entry into the netns)."""
+    return _nl.local_ipv4(_host_socket(host_netns))
+
+
 def netns_key(path: str | None) -> int:
     """A network namespace's identity (its inode), whatever path names it."""
     return os.stat(path or "/proc/self/ns/net").st_ino
