@@ -912,10 +912,12 @@ state = "{folder}/state"
 
 @contextlib.contextmanager
 def start_containerd(
-    binary: Path | None = None, timeout_seconds: float = 60.0
+    binary: Path | None = None,
+    timeout_seconds: float = 60.0,
+    configure: Callable[[Path], None] | None = None,
 ) -> Iterator[Containerd]:
     """Run containerd (the peers build, or `binary` such as /usr/bin/containerd) until the block
-    ends; yields once its socket answers."""
+    ends; yields once its socket answers. `configure` may change its config file first."""
     path = binary or peer_binary("containerd")
     version = subprocess.run([str(path), "--version"], capture_output=True, text=True, check=True)
     # "containerd github.com/containerd/containerd/v2 v2.3.4 <rev>" or "... 1.6.20~ds1 ..."
@@ -924,6 +926,8 @@ def start_containerd(
     folder = Path(tempfile.mkdtemp(prefix="peerpods-containerd-"))
     config = folder / "config.toml"
     config.write_text(_containerd_config(folder, major))
+    if configure is not None:
+        configure(config)
     env_path = f"{path.parent}:{os.environ.get('PATH', '')}"  # its shims sit beside it
     with (folder / "containerd.log").open("wb") as log:
         popen = subprocess.Popen(
