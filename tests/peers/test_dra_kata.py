@@ -219,10 +219,20 @@ def claim_and_pod() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 @pytest.mark.usefixtures("needs_root")
+@pytest.fixture
+def own_cluster() -> Iterator[KubeCluster]:
+    """A control plane of this test's own: the session's holds other tests' nodes labelled for
+    peer pods and their claims on the pool's devices, which this test's one H100 must not meet."""
+    for name in ("etcd", "kube-apiserver", "kube-scheduler", "kubectl"):
+        peer_binary(name)
+    with KubeCluster(scheduler=True) as cluster:
+        yield cluster
+
+
 def test_a_kata_pod_with_an_h100_claim_gets_a_vm_with_that_gpu_and_leaves_nothing(
-    kube_cluster: KubeCluster, agent: tuple[SignalledAgent, int], moto_port: int
+    own_cluster: KubeCluster, agent: tuple[SignalledAgent, int], moto_port: int
 ) -> None:
-    cluster = kube_cluster
+    cluster = own_cluster
     pod_vm, agent_port = agent
     kube = KubeClient(kubeconfig_config({"KUBECONFIG": str(cluster.admin_kubeconfig)}))
     pool = build_pool(CatalogLoader(None).load("aws", "us-east-1"), {"h100-80gb": 1})
