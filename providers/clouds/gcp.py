@@ -329,20 +329,11 @@ class GcpProvider:
         from google.cloud import compute_v1
 
         accelerator, count = accelerator_type(candidate)
-        metadata = [
-            ("user-data", spec.user_data),
-            (TAG_OWNER, self.owner_id),
-            (TAG_SANDBOX, spec.sandbox_id),
-            (TAG_POD_NAMESPACE, spec.pod_namespace),
-            (TAG_POD_NAME, spec.pod_name),
-        ]
         instance = compute_v1.Instance(
             name=vm_name(spec.sandbox_id),
             machine_type=f"zones/{zone}/machineTypes/{candidate.instance_type}",
             labels=self._labels(spec, spot),
-            metadata=compute_v1.Metadata(
-                items=[compute_v1.Items(key=k, value=v) for k, v in metadata if v]
-            ),
+            metadata=compute_v1.Metadata(items=self._sandbox_metadata(spec)),
             disks=[self._boot_disk(spec, image, zone, spot)],
             network_interfaces=[self._interface()],
         )
@@ -368,6 +359,20 @@ class GcpProvider:
                 confidential_instance_type=self.config.confidential_type
             )
         return instance
+
+    def _sandbox_metadata(self, spec: VMSpec) -> list[Any]:
+        """A sandbox's VM metadata items: its user data and the tags that name its sandbox (a
+        launch writes them, an adoption writes them over a warm VM's)."""
+        from google.cloud import compute_v1
+
+        items = [
+            ("user-data", spec.user_data),
+            (TAG_OWNER, self.owner_id),
+            (TAG_SANDBOX, spec.sandbox_id),
+            (TAG_POD_NAMESPACE, spec.pod_namespace),
+            (TAG_POD_NAME, spec.pod_name),
+        ]
+        return [compute_v1.Items(key=k, value=v) for k, v in items if v]
 
     def _interface(self) -> Any:
         """The VM's network interface: the configured network, a public IP only when asked."""
@@ -711,16 +716,8 @@ class GcpProvider:
         raw = await self._get(zone, name)
         if raw is None or _POWER.get(str(raw.status)) != STOPPED:
             raise ProviderError(f"{what}: it is {raw.status if raw else 'gone'}, not stopped")
-        items = [
-            ("user-data", spec.user_data),
-            (TAG_OWNER, self.owner_id),
-            (TAG_SANDBOX, spec.sandbox_id),
-            (TAG_POD_NAMESPACE, spec.pod_namespace),
-            (TAG_POD_NAME, spec.pod_name),
-        ]
         metadata = compute_v1.Metadata(
-            fingerprint=raw.metadata.fingerprint,
-            items=[compute_v1.Items(key=k, value=v) for k, v in items if v],
+            fingerprint=raw.metadata.fingerprint, items=self._sandbox_metadata(spec)
         )
         # the labels are replaced whole: the sandbox's on, the pool's off, in one call, before
         # the start (from then on every sweep sees the sandbox's VM)
