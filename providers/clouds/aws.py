@@ -357,26 +357,49 @@ class AwsProvider:
         self, spec: VMSpec, image: str, placement: Site, spot: bool, subnet: str
     ) -> dict[str, Any]:
         """RunInstances' arguments for one launch of `spec` at `placement`."""
-        tags = tags_for(spec, self.owner_id, spot)
+        request = await self._launch_request(
+            image,
+            placement,
+            subnet,
+            tags_for(spec, self.owner_id, spot),
+            client_token(spec.sandbox_id, placement, spot),
+            spec.user_data,
+        )
+        request.update(_market_arguments(placement, spot))
+        return request
+
+    async def _launch_request(
+        self,
+        image: str,
+        placement: Site,
+        subnet: str,
+        tags: Mapping[str, str],
+        token: str,
+        user_data: str,
+        *,
+        root_deleted_on_termination: bool = True,
+    ) -> dict[str, Any]:
+        """RunInstances' arguments every launch shares: one instance of the placement's type,
+        tagged with its volumes, IMDSv2 only, the root volume and key the settings ask for."""
         tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
         request: dict[str, Any] = {
             "ImageId": image,
             "InstanceType": placement.instance_type,
             "MinCount": 1,
             "MaxCount": 1,
-            "ClientToken": client_token(spec.sandbox_id, placement, spot),
+            "ClientToken": token,
             "TagSpecifications": [
                 {"ResourceType": kind, "Tags": tag_list} for kind in ("instance", "volume")
             ],
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
         }
-        request.update(_market_arguments(placement, spot))
-        if spec.user_data:
-            request["UserData"] = spec.user_data
+        if user_data:
+            request["UserData"] = user_data
         if self.config.root_volume_gib:
             root = await self._root_device(image)
-            ebs = {"VolumeSize": self.config.root_volume_gib, "VolumeType": "gp3"}
-            ebs["DeleteOnTermination"] = True
+            ebs: dict[str, Any] = {"VolumeSize": self.config.root_volume_gib, "VolumeType": "gp3"}
+            if root_deleted_on_termination:
+                ebs["DeleteOnTermination"] = True
             request["BlockDeviceMappings"] = [{"DeviceName": root, "Ebs": ebs}]
         if self.config.key_name:
             request["KeyName"] = self.config.key_name
@@ -642,29 +665,17 @@ class AwsProvider:
             TAG_WARM_SLOT: spec.slot,
             TAG_CAPACITY_TYPE: ON_DEMAND,
         }
-        tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
-        request: dict[str, Any] = {
-            "ImageId": image,
-            "InstanceType": spec.instance_type,
-            "MinCount": 1,
-            "MaxCount": 1,
-            "ClientToken": slot_token(spec.slot),
-            "TagSpecifications": [
-                {"ResourceType": kind, "Tags": tag_list} for kind in ("instance", "volume")
-            ],
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
-            # the guest's own power-off (its report of readiness) stops it, never terminates it
-            "InstanceInitiatedShutdownBehavior": "stop",
-        }
-        if spec.user_data:
-            request["UserData"] = spec.user_data
-        if self.config.root_volume_gib:
-            root = await self._root_device(image)
-            ebs = {"VolumeSize": self.config.root_volume_gib, "VolumeType": "gp3"}
-            request["BlockDeviceMappings"] = [{"DeviceName": root, "Ebs": ebs}]
-        if self.config.key_name:
-            request["KeyName"] = self.config.key_name
-        request.update(self._network_arguments(placement, subnet))
+        request = await self._launch_request(
+            image,
+            placement,
+            subnet,
+            tags,
+            slot_token(spec.slot),
+            spec.user_data,
+            root_deleted_on_termination=False,
+        )
+        # the guest's own power-off (its report of readiness) stops it, never terminates it
+        request["InstanceInitiatedShutdownBehavior"] = "stop"
         out = await self._call(
             f"warm slot {spec.slot}: launch {placement}", "run_instances", **request
         )
