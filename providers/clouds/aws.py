@@ -739,16 +739,20 @@ class AwsProvider:
         USER_DATA_LIMIT.check(spec.user_data, what)
         sandbox_tags = {**tags_for(spec, self.owner_id), **(tags or {})}
         # While stopped EC2 takes new user data (it refuses it from a VM that is not stopped);
-        # cloud-init reads it at the next boot. Unlike RunInstances' (which the SDK encodes),
-        # this attribute's value is the base64 text itself. The sandbox's tags go on before the
-        # start, so from then on every sweep sees the sandbox's VM; the pool's come off as it
-        # starts (a VM left with both by a crash is deleted by the pool's next pass).
+        # the pod VM reads it at the next boot. It goes as the `userData` attribute's string
+        # value, which EC2 takes as base64 text and the SDK sends as given (the user guide's
+        # `--attribute userData --value` form). The `UserData` member is a blob the SDK encodes
+        # once more: raw bytes there are what EC2 wants, but moto decodes them twice, so one of
+        # the two would be wrong; this form is right for both. The sandbox's tags go on before
+        # the start, so from then on every sweep sees the sandbox's VM; the pool's come off as
+        # it starts (a VM left with both by a crash is deleted by the pool's next pass).
         await asyncio.gather(
             self._call(
                 f"{what}: user data",
                 "modify_instance_attribute",
                 InstanceId=instance_id,
-                UserData={"Value": base64.b64encode(spec.user_data.encode())},
+                Attribute="userData",
+                Value=base64.b64encode(spec.user_data.encode()).decode("ascii"),
             ),
             self._call(
                 f"{what}: tags",

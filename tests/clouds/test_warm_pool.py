@@ -173,6 +173,32 @@ async def test_adoption_rewrites_user_data_retags_starts_and_refills(
     assert len(instances(ec2)) == 3
 
 
+async def test_the_adoption_sends_user_data_ec2_decodes_once(ec2: Any, store: StateStore) -> None:
+    """What goes on the wire, not what moto makes of it: EC2 base64-decodes a ModifyInstanceAttribute
+    user data value once (the user guide's `--attribute userData --value BASE64` form). Through the
+    SDK's `UserData` blob, base64 text would arrive encoded twice and the VM would boot with the
+    base64 text as its user data."""
+    from urllib.parse import parse_qs
+
+    bodies: list[dict[str, list[str]]] = []
+
+    def capture(request: Any, **_: Any) -> None:
+        body = request.body
+        bodies.append(parse_qs(body.decode() if isinstance(body, bytes) else body))
+
+    ec2.meta.events.register("before-send.ec2.ModifyInstanceAttribute", capture)
+    pool = pool_of(LatencyCloud(aws(ec2), MODEL), store)
+    pool.start()
+    try:
+        await until(lambda: warm_count(pool) == 2)
+        assert await pool.adopt(spec("sb-wire")) is not None
+    finally:
+        await pool.stop()
+    (form,) = bodies
+    assert form["Attribute"] == ["userData"] and "UserData.Value" not in form
+    assert base64.b64decode(form["Value"][0], validate=True).decode() == spec("sb-wire").user_data
+
+
 async def test_misses_spot_other_types_images_and_an_empty_pool(
     ec2: Any, store: StateStore
 ) -> None:
