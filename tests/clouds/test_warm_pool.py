@@ -174,10 +174,10 @@ async def test_adoption_rewrites_user_data_retags_starts_and_refills(
 
 
 async def test_the_adoption_sends_user_data_ec2_decodes_once(ec2: Any, store: StateStore) -> None:
-    """What goes on the wire, not what moto makes of it: EC2 base64-decodes a ModifyInstanceAttribute
-    user data value once (the user guide's `--attribute userData --value BASE64` form). Through the
-    SDK's `UserData` blob, base64 text would arrive encoded twice and the VM would boot with the
-    base64 text as its user data."""
+    """What goes on the wire, not what moto makes of it: EC2 base64-decodes a
+    ModifyInstanceAttribute user data value once (the user guide's `--attribute userData --value
+    BASE64` form). Through the SDK's `UserData` blob, base64 text would arrive encoded twice and
+    the VM would boot with the base64 text as its user data."""
     from urllib.parse import parse_qs
 
     bodies: list[dict[str, list[str]]] = []
