@@ -8,9 +8,9 @@ requests of a datagram in order, within the send (rtnetlink and nfnetlink both),
 acknowledgement is queued before send() returns. Dumps are read until NLMSG_DONE.
 
 Only what the tunnel needs: rtnetlink (a VXLAN link, the ingress qdisc, a u32 filter whose
-action is `mirred egress redirect`, deletes, a link by name) and nf_tables (rules added and
-deleted in one batch, the rules of one chain, a set and its elements). Blocking; errors are
-errno values per message.
+action is `mirred egress redirect`, deletes, a link by name) and nf_tables (a table, chains and
+rules added in one batch, the chains and the rules of one chain read, a set and its elements).
+Blocking; errors are errno values per message.
 """
 
 from __future__ import annotations
@@ -58,7 +58,17 @@ U32_HANDLE = 0x80000800
 # nf_tables
 NFNL_SUBSYS_NFTABLES = 10
 NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END = 0x10, 0x11
-NFT_MSG_NEWRULE = 6
+NFT_MSG_NEWTABLE, NFT_MSG_GETTABLE = 0, 1
+NFT_MSG_NEWCHAIN, NFT_MSG_GETCHAIN = 3, 4
+NFT_MSG_NEWRULE, NFT_MSG_GETRULE = 6, 7
+NFTA_TABLE_NAME, NFTA_TABLE_USERDATA = 1, 6
+NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME, NFTA_CHAIN_HOOK, NFTA_CHAIN_TYPE = 1, 3, 4, 7
+NFTA_CHAIN_USERDATA = 12
+NFTA_HOOK_HOOKNUM, NFTA_HOOK_PRIORITY = 1, 2
+NFTA_IMMEDIATE_DREG, NFTA_IMMEDIATE_DATA = 1, 2
+NFTA_DATA_VERDICT = 2
+NFTA_VERDICT_CODE, NFTA_VERDICT_CHAIN = 1, 2
+NFT_JUMP = -3
 NFTA_RULE_TABLE, NFTA_RULE_CHAIN = 1, 2
 NFTA_RULE_EXPRESSIONS, NFTA_RULE_USERDATA = 4, 7
 NFTA_LIST_ELEM = 1
@@ -418,18 +428,92 @@ def udata_comment(text: str) -> bytes:
 
 
 def rule_add(
-    table: str, chain: str, expressions: Sequence[bytes], comment: str, echo: bool = False
+    table: str, chain: str, expressions: Sequence[bytes], comment: str = "", echo: bool = False
 ) -> Message:
-    """`echo`: the kernel sends the rule back as added, handle included."""
+    """Appended to `chain`, with `comment` ("": no userdata); `echo`: the kernel sends the rule
+    back as added, handle included."""
     body = (
         _nfgen()
         + asciiz(NFTA_RULE_TABLE, table)
         + asciiz(NFTA_RULE_CHAIN, chain)
         + nest(NFTA_RULE_EXPRESSIONS, *expressions)
-        + attr(NFTA_RULE_USERDATA, udata_comment(comment))
     )
+    if comment:
+        body += attr(NFTA_RULE_USERDATA, udata_comment(comment))
     flags = F_ACK | F_CREATE | F_APPEND | (F_ECHO if echo else 0)
     return Message(_nft(NFT_MSG_NEWRULE), flags, body)
+
+
+def jump(chain: str) -> bytes:
+    """The expression `jump <chain>`."""
+    verdict = nest(
+        NFTA_DATA_VERDICT,
+        attr(NFTA_VERDICT_CODE, struct.pack(">i", NFT_JUMP)),
+        asciiz(NFTA_VERDICT_CHAIN, chain),
+    )
+    return expr("immediate", be32(NFTA_IMMEDIATE_DREG, 0), nest(NFTA_IMMEDIATE_DATA, verdict))
+
+
+def table_add(name: str, comment: str) -> Message:
+    """A table with `comment` (an existing one is kept as it is: no F_EXCL, no flags)."""
+    body = _nfgen() + asciiz(NFTA_TABLE_NAME, name)
+    body += attr(NFTA_TABLE_USERDATA, udata_comment(comment))
+    return Message(_nft(NFT_MSG_NEWTABLE), F_ACK | F_CREATE | F_APPEND, body)
+
+
+def table_get(name: str) -> Message:
+    """One table by name (ENOENT: there is none)."""
+    return Message(_nft(NFT_MSG_GETTABLE), 0, _nfgen() + asciiz(NFTA_TABLE_NAME, name))
+
+
+def chain_add(
+    table: str, name: str, hook: int | None = None, priority: int = 0, comment: str = ""
+) -> Message:
+    """A regular chain, or with `hook` a base chain of type filter at `priority`."""
+    body = _nfgen() + asciiz(NFTA_CHAIN_TABLE, table) + asciiz(NFTA_CHAIN_NAME, name)
+    if hook is not None:
+        body += nest(
+            NFTA_CHAIN_HOOK,
+            be32(NFTA_HOOK_HOOKNUM, hook),
+            attr(NFTA_HOOK_PRIORITY, struct.pack(">i", priority)),
+        )
+        body += asciiz(NFTA_CHAIN_TYPE, "filter")
+    if comment:
+        body += attr(NFTA_CHAIN_USERDATA, udata_comment(comment))
+    return Message(_nft(NFT_MSG_NEWCHAIN), F_ACK | F_CREATE | F_APPEND, body)
+
+
+def chains_get() -> Message:
+    """Every chain of family ip (the kernel does not filter a chain dump by table)."""
+    return Message(_nft(NFT_MSG_GETCHAIN), F_DUMP, _nfgen())
+
+
+def chain_of(payload: bytes) -> tuple[str, str]:
+    """(table, name) of a chain reply."""
+    top = attr_map(payload, 4)
+    table = top.get(NFTA_CHAIN_TABLE, b"").rstrip(b"\0").decode(errors="replace")
+    return table, top.get(NFTA_CHAIN_NAME, b"").rstrip(b"\0").decode(errors="replace")
+
+
+def rules_get(table: str, chain: str) -> Message:
+    """The rules of one chain (a dump the kernel filters by table and chain)."""
+    body = _nfgen() + asciiz(NFTA_RULE_TABLE, table) + asciiz(NFTA_RULE_CHAIN, chain)
+    return Message(_nft(NFT_MSG_GETRULE), F_DUMP, body)
+
+
+def rule_of(payload: bytes) -> tuple[str, list[str]]:
+    """(comment, the chains its verdicts jump or go to) of a rule reply."""
+    top = attr_map(payload, 4)
+    targets = []
+    for _kind, expression in attrs(top.get(NFTA_RULE_EXPRESSIONS, b"")):
+        fields = attr_map(expression)
+        if fields.get(NFTA_EXPR_NAME, b"").rstrip(b"\0") != b"immediate":
+            continue
+        data = attr_map(attr_map(fields.get(NFTA_EXPR_DATA, b"")).get(NFTA_IMMEDIATE_DATA, b""))
+        verdict = attr_map(data.get(NFTA_DATA_VERDICT, b""))
+        if NFTA_VERDICT_CHAIN in verdict:
+            targets.append(verdict[NFTA_VERDICT_CHAIN].rstrip(b"\0").decode(errors="replace"))
+    return comment_of(top.get(NFTA_RULE_USERDATA, b"")), targets
 
 
 def set_add(table: str, name: str, key_type: int, key_len: int) -> Message:

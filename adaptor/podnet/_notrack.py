@@ -21,7 +21,8 @@ raw` shows the chains, the set and its elements with their comments.
 Adding a pod is one element added (F_EXCL: a key already there, another pod's, is read and its
 comment rewritten, delete and add in one transaction); removing it is one element read by key and
 deleted (or rewritten): neither reads anything that grows with the pods. The chains, jumps, set and
-lookup rules are made once per node (table and chains through pyroute2). The number of elements
+lookup rules are made by the node's first pod (read first, then what is missing in one
+transaction, packed here too; pyroute2 only reads and prunes them). The number of elements
 this process knows of says when the set may be empty (unknown after a restart: one dump tells).
 An empty set goes with the lookup rules, the `peerpod-*` chains and their jumps; a base chain or
 the table is deleted only when this module created it (it carries the comment `peerpod`) and it
@@ -49,7 +50,6 @@ TABLE = "raw"
 SET = "peerpod-vms"
 OWNER_COMMENT = "peerpod"
 NF_IP_PRI_RAW = -300
-NFT_JUMP = -3
 NFT_META_L4PROTO = 16
 NFT_PAYLOAD_NETWORK_HEADER = 1
 NFT_PAYLOAD_TRANSPORT_HEADER = 2
@@ -58,6 +58,8 @@ NFT_REG32_00, NFT_REG32_01 = 8, 9
 # registers: the port is zero-padded to 4 bytes).
 KEY_TYPE = (7 << 6) | 13
 KEY_LEN = 8
+# The netfilter hooks of our base chains (NF_INET_PRE_ROUTING, NF_INET_LOCAL_OUT).
+HOOKS = {"prerouting": 0, "output": 3}
 # (base chain, its hook, our chain, which address the rule matches)
 CHAINS = (
     ("OUTPUT", "output", "peerpod-OUTPUT", "dst"),
@@ -99,19 +101,6 @@ def key(remote: str, port: int) -> bytes:
 
 def address_of(raw: bytes) -> str:
     return socket.inet_ntoa(raw[:4]) if len(raw) >= 4 else ""
-
-
-def _expr(name: str, **attrs: Any) -> dict[str, Any]:
-    expr: list[tuple[str, Any]] = [("NFTA_EXPR_NAME", name)]
-    if attrs:
-        data = [(f"NFTA_{name.upper()}_{key.upper()}", value) for key, value in attrs.items()]
-        expr.append(("NFTA_EXPR_DATA", {"attrs": data}))
-    return {"attrs": expr}
-
-
-def _jump(chain: str) -> list[dict[str, Any]]:
-    verdict = {"attrs": [("NFTA_VERDICT_CODE", NFT_JUMP), ("NFTA_VERDICT_CHAIN", chain)]}
-    return [_expr("immediate", dreg=0, data={"attrs": [("NFTA_DATA_VERDICT", verdict)]})]
 
 
 def _lookup(which: str) -> list[bytes]:
@@ -277,35 +266,56 @@ def _join(host_netns: str | None, vni: int, k: bytes) -> None:
     raise TunnelError(f"NOTRACK element for VNI {vni}: the set keeps changing")
 
 
-def _setup(nft: Any, host_netns: str | None) -> None:
+def _raw_chains(sock: _nl.Netlink) -> set[str]:
+    """The names of the chains of table `raw` (family ip)."""
+    found = (_nl.chain_of(payload) for payload in sock.get(_nl.chains_get()))
+    return {name for table, name in found if table == TABLE}
+
+
+def _raw_table(sock: _nl.Netlink) -> bool:
+    """Whether table `raw` exists (family ip)."""
+    try:
+        return bool(sock.get(_nl.table_get(TABLE)))
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return False
+        raise
+
+
+def _rules(sock: _nl.Netlink, chain: str) -> list[tuple[str, list[str]]]:
+    """(comment, chains it jumps to) of each rule of one chain of table `raw`."""
+    try:
+        return [_nl.rule_of(payload) for payload in sock.get(_nl.rules_get(TABLE, chain))]
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return []
+        raise
+
+
+def _setup(host_netns: str | None) -> None:
     """Table, base chains, peerpod chains and jumps, the set and the lookup rules, each made
-    when missing."""
-    chains = _chains(nft)
-    if not chains:
-        tables = [t.get_attr("NFTA_TABLE_NAME") for t in nft.get_tables()]
-        if TABLE not in tables:
-            nft.table("add", name=TABLE, userdata=OWNER_COMMENT)
-    for base, hook, ours, _which in CHAINS:
+    when missing: what exists is read on the kept socket (the chains, and the rules of the
+    chains that exist), then what is missing goes in one transaction. The node's first pod
+    pays for it again each time the last one went (the prune), so it is packed here too."""
+    sock = _socket(host_netns)
+    chains = _raw_chains(sock)
+    messages = []
+    if not chains and not _raw_table(sock):
+        messages.append(_nl.table_add(TABLE, OWNER_COMMENT))
+    lookups = []
+    for base, hook, ours, which in CHAINS:
         if base not in chains:
-            nft.chain(
-                "add",
-                table=TABLE,
-                name=base,
-                hook=hook,
-                type="filter",
-                priority=NF_IP_PRI_RAW,
-                userdata=OWNER_COMMENT,
-            )
+            messages.append(_nl.chain_add(TABLE, base, HOOKS[hook], NF_IP_PRI_RAW, OWNER_COMMENT))
         if ours not in chains:
-            nft.chain("add", table=TABLE, name=ours)
-        base_rules = rules_in(nft, base) if base in chains else []
-        if not any(_jumps_to(r, ours) for r in base_rules):
-            nft.rule("add", table=TABLE, chain=base, expressions=[_jump(ours)])
-    messages = [_nl.set_add(TABLE, SET, KEY_TYPE, KEY_LEN)]
-    for _base, _hook, ours, which in CHAINS:
-        if not any(_is_lookup(r) for r in rules_in(nft, ours)):
-            messages.append(_nl.rule_add(TABLE, ours, _lookup(which), OWNER_COMMENT))
-    results = _transact(host_netns, *messages)
+            messages.append(_nl.chain_add(TABLE, ours))
+        base_rules = _rules(sock, base) if base in chains else []
+        if not any(ours in targets for _comment, targets in base_rules):
+            messages.append(_nl.rule_add(TABLE, base, [_nl.jump(ours)]))
+        our_rules = _rules(sock, ours) if ours in chains else []
+        if not any(text == OWNER_COMMENT for text, _targets in our_rules):
+            lookups.append(_nl.rule_add(TABLE, ours, _lookup(which), OWNER_COMMENT))
+    messages.append(_nl.set_add(TABLE, SET, KEY_TYPE, KEY_LEN))
+    results = _transact(host_netns, *messages, *lookups)
     if any(results):
         raise TunnelError("NOTRACK set: " + ", ".join(os.strerror(c) for c in results if c))
 
@@ -325,11 +335,10 @@ def add(host_netns: str | None, vni: int, remote: str, port: int, fresh: bool = 
                 _drop_sockets()
         try:
             if _key(host_netns) not in _READY:
-                with _netns.nftables(host_netns) as nft:
-                    _setup(nft, host_netns)
+                _setup(host_netns)
                 _READY.add(_key(host_netns))
             _join(host_netns, vni, k)
-        except (NetlinkError, OSError) as exc:
+        except OSError as exc:
             _drop_sockets()
             raise TunnelError(f"NOTRACK element for VNI {vni}: {exc}") from None
 

@@ -19,6 +19,20 @@ from adaptor.podnet import _netns, _notrack
 from adaptor.podnet._model import VXLAN_DEVICE, PodNetwork
 
 INGRESS = 0xFFFF0000
+NFT_JUMP = -3
+
+
+def _expr(name: str, **attrs: Any) -> dict[str, Any]:
+    expr: list[tuple[str, Any]] = [("NFTA_EXPR_NAME", name)]
+    if attrs:
+        data = [(f"NFTA_{name.upper()}_{key.upper()}", value) for key, value in attrs.items()]
+        expr.append(("NFTA_EXPR_DATA", {"attrs": data}))
+    return {"attrs": expr}
+
+
+def _jump(chain: str) -> list[dict[str, Any]]:
+    verdict = {"attrs": [("NFTA_VERDICT_CODE", NFT_JUMP), ("NFTA_VERDICT_CHAIN", chain)]}
+    return [_expr("immediate", dreg=0, data={"attrs": [("NFTA_DATA_VERDICT", verdict)]})]
 
 
 def _value(data: bytes) -> dict[str, Any]:
@@ -27,7 +41,7 @@ def _value(data: bytes) -> dict[str, Any]:
 
 def _match(address: str, port: int, which: str) -> list[dict[str, Any]]:
     """`ip saddr|daddr ADDRESS udp dport PORT notrack`."""
-    expr = _notrack._expr
+    expr = _expr
     return [
         expr("payload", dreg=1, base=1, offset=12 if which == "src" else 16, len=4),
         expr("cmp", sreg=1, op=0, data=_value(socket.inet_aton(address))),
@@ -73,9 +87,7 @@ def _notrack_add(host: str, vni: int, remote: str, port: int) -> None:
                 nft.chain("add", table=_notrack.TABLE, name=ours)
             base_rules = _notrack.rules_in(nft, base) if base in chains else []
             if not any(_notrack._jumps_to(r, ours) for r in base_rules):
-                nft.rule(
-                    "add", table=_notrack.TABLE, chain=base, expressions=[_notrack._jump(ours)]
-                )
+                nft.rule("add", table=_notrack.TABLE, chain=base, expressions=[_jump(ours)])
             our_rules = _notrack.rules_in(nft, ours) if ours in chains else []
             if not any(_ours_rule(r, vni) for r in our_rules):
                 nft.rule(

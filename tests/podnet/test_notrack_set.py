@@ -135,6 +135,69 @@ def test_a_raw_table_of_someone_elses_is_kept(worker: str) -> None:
     assert _layout(worker) == {"rules": {}, "tables": [_notrack.TABLE], "elements": []}
 
 
+def _chain_facts(worker: str) -> dict[str, Any]:
+    """Each chain of table raw, read through pyroute2: its hook and priority (None: a regular
+    chain), its comment and, per rule, (comment, whether it jumps to a peerpod chain)."""
+    facts = {}
+    with _netns.nftables(worker) as nft:
+        for name, chain in _notrack._chains(nft).items():
+            hook = chain.get_attr("NFTA_CHAIN_HOOK")
+            rules = [
+                (
+                    r.get_attr("NFTA_RULE_USERDATA"),
+                    [ours for _b, _h, ours, _w in _notrack.CHAINS if _notrack._jumps_to(r, ours)],
+                )
+                for r in _notrack.rules_in(nft, name)
+            ]
+            where = (
+                None
+                if hook is None
+                else (hook.get_attr("NFTA_HOOK_HOOKNUM"), hook.get_attr("NFTA_HOOK_PRIORITY"))
+            )
+            facts[name] = (where, chain.get_attr("NFTA_CHAIN_USERDATA"), rules)
+    return facts
+
+
+def test_chains_already_there_are_completed_never_doubled(worker: str) -> None:
+    with _netns.nftables(worker) as nft:
+        nft.table("add", name=_notrack.TABLE)
+        nft.chain(
+            "add", table=_notrack.TABLE, name="OUTPUT", hook="output", type="filter", priority=-300
+        )
+    with _netns.entered(worker):
+        nl = _nl.Netlink(_nl.NETLINK_NETFILTER)
+    with nl:
+        theirs = _nl.rule_add(_notrack.TABLE, "OUTPUT", [_nl.expr("counter")], "theirs")
+        assert nl.transact(_nl.nft_batch(theirs)) == [0]
+    _notrack.add(worker, 1, _remote(1), PORT)
+    lookup = (_notrack.OWNER_COMMENT, [])
+    whole = {
+        "OUTPUT": ((3, -300), None, [("theirs", []), (None, ["peerpod-OUTPUT"])]),
+        "PREROUTING": ((0, -300), _notrack.OWNER_COMMENT, [(None, ["peerpod-PREROUTING"])]),
+        "peerpod-OUTPUT": (None, None, [lookup]),
+        "peerpod-PREROUTING": (None, None, [lookup]),
+    }
+    assert _chain_facts(worker) == whole
+    # A jump gone while this process forgets what it made (a restart): put back, once.
+    with _netns.nftables(worker) as nft:
+        (jump,) = _notrack.rules_in(nft, "PREROUTING")
+        nft.rule(
+            "del",
+            table=_notrack.TABLE,
+            chain="PREROUTING",
+            handle=jump.get_attr("NFTA_RULE_HANDLE"),
+        )
+    _notrack.close_sockets()
+    _notrack.add(worker, 2, _remote(2), PORT)
+    _notrack.close_sockets()
+    _notrack.add(worker, 3, _remote(3), PORT)
+    assert _chain_facts(worker) == whole
+    for vni in (1, 2, 3):
+        _notrack.remove(worker, vni, _remote(vni), PORT)
+    assert _chain_facts(worker) == {"OUTPUT": ((3, -300), None, [("theirs", [])])}
+    assert _layout(worker) == {"rules": {}, "tables": [_notrack.TABLE], "elements": []}
+
+
 # --- packets ----------------------------------------------------------------------------------
 
 
