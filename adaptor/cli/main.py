@@ -38,6 +38,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "adaptor.cli.podvm",
         "in the pod VM: create the planned devices, write their CDI specs",
     ),
+    "warm-pool": (
+        "adaptor.cli.warm_pool",
+        "list or drain the warm pools' VMs in the cloud account (an uninstall)",
+    ),
 }
 
 

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from adaptor.settings import WarmPoolList
 from providers.core.catalog import ARCHES, CLOUDS
-from providers.core.settings import Flag, Section
+from providers.core.settings import Flag, Names, Section
 from webhook import AdmissionPolicy, ServerSettings, WebhookPolicy
 
 
@@ -215,4 +215,83 @@ class PodvmPrepareSettings(Section):
     nvml_module: Annotated[str, Flag("--nvml-module", metavar="MODULE")] = Field(
         "pynvml",
         description="the NVML bindings module (pynvml from nvidia-ml-py; a stand-in for tests)",
+    )
+
+
+class WarmPoolTarget(Section):
+    """`peerpods warm-pool`: whose pool VMs, in which cloud account (the cloud's own settings
+    are serve's flags and env twins)."""
+
+    provider: Annotated[str, Flag("--provider", choices=("aws", "azure", "gcp"))] = Field(
+        "", description="the cloud the adaptors run pod VMs in (serve's --provider)"
+    )
+    owner: Annotated[Names, Flag("--owner", metavar="OWNER[,...]", repeated=True)] = Field(
+        (),
+        description="the owner ids whose pool VMs to list or drain (serve's --owner-id: the "
+        "DaemonSet gives each node its node name; default: what serve would use here, "
+        "PEERPODS_OWNER_ID, else peerpods-<hostname>)",
+    )
+    print_json: Annotated[bool, Flag("--json")] = Field(False, description="print JSON")
+
+
+class WarmPoolDrainSettings(WarmPoolTarget):
+    """`peerpods warm-pool drain`: which pool VMs to delete."""
+
+    instance_type: Annotated[str, Flag("--type", metavar="TYPE")] = Field(
+        "", description="only the pool VMs of this instance type"
+    )
+    zone: Annotated[str, Flag("--zone", metavar="ZONE")] = Field(
+        "", description="only the pool VMs in this zone"
+    )
+    dry_run: Annotated[bool, Flag("--dry-run")] = Field(
+        False, description="say what would be deleted, delete nothing"
+    )
+
+
+class PodvmImageStoreSettings(Section):
+    """Where the pod VM keeps pulled images (`podvm pull-images`, `podvm image-mirror`)."""
+
+    store: Annotated[str, Flag("--store", metavar="DIR")] = Field(
+        "/var/lib/peerpods/images",
+        description="the image store: a directory of root's on the VM's persistent root volume",
+    )
+
+
+class PodvmPullImagesSettings(PodvmImageStoreSettings):
+    """`peerpods podvm pull-images`: which images, from where, with which credentials."""
+
+    images_file: Annotated[str, Flag("--images-file", metavar="FILE")] = Field(
+        "", description="a file of images to pull, one a line (# starts a comment)"
+    )
+    auth: Annotated[str, Flag("--auth", metavar="FILE")] = Field(
+        "",
+        description="docker-style auth.json with registry credentials (as /run/peerpod/auth.json)",
+    )
+    platform: Annotated[str, Flag("--platform", metavar="OS/ARCH[/VARIANT]")] = Field(
+        "linux/amd64", description="the platform an image index resolves to"
+    )
+    plain_http: Annotated[Names, Flag("--plain-http", metavar="REGISTRY[,...]")] = Field(
+        (), description="comma-separated registries reached over HTTP instead of HTTPS"
+    )
+    max_blob_mib: Annotated[int, Flag("--max-blob-mib", metavar="MIB")] = Field(
+        65536, ge=1, description="the largest blob (layer) the store takes, in MiB"
+    )
+    request_timeout_seconds: Annotated[float, Flag("--request-timeout", duration=True)] = Field(
+        60.0, gt=0, description="deadline of each manifest or token request, start to end"
+    )
+    blob_timeout_seconds: Annotated[float, Flag("--blob-timeout", duration=True)] = Field(
+        3600.0, gt=0, description="deadline of each blob download, start to end"
+    )
+
+
+class PodvmImageMirrorSettings(PodvmImageStoreSettings):
+    """`peerpods podvm image-mirror`: the store served as a read-only registry mirror."""
+
+    listen: Annotated[str, Flag("--listen", metavar="HOST:PORT")] = Field(
+        "127.0.0.1:5170", description="address to listen on (loopback unless --allow-remote)"
+    )
+    allow_remote: Annotated[bool, Flag("--allow-remote")] = Field(
+        False,
+        description="allow a listen address that is not loopback (every stored image is served "
+        "to whoever reaches it)",
     )

@@ -179,10 +179,12 @@ class WarmPool:
     async def keep(self) -> None:
         """One pass: orphans and interrupted adoptions cleaned, pools drained, then refilled."""
         async with self._pass_lock:
+            listed_at = time.time()
             vms = await self.provider.warm_vms()
             members = await self.record.members()
             claims = await self.record.claims()
             await self._clean(vms, members, claims)
+            await self._forget_gone(vms, listed_at)
             await self._drain_unwanted()
             await self._refill()
             self.passes += 1
@@ -220,6 +222,22 @@ class WarmPool:
         if not self._loaded:
             self._load(members, by_slot)
             self._loaded = True
+
+    async def _forget_gone(self, vms: list[Instance], listed_at: float) -> None:
+        """Forget the warm slots whose VM the listing no longer shows (deleted by
+        `peerpods warm-pool drain` or by hand), so the refill replaces them instead of an
+        adoption failing on them first. Only slots warm before the listing was asked for: one
+        that warmed since may be missing from it."""
+        listed = {vm.id for vm in vms if vm.extra.get("power") != GONE}
+        for slot in list(self.slots.values()):
+            if (
+                slot.state is SlotState.WARM
+                and slot.since < listed_at
+                and slot.instance_id not in listed
+            ):
+                log.info("warm pool: slot %s: its VM %s is gone", slot.id, slot.instance_id)
+                self.slots.pop(slot.id, None)
+                await self.record.remove(slot.id)
 
     def _load(self, members: dict[str, Member], by_slot: dict[str, Instance]) -> None:
         """The slots a previous process recorded: warm when their VM is stopped, else watched

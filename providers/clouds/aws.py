@@ -705,7 +705,9 @@ class AwsProvider:
     def _warm_instance(self, raw: Mapping[str, Any]) -> Instance:
         instance = self._instance(raw)
         state = str(raw.get("State", {}).get("Name", ""))
-        extra = {**instance.extra, "power": _POWER.get(state, GONE)}
+        # LaunchTime stays text (make_client): the launch's, or the last start's
+        created = str(raw.get("LaunchTime", ""))
+        extra = {**instance.extra, "power": _POWER.get(state, GONE), "created": created}
         return dataclasses.replace(instance, extra=extra)
 
     async def warm_vms(self) -> list[Instance]:

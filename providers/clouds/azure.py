@@ -588,7 +588,13 @@ class AzureProvider:
 
     def _warm_instance(self, vm: Any, power: str) -> Instance:
         instance = self._instance(vm)
-        return dataclasses.replace(instance, extra={**instance.extra, "power": power})
+        created = getattr(vm, "time_created", None)
+        extra = {
+            **instance.extra,
+            "power": power,
+            "created": created.isoformat() if created else "",
+        }
+        return dataclasses.replace(instance, extra=extra)
 
     async def warm_vms(self) -> list[Instance]:
         """The pool's VMs; one powered off but not yet deallocated is reported STOPPING, so the

@@ -680,7 +680,8 @@ class GcpProvider:
                 tags[key] = meta[key]
             else:
                 tags.pop(key, None)
-        extra = {**instance.extra, "power": _POWER.get(str(raw.status), GONE)}
+        power = _POWER.get(str(raw.status), GONE)
+        extra = {**instance.extra, "power": power, "created": str(raw.creation_timestamp or "")}
         return dataclasses.replace(instance, tags=tags, extra=extra)
 
     async def warm_vms(self) -> list[Instance]:

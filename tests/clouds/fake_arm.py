@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,7 @@ class FakeArm:
         props = dict(body["properties"])
         props["networkProfile"] = {**props["networkProfile"], "networkInterfaces": [{"id": nic_id}]}
         props["provisioningState"] = "Failed" if fault else "Succeeded"
+        props.setdefault("timeCreated", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         vm = {
             "id": f"{group}/Microsoft.Compute/virtualMachines/{name}",
             "name": name,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,6 +164,7 @@ class FakeGce:
                 "zone": f"{BASE}/zones/{zone}",
                 "machineType": f"{BASE}/{body['machineType']}",
                 "status": "RUNNING",
+                "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%S.000-00:00", time.gmtime()),
                 "labels": body.get("labels", {}),
                 "labelFingerprint": "l0=",
                 "metadata": {
