@@ -1,4 +1,5 @@
-"""`peerpods podvm prepare`: inside the pod VM, at boot, before kata-agent serves containers.
+"""`peerpods podvm prepare`: inside the pod VM, at boot, before kata-agent serves containers
+(`pull-images` and `image-mirror` are in `adaptor.cli.podvm_images`).
 
 Exit codes: 0 every planned device is ready; 1 a planned device could not be created (one line on
 stderr names it; the status file has every device); 2 bad input (an unreadable layout, NVML
@@ -12,7 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from adaptor.cli import flags
+from adaptor.cli import flags, podvm_images
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -29,9 +30,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "why); 2 bad input; 3 rebooting once for a pending MIG mode change.",
     )
     flags.add_settings(prep, PodvmPrepareSettings)
+    podvm_images.configure(sub)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.podvm_command != "prepare":
+        return podvm_images.run(args)
+    return _prepare(args)
+
+
+def _prepare(args: argparse.Namespace) -> int:
     import importlib
 
     from adaptor.podvm.nvml import NvmlMissing, load
