@@ -35,6 +35,14 @@ def _pools(value: tuple[str, ...]) -> tuple[str, ...]:
     return value
 
 
+def _images(value: tuple[str, ...]) -> tuple[str, ...]:
+    """The images as a warm VM's request carries them (adaptor.podvm.warmrequest), checked here
+    so that a bad name stops `serve` at start, not each refill."""
+    from adaptor.podvm.warmrequest import check_images
+
+    return check_images(value)
+
+
 # A list of pools, `TYPE=N[@ZONE]` each (a field adds its own Flag).
 WarmPoolList = Annotated[tuple[str, ...], BeforeValidator(listed), AfterValidator(_pools)]
 
@@ -61,7 +69,10 @@ class WarmPoolSettings(Section):
         "would exceed it is not made",
     )
     warm_pool_images: Annotated[
-        tuple[str, ...], Flag("--warm-pool-image", repeated=True), BeforeValidator(listed)
+        tuple[str, ...],
+        Flag("--warm-pool-image", repeated=True),
+        BeforeValidator(listed),
+        AfterValidator(_images),
     ] = Field(
         (),
         description="container images a warm VM pulls before it stops, so a pod's pull finds "

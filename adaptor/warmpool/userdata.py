@@ -1,39 +1,48 @@
-"""The user data a warm VM boots with: pull the pool's images, forget this boot, power off.
+"""The user data a warm VM boots with: its apf.json carries the images to pull, nothing else.
 
-The power-off is the VM's report of readiness: the keeper waits for the VM to be stopped, so
-no address of the VM is ever dialled and nothing listens on it while it warms. Before powering
-off, cloud-init's state is cleaned (`cloud-init clean`), so the next boot, the adoption's, is
-a first boot again: cloud-init reads the pod's user data, which the adoption wrote while the VM
-was stopped, and writes its files as for a VM launched for the pod. The images are pulled by
-the pod VM image's own hook (`/usr/local/bin/peerpods-warm-pull`, which knows whether the
-image's runtime pulls in the guest or through nydus), onto the root volume that survives the
-stop; an image without the hook still warms (boot, driver, agent) and pulls nothing.
+The request travels as the `peerpods-warm` key of `/run/peerpod/apf.json`
+(`adaptor.podvm.warmrequest` owns the format), written from the cloud-config's `write_files`:
+the one file every pod VM image writes, by CAA's `process-user-data` (which writes only its
+allow-listed files and runs nothing) as by cloud-init. In the VM, `peerpods podvm warm` (the
+recipe's `peerpods-podvm-warm.service`, before kata-agent) finds the key, pulls the images onto
+the image's persistent `peerpods-images` partition, cleans cloud-init's state where cloud-init
+is installed (so the adoption's boot is a first boot and writes the pod's files) and powers off.
+
+The power-off is the VM's report of readiness: the keeper waits for the VM to be stopped, so no
+address of the VM is ever dialled and nothing listens on it while it warms.
+
+`runcmd` is for cloud-init images without peerpods' warm unit only: they clean cloud-init's
+state and power off without pulling (an image with the unit leaves it all to the unit, which
+runs after cloud-init's final stage). CAA's image ignores `runcmd`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import yaml
 
-IMAGES_PATH = "/etc/peerpods/warm-images"
-PULL_HOOK = "/usr/local/bin/peerpods-warm-pull"
+from adaptor.podvm.warmrequest import APF_PATH, apf_document
+
+WARM_UNIT = "peerpods-podvm-warm.service"
+# cloud-init images without the warm unit still power off (warm without a pull)
+FALLBACK = (
+    f"systemctl is-enabled --quiet {WARM_UNIT} 2>/dev/null || "
+    "{ cloud-init clean --logs; sync; poweroff; }"
+)
 
 
 def warm_user_data(images: Sequence[str]) -> str:
     """The cloud-config of a warm VM that pre-pulls `images`."""
-    script = (
-        f"if [ -x {PULL_HOOK} ] && [ -s {IMAGES_PATH} ]; then {PULL_HOOK} {IMAGES_PATH}; fi; "
-        "cloud-init clean --logs; sync; poweroff"
-    )
     document = {
         "write_files": [
             {
-                "path": IMAGES_PATH,
-                "permissions": "0644",
-                "content": "".join(f"{image}\n" for image in images),
+                "path": APF_PATH,
+                "permissions": "0600",
+                "content": json.dumps(apf_document(images), separators=(",", ":"), sort_keys=True),
             }
         ],
-        "runcmd": [["sh", "-c", script]],
+        "runcmd": [["sh", "-c", FALLBACK]],
     }
     return "#cloud-config\n" + yaml.safe_dump(document, sort_keys=False, width=10_000)

@@ -27,11 +27,13 @@ from providers.core.capacity import CapacityType
 from providers.core.warm import TAG_WARM_POOL, TAG_WARM_SLOT, WarmSpec
 from tests.clouds.conftest import loopback
 from tests.clouds.latency import LatencyCloud, LatencyModel
+from tests.clouds.warm_userdata import warm_request
 
 OWNER = "warm-owner"
 IMAGE = "ami-0a1b2c3d4e5f60718"
 ZONE = "us-east-1a"
 TYPE = "m5.large"
+WARM_IMAGES = ("nvcr.io/nvidia/pytorch:25.01-py3", "busybox")
 MODEL = LatencyModel(scale=0.001)  # cold 0.15 s, warm 0.025 s
 
 
@@ -106,7 +108,7 @@ def warm_count(pool: WarmPool) -> int:
 
 async def test_refill_launches_tagged_vms_that_stop_once_ready(ec2: Any, store: StateStore) -> None:
     cloud = LatencyCloud(aws(ec2), MODEL)
-    pool = pool_of(cloud, store)
+    pool = pool_of(cloud, store, images=WARM_IMAGES)
     pool.start()
     try:
         await until(lambda: warm_count(pool) == 2)
@@ -123,13 +125,15 @@ async def test_refill_launches_tagged_vms_that_stop_once_ready(ec2: Any, store: 
         assert found[TAG_WARM_POOL] == OWNER and found[TAG_OWNER] == OWNER
         assert found[TAG_WARM_SLOT] in pool.slots
         assert TAG_SANDBOX not in found  # never a sandbox's: the GC and reaper leave it
-    # the warm VM's own user data: pulls, cleans cloud-init's state, powers off
+    # the warm VM's own user data: its apf.json asks the pod VM to pull the pool's images
     attribute = ec2.describe_instance_attribute(
         InstanceId=vms[0]["InstanceId"], Attribute="userData"
     )
-    document = yaml.safe_load(base64.b64decode(attribute["UserData"]["Value"]).decode())
-    script = document["runcmd"][0][2]
-    assert "cloud-init clean" in script and script.endswith("poweroff")
+    user_data = base64.b64decode(attribute["UserData"]["Value"]).decode()
+    assert warm_request(user_data).images == WARM_IMAGES
+    # a cloud-init image without peerpods' warm unit still cleans cloud-init and powers off
+    script = yaml.safe_load(user_data)["runcmd"][0][2]
+    assert "cloud-init clean" in script and "poweroff" in script
     assert set(await PoolRecord(store).members()) == set(pool.slots)
     # the sandbox orphan collector keeps them
     gc = GarbageCollector(aws(ec2), OWNER, lambda: _none())

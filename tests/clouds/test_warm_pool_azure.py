@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from adaptor.hypervisor.gc import GarbageCollector
 from adaptor.state import StateStore
@@ -37,6 +36,7 @@ from providers.core.warm import (
 from tests.clouds.conftest import loopback
 from tests.clouds.fake_arm import RG, VMS, FakeArm, arm_error
 from tests.clouds.latency import LatencyCloud, LatencyModel
+from tests.clouds.warm_userdata import warm_request
 from tests.providers.fakes.azure import SUBSCRIPTION
 
 OWNER = "warm-azure-owner"
@@ -123,7 +123,8 @@ async def test_azure_warm_vms_deallocate_and_are_adopted(store: StateStore) -> N
             assert vm["tags"][TAG_WARM_SLOT] in pool.slots
             assert vm["zones"] == [ZONE]
             assert vm["properties"]["hardwareProfile"]["vmSize"] == TYPE
-            assert "poweroff" in yaml.safe_load(user_data(vm))["runcmd"][-1][-1]
+            # no images listed: the warm boot pulls nothing and still powers off
+            assert warm_request(user_data(vm)).images == ()
             assert "customData" not in vm["properties"]["osProfile"]
         # the sandbox orphan collector leaves them alone
         assert (await GarbageCollector(azure(arm), OWNER, _none).sweep()).deleted == []

@@ -25,6 +25,7 @@ from providers.core.warm import TAG_WARM_POOL, TAG_WARM_SLOT
 from tests.clouds.conftest import loopback
 from tests.clouds.fake_gce import FakeGce
 from tests.clouds.latency import LatencyCloud, LatencyModel
+from tests.clouds.warm_userdata import warm_request
 from tests.providers.fakes.gcp import PROJECT
 
 OWNER = "warm-gcp-owner"
@@ -69,7 +70,7 @@ async def test_gcp_warm_vms_stop_and_are_adopted(store: StateStore) -> None:
     pool = WarmPool(
         cloud,
         PoolRecord(store),
-        WarmConfig(pools=(Pool(TYPE, 2, ZONE),), interval_seconds=0.05),
+        WarmConfig(pools=(Pool(TYPE, 2, ZONE),), interval_seconds=0.05, images=("busybox",)),
         default_image=IMAGE,
         zones=(ZONE,),
     )
@@ -80,7 +81,7 @@ async def test_gcp_warm_vms_stop_and_are_adopted(store: StateStore) -> None:
             assert raw["status"] == "TERMINATED"
             assert raw["labels"][TAG_WARM_POOL] == OWNER and TAG_SANDBOX not in raw["labels"]
             assert metadata(raw)[TAG_WARM_SLOT] in pool.slots
-            assert "poweroff" in metadata(raw)["user-data"]
+            assert warm_request(metadata(raw)["user-data"]).images == ("busybox",)
         # the sandbox orphan collector leaves them alone
         assert (await GarbageCollector(gcp(gce), OWNER, _none).sweep()).deleted == []
         assert len(await gcp(gce).warm_vms()) == 2
