@@ -47,7 +47,7 @@ def render() -> str:
         child = subparsers.choices[name]
         parts += ["", f"## peerpods {name}", "", "```text", child.format_help().rstrip(), "```"]
         parts += _settings_table(child)
-        if name in ("podvm", "dra"):  # its one action carries every flag
+        if name in ("podvm", "dra", "warm-pool"):  # its actions carry every flag
             actions = next(a for a in child._actions if isinstance(a, argparse._SubParsersAction))
             for action_name, grandchild in actions.choices.items():
                 help_text = grandchild.format_help().rstrip()
