@@ -483,16 +483,11 @@ def chain_add(
     return Message(_nft(NFT_MSG_NEWCHAIN), F_ACK | F_CREATE | F_APPEND, body)
 
 
-def chains_get() -> Message:
-    """Every chain of family ip (the kernel does not filter a chain dump by table)."""
-    return Message(_nft(NFT_MSG_GETCHAIN), F_DUMP, _nfgen())
-
-
-def chain_of(payload: bytes) -> tuple[str, str]:
-    """(table, name) of a chain reply."""
-    top = attr_map(payload, 4)
-    table = top.get(NFTA_CHAIN_TABLE, b"").rstrip(b"\0").decode(errors="replace")
-    return table, top.get(NFTA_CHAIN_NAME, b"").rstrip(b"\0").decode(errors="replace")
+def chain_get(table: str, name: str) -> Message:
+    """One chain by name (ENOENT: it or its table is missing). Asked one by one: the kernel
+    filters a chain dump by family only, and a node's kube-proxy may keep hundreds."""
+    body = _nfgen() + asciiz(NFTA_CHAIN_TABLE, table) + asciiz(NFTA_CHAIN_NAME, name)
+    return Message(_nft(NFT_MSG_GETCHAIN), 0, body)
 
 
 def rules_get(table: str, chain: str) -> Message:

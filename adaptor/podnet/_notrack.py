@@ -266,20 +266,20 @@ def _join(host_netns: str | None, vni: int, k: bytes) -> None:
     raise TunnelError(f"NOTRACK element for VNI {vni}: the set keeps changing")
 
 
-def _raw_chains(sock: _nl.Netlink) -> set[str]:
-    """The names of the chains of table `raw` (family ip)."""
-    found = (_nl.chain_of(payload) for payload in sock.get(_nl.chains_get()))
-    return {name for table, name in found if table == TABLE}
-
-
-def _raw_table(sock: _nl.Netlink) -> bool:
-    """Whether table `raw` exists (family ip)."""
+def _exists(sock: _nl.Netlink, request: _nl.Message) -> bool:
+    """Whether the one table or chain `request` asks for exists."""
     try:
-        return bool(sock.get(_nl.table_get(TABLE)))
+        return bool(sock.get(request))
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             return False
         raise
+
+
+def _raw_chains(sock: _nl.Netlink) -> set[str]:
+    """Which of the base and peerpod chains table `raw` (family ip) has."""
+    names = [name for base, _hook, ours, _which in CHAINS for name in (base, ours)]
+    return {name for name in names if _exists(sock, _nl.chain_get(TABLE, name))}
 
 
 def _rules(sock: _nl.Netlink, chain: str) -> list[tuple[str, list[str]]]:
@@ -294,13 +294,13 @@ def _rules(sock: _nl.Netlink, chain: str) -> list[tuple[str, list[str]]]:
 
 def _setup(host_netns: str | None) -> None:
     """Table, base chains, peerpod chains and jumps, the set and the lookup rules, each made
-    when missing: what exists is read on the kept socket (the chains, and the rules of the
-    chains that exist), then what is missing goes in one transaction. The node's first pod
+    when missing: what exists is read on the kept socket (each chain by name, the rules of
+    those that exist), then what is missing goes in one transaction. The node's first pod
     pays for it again each time the last one went (the prune), so it is packed here too."""
     sock = _socket(host_netns)
     chains = _raw_chains(sock)
     messages = []
-    if not chains and not _raw_table(sock):
+    if not chains and not _exists(sock, _nl.table_get(TABLE)):
         messages.append(_nl.table_add(TABLE, OWNER_COMMENT))
     lookups = []
     for base, hook, ours, which in CHAINS:
