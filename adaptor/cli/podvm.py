@@ -1,5 +1,6 @@
 """`peerpods podvm prepare`: inside the pod VM, at boot, before kata-agent serves containers
-(`pull-images` and `image-mirror` are in `adaptor.cli.podvm_images`).
+(`pull-images` and `image-mirror` are in `adaptor.cli.podvm_images`, `warm` and `cdh-config` in
+`adaptor.cli.podvm_warm`).
 
 Exit codes: 0 every planned device is ready; 1 a planned device could not be created (one line on
 stderr names it; the status file has every device); 2 bad input (an unreadable layout, NVML
@@ -13,7 +14,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from adaptor.cli import flags, podvm_images
+from adaptor.cli import flags, podvm_images, podvm_warm
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -31,9 +32,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add_settings(prep, PodvmPrepareSettings)
     podvm_images.configure(sub)
+    podvm_warm.configure(sub)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.podvm_command in ("warm", "cdh-config"):
+        return podvm_warm.run(args)
     if args.podvm_command != "prepare":
         return podvm_images.run(args)
     return _prepare(args)

@@ -295,3 +295,71 @@ class PodvmImageMirrorSettings(PodvmImageStoreSettings):
         description="allow a listen address that is not loopback (every stored image is served "
         "to whoever reaches it)",
     )
+
+
+class PodvmWarmSettings(Section):
+    """`peerpods podvm warm`, inside a warm pool's VM: where the request, the store and the
+    status live, and how the VM pulls and powers off."""
+
+    apf_json: Annotated[str, Flag("--apf-json", metavar="PATH")] = Field(
+        "/run/peerpod/apf.json",
+        description="forwarder config carrying the warm request (key peerpods-warm); without "
+        "the key this is a pod's boot and nothing is done",
+    )
+    store: Annotated[str, Flag("--store", metavar="DIR")] = Field(
+        "/var/lib/peerpods/images",
+        description="the image store; must be on persistent storage (the image's "
+        "peerpods-images partition), never tmpfs",
+    )
+    status_file: Annotated[str, Flag("--status-file", metavar="PATH")] = Field(
+        "/var/lib/peerpods/podvm/warm-status.json",
+        description="what the warm boot did (JSON), on the state partition so it outlives the stop",
+    )
+    auth: Annotated[str, Flag("--auth", metavar="FILE")] = Field(
+        "/run/peerpod/auth.json",
+        description="registry credentials for the pull, used when the file exists",
+    )
+    pull_command: Annotated[str, Flag("--pull-command", metavar="CMD")] = Field(
+        "",
+        description="the pull (default: this peerpods' `podvm pull-images`); --store and "
+        "--images-file are added",
+    )
+    pull_timeout_seconds: Annotated[float, Flag("--pull-timeout", duration=True)] = Field(
+        1500.0,
+        gt=0,
+        description="the pull is stopped after this long and the VM powers off with what it "
+        "has (keep it under serve's --warm-pool-ready-timeout)",
+    )
+    poweroff_command: Annotated[str, Flag("--poweroff-command", metavar="CMD")] = Field(
+        "systemctl --no-block poweroff", description="how the VM powers off at the end"
+    )
+    cloud_init: Annotated[str, Flag("--cloud-init", metavar="PATH")] = Field(
+        "cloud-init",
+        description="cloud-init, whose state is cleaned before the power-off when it is "
+        "installed (empty: never)",
+    )
+    mountinfo: Annotated[str, Flag("--mountinfo", metavar="PATH")] = Field(
+        "/proc/self/mountinfo", description="the mount table the store's file system is read from"
+    )
+
+
+class PodvmCdhConfigSettings(Section):
+    """`peerpods podvm cdh-config`, before CDH starts: where the store, the operator's CDH
+    configuration and our two files live."""
+
+    store: Annotated[str, Flag("--store", metavar="DIR")] = Field(
+        "/var/lib/peerpods/images", description="the image store the warm boot pulled into"
+    )
+    operator_config: Annotated[str, Flag("--operator-config", metavar="PATH")] = Field(
+        "/run/peerpod/cdh.toml",
+        description="the operator's CDH configuration (CAA writes it from initdata), extended",
+    )
+    registries_conf: Annotated[str, Flag("--registries-conf", metavar="PATH")] = Field(
+        "/run/peerpods/registries.conf", description="the registries.conf written for image-rs"
+    )
+    cdh_config: Annotated[str, Flag("--cdh-config", metavar="PATH")] = Field(
+        "/run/peerpods/cdh.toml", description="the CDH configuration written (CDH starts with it)"
+    )
+    mirror: Annotated[str, Flag("--mirror", metavar="HOST:PORT")] = Field(
+        "127.0.0.1:5170", description="where `podvm image-mirror` listens"
+    )

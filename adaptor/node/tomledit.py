@@ -190,13 +190,13 @@ def _indent(lines: list[str], entries: list[_Entry], first: int, end: int, heade
     return ""
 
 
-def _apply(lines: list[str], edit: Edit) -> list[str]:
+def _apply(lines: list[str], edit: Edit, mark: str = MARK) -> list[str]:
     entries = _layout(lines)
     assignment = f"{toml_key(edit.key)} = {toml_value(edit.value)}"
     region = _region(entries, edit.table)
     if region is None:
         header = "[" + ".".join(toml_key(part) for part in edit.table) + "]"
-        block = [MARK, f"{header} {MARK}", f"{assignment} {MARK}"]
+        block = [mark, f"{header} {mark}", f"{assignment} {mark}"]
         if lines and lines[-1] == "":  # keep the final newline last
             return [*lines[:-1], *block, ""]
         return [*lines, *block]
@@ -206,10 +206,10 @@ def _apply(lines: list[str], edit: Edit) -> list[str]:
         if entry.kind == "kv" and entry.path == (edit.key,):
             old = lines[entry.start : entry.end + 1]
             own = old[0][: len(old[0]) - len(old[0].lstrip())]
-            if old[0].endswith(MARK):  # ours already: what it replaced stays noted below it
-                replaced = [f"{own}{assignment} {MARK}"]
+            if old[0].endswith(mark):  # ours already: what it replaced stays noted below it
+                replaced = [f"{own}{assignment} {mark}"]
             else:
-                replaced = [f"{own}{assignment} {MARK}", *(WAS + line for line in old)]
+                replaced = [f"{own}{assignment} {mark}", *(WAS + line for line in old)]
             return [*lines[: entry.start], *replaced, *lines[entry.end + 1 :]]
     kvs = [e for e in entries[first:end] if e.kind == "kv"]
     if kvs:
@@ -218,7 +218,7 @@ def _apply(lines: list[str], edit: Edit) -> list[str]:
         after = header_line + 1
     else:
         after = 0
-    return [*lines[:after], f"{indent}{assignment} {MARK}", *lines[after:]]
+    return [*lines[:after], f"{indent}{assignment} {mark}", *lines[after:]]
 
 
 def _expected(document: dict[str, Any], edits: Iterable[Edit]) -> dict[str, Any]:
@@ -233,8 +233,10 @@ def _expected(document: dict[str, Any], edits: Iterable[Edit]) -> dict[str, Any]
     return result
 
 
-def apply(text: str, edits: list[Edit]) -> str:
-    """`text` with every edit made, or TomlEditError; unchanged text when nothing differs."""
+def apply(text: str, edits: list[Edit], mark: str = MARK) -> str:
+    """`text` with every edit made, or TomlEditError; unchanged text when nothing differs.
+    Each added line ends with `mark` (another tool's edits name that tool: `unmark` and
+    `marked` know the node installer's alone)."""
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -245,7 +247,7 @@ def apply(text: str, edits: list[Edit]) -> str:
     lines = text.split("\n")
     for edit in edits:
         if _expected(tomllib.loads("\n".join(lines)), [edit]) != tomllib.loads("\n".join(lines)):
-            lines = _apply(lines, edit)
+            lines = _apply(lines, edit, mark)
     result = "\n".join(lines)
     try:
         read_back = tomllib.loads(result)

@@ -1,0 +1,214 @@
+"""`peerpods podvm cdh-config`: with images in the store, a registries.conf whose mirrors are the
+loopback mirror and a CDH configuration naming it (the operator's, extended in place, or CDH's
+defaults); an operator's own registry configuration is kept; an empty store writes nothing.
+Everything written is read back with tomllib as CDH and image-rs read TOML, and the mirror
+locations are fetched from the real `peerpods podvm image-mirror`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import urllib3
+
+from adaptor.cli.main import main
+from adaptor.podvm.cdhconfig import MARK, registries_conf
+from adaptor.podvm.imagecache.store import ImageStore, StoredManifest
+from tests.podvm.imagecache_peers import mirror
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+OPERATOR = """\
+# from initdata
+socket = "unix:///run/confidential-containers/cdh.sock"
+
+[kbc]
+name = "cc_kbc"
+url = "http://kbs.example:8080"
+
+[[credentials]]
+resource_uri = "kbs:///default/key/1"
+path = "/run/confidential-containers/cdh/kbs/key"
+
+[image]
+max_concurrent_layer_downloads_per_image = 3   # ours
+image_security_policy_uri = "kbs:///default/security-policy/test"
+"""
+
+
+@dataclass
+class Vm:
+    root: Path
+
+    @property
+    def store(self) -> Path:
+        return self.root / "var/lib/peerpods/images"
+
+    @property
+    def operator(self) -> Path:
+        return self.root / "run/peerpod/cdh.toml"
+
+    @property
+    def registries(self) -> Path:
+        return self.root / "run/peerpods/registries.conf"
+
+    @property
+    def cdh(self) -> Path:
+        return self.root / "run/peerpods/cdh.toml"
+
+    def argv(self, *extra: str) -> list[str]:
+        return [
+            *("podvm", "cdh-config", "--store", str(self.store)),
+            *("--operator-config", str(self.operator), "--registries-conf", str(self.registries)),
+            *("--cdh-config", str(self.cdh), *extra),
+        ]
+
+    def put(self, registry: str, repository: str, tag: str) -> str:
+        """An image of one manifest blob recorded in the store; its digest."""
+        store = ImageStore(self.store)
+        manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "repo": repository})
+        data = manifest.encode()
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        store.put(digest, data)
+        stored = StoredManifest(digest, OCI_MANIFEST, len(data))
+        store.record(registry, repository, {tag: stored}, [digest])
+        return digest
+
+    def operator_config(self, text: str) -> None:
+        self.operator.parent.mkdir(parents=True, exist_ok=True)
+        self.operator.write_text(text)
+
+
+@pytest.fixture
+def vm(tmp_path: Path) -> Vm:
+    return Vm(tmp_path)
+
+
+def mirrors_of(path: Path) -> dict[str, list[dict[str, object]]]:
+    document = tomllib.loads(path.read_text())
+    return {r["prefix"]: r["mirror"] for r in document["registry"]}
+
+
+def test_without_an_operator_config_cdh_gets_its_defaults_and_the_mirror(vm: Vm) -> None:
+    vm.put("docker.io", "library/busybox", "latest")
+    vm.put("nvcr.io", "nvidia/pytorch", "25.01-py3")
+    assert main(vm.argv()) == 0
+    assert mirrors_of(vm.registries) == {
+        "docker.io": [{"location": "127.0.0.1:5170/docker.io", "insecure": True}],
+        "nvcr.io": [{"location": "127.0.0.1:5170/nvcr.io", "insecure": True}],
+    }
+    assert "location" not in tomllib.loads(vm.registries.read_text())["registry"][0]
+    assert tomllib.loads(vm.cdh.read_text()) == {
+        "kbc": {"name": "offline_fs_kbc", "url": ""},
+        "image": {"registry_configuration_uri": vm.registries.as_uri()},
+    }
+    assert vm.cdh.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_operators_config_is_extended_in_place(vm: Vm) -> None:
+    vm.put("ghcr.io", "team/app", "v1")
+    vm.operator_config(OPERATOR)
+    assert main(vm.argv()) == 0
+    written = vm.cdh.read_text()
+    expected = tomllib.loads(OPERATOR)
+    expected["image"]["registry_configuration_uri"] = vm.registries.as_uri()
+    assert tomllib.loads(written) == expected
+    for line in OPERATOR.splitlines():  # every line of the operator's is still there
+        assert line in written.splitlines()
+    assert MARK in written
+    assert vm.operator.read_text() == OPERATOR  # the operator's own file is not touched
+    assert list(mirrors_of(vm.registries)) == ["ghcr.io"]
+
+
+def test_an_operator_config_without_an_image_table_gets_one(vm: Vm) -> None:
+    vm.put("docker.io", "library/busybox", "latest")
+    vm.operator_config('[kbc]\nname = "offline_fs_kbc"\n')
+    assert main(vm.argv()) == 0
+    assert tomllib.loads(vm.cdh.read_text()) == {
+        "kbc": {"name": "offline_fs_kbc"},
+        "image": {"registry_configuration_uri": vm.registries.as_uri()},
+    }
+
+
+@pytest.mark.parametrize(
+    "own",
+    [
+        'registry_configuration_uri = "kbs:///default/registry-configuration/test"',
+        '[image.registry_config]\nunqualified-search-registries = ["docker.io"]',
+    ],
+)
+def test_an_operators_own_registry_configuration_is_kept(
+    vm: Vm, own: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vm.put("docker.io", "library/busybox", "latest")
+    vm.operator_config(f'[kbc]\nname = "offline_fs_kbc"\n\n[image]\n{own}\n')
+    assert main(vm.argv()) == 0
+    assert not vm.cdh.exists() and not vm.registries.exists()
+    out, err = capsys.readouterr()
+    logged = [json.loads(line) for line in err.splitlines()]
+    assert [(r["level"], r["logger"]) for r in logged] == [("warning", "adaptor.podvm.cdhconfig")]
+    assert "names its own registry configuration: kept" in logged[0]["message"]
+    assert "not offered to CDH" in out
+
+
+def test_an_empty_store_writes_nothing(vm: Vm) -> None:
+    assert main(vm.argv()) == 0
+    assert not vm.store.exists()  # not even created
+    ImageStore(vm.store)  # a store that never recorded an image
+    vm.operator_config(OPERATOR)
+    vm.cdh.parent.mkdir(parents=True)
+    vm.cdh.write_text("stale")
+    assert main(vm.argv()) == 0
+    assert not vm.cdh.exists() and not vm.registries.exists()
+    assert vm.operator.read_text() == OPERATOR
+
+
+def test_an_operator_config_that_is_not_toml_writes_nothing(
+    vm: Vm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vm.put("docker.io", "library/busybox", "latest")
+    vm.operator_config("[kbc\nname = 1\n")
+    assert main(vm.argv()) == 1
+    assert not vm.cdh.exists() and not vm.registries.exists()
+    err = capsys.readouterr().err
+    assert "not TOML" in err and "nothing written" in err and "Traceback" not in err
+
+
+def test_an_inline_image_table_cannot_be_extended_and_is_left_alone(vm: Vm) -> None:
+    vm.put("docker.io", "library/busybox", "latest")
+    vm.operator_config('kbc = { name = "offline_fs_kbc" }\nimage = { work_dir = "/run/x" }\n')
+    assert main(vm.argv()) == 1
+    assert not vm.cdh.exists()
+
+
+def test_registries_conf_escapes_what_it_writes() -> None:
+    text = registries_conf({'odd"name': 'loc"ation'})
+    assert tomllib.loads(text)["registry"] == [
+        {"prefix": 'odd"name', "mirror": [{"location": 'loc"ation', "insecure": True}]}
+    ]
+
+
+def test_each_mirror_location_is_served_by_the_image_mirror(vm: Vm) -> None:
+    """What image-rs will ask for, `<location>/<repository>/manifests/<tag>` over plain HTTP,
+    answered by `peerpods podvm image-mirror` from the store, a port in a registry's name too."""
+    images = [
+        ("docker.io", "library/busybox", "latest"),
+        ("registry.example:5000", "team/app", "v1"),
+    ]
+    digests = {image: vm.put(*image) for image in images}
+    with mirror(vm.store) as address:
+        assert main(vm.argv("--mirror", address)) == 0
+        mirrors = mirrors_of(vm.registries)
+        http = urllib3.PoolManager()
+        for (registry, repository, tag), digest in digests.items():
+            location = mirrors[registry][0]["location"]
+            url = f"http://{location}/{repository}/manifests/{tag}".replace(
+                f"http://{address}/", f"http://{address}/v2/", 1
+            )
+            answer = http.request("GET", url, headers={"Accept": OCI_MANIFEST})
+            assert answer.status == 200, (url, answer.data)
+            assert answer.headers["Docker-Content-Digest"] == digest

@@ -1,0 +1,234 @@
+"""`peerpods podvm warm`: a warm pool VM's boot pulls the listed images into the store on the
+image's persistent partition and powers off once, whatever fails; a pod's boot does nothing.
+
+The pull is the real `peerpods podvm pull-images` against Debian's distribution registry on
+loopback (an image pushed there by skopeo); the power-off and cloud-init are small scripts that
+record their calls; the mount table is a file written here (the store's partition cannot be
+mounted in a test) except where the machine's own /proc/self/mountinfo is read."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from adaptor.cli.main import main
+from adaptor.podvm.imagecache.store import ImageStore
+from adaptor.podvm.warmboot import WarmOptions, volatile_reason, warm
+from adaptor.podvm.warmrequest import WARM_KEY, apf_document
+from adaptor.warmpool.userdata import warm_user_data
+from tests.clouds.warm_userdata import warm_request
+from tests.podvm.imagecache_peers import Registry, need, registry, skopeo, write_layout
+
+PULL = f"{sys.executable} -m adaptor.cli.main --log-format text podvm pull-images"
+
+
+@dataclass
+class Vm:
+    """A warm VM's files in tmp_path, and scripts standing in for its power-off and cloud-init."""
+
+    root: Path
+
+    @property
+    def apf(self) -> Path:
+        return self.root / "run/peerpod/apf.json"
+
+    @property
+    def store(self) -> Path:
+        return self.root / "var/lib/peerpods/images"
+
+    @property
+    def status(self) -> Path:
+        return self.root / "var/lib/peerpods/podvm/warm-status.json"
+
+    @property
+    def mountinfo(self) -> Path:
+        return self.root / "mountinfo"
+
+    def calls(self, name: str) -> list[str]:
+        log = self.root / f"{name}.calls"
+        return log.read_text().splitlines() if log.exists() else []
+
+    def script(self, name: str) -> Path:
+        path = self.root / "bin" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f'#!/bin/sh\necho "$*" >> {self.root}/{name}.calls\n')
+        path.chmod(0o755)
+        return path
+
+    def mounts(self, *entries: tuple[str, str, str]) -> None:
+        """The mount table: (mount point, options, file system type) each."""
+        lines = [
+            f"{n} 1 0:{n} / {point.replace(' ', chr(92) + '040')} {opts} shared:{n} - {fs} src rw"
+            for n, (point, opts, fs) in enumerate(entries, start=20)
+        ]
+        self.mountinfo.write_text("\n".join(lines) + "\n")
+
+    def on_partition(self) -> None:
+        """The CAA image's layout: a read-only root, /var a tmpfs, the store its own ext4."""
+        self.mounts(("/", "ro,relatime", "squashfs"), (str(self.root), "rw", "tmpfs"),
+                    (str(self.store), "rw,nosuid,nodev", "ext4"))  # fmt: skip
+
+    def request(self, *images: str) -> None:
+        self.apf.parent.mkdir(parents=True, exist_ok=True)
+        self.apf.write_text(json.dumps(apf_document(images)))
+
+    def argv(self, *extra: str, pull: str = PULL) -> list[str]:
+        return [
+            *("podvm", "warm", "--apf-json", str(self.apf), "--store", str(self.store)),
+            *("--status-file", str(self.status), "--mountinfo", str(self.mountinfo)),
+            *("--poweroff-command", str(self.script("poweroff"))),
+            *("--cloud-init", str(self.script("cloud-init")), "--pull-command", pull),
+            *extra,
+        ]
+
+
+@pytest.fixture
+def vm(tmp_path: Path) -> Vm:
+    return Vm(tmp_path)
+
+
+@pytest.fixture
+def pushed(tmp_path: Path) -> Iterator[tuple[Registry, str]]:
+    need("docker-registry", "skopeo")
+    with registry(tmp_path / "registry") as reg:
+        layout = write_layout(tmp_path / "layout")
+        image = f"{reg.host}/team/app:{layout.tag}"
+        copied = skopeo(tmp_path / "home", "copy", "--all", "--dest-tls-verify=false",
+                        f"oci:{layout.path}:{layout.tag}", f"docker://{image}")  # fmt: skip
+        assert copied.returncode == 0, copied.stderr
+        yield reg, image
+
+
+def test_a_warm_boot_pulls_the_listed_images_and_powers_off_once(
+    vm: Vm, pushed: tuple[Registry, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    reg, image = pushed
+    # the apf.json the keeper's user data carries, as the VM writes it
+    vm.apf.parent.mkdir(parents=True)
+    request = warm_request(warm_user_data([image]))
+    vm.apf.write_text(json.dumps({WARM_KEY: request.to_dict()}))
+    vm.on_partition()
+    assert main(vm.argv(pull=f"{PULL} --plain-http {reg.host}")) == 0
+    assert vm.calls("poweroff") == [""]
+    assert vm.calls("cloud-init") == ["clean --logs"]
+    status = json.loads(vm.status.read_text())
+    assert status["result"] == "ok" and status["images"] == {image: True}
+    assert ImageStore(vm.store).resolve(reg.host, "team/app", "v1") is not None
+    out = capsys.readouterr().out
+    assert f"{image}: stored" in out and "powering off" in out
+
+
+def test_a_pods_boot_does_nothing(vm: Vm) -> None:
+    vm.apf.parent.mkdir(parents=True)
+    vm.apf.write_text(json.dumps({"pod-name": "train", "pod-namespace": "default"}))
+    vm.on_partition()
+    assert main(vm.argv(pull="false")) == 0
+    assert vm.calls("poweroff") == [] and vm.calls("cloud-init") == []
+    assert not vm.status.exists() and not vm.store.exists()
+
+
+def test_no_apf_json_is_a_pods_boot_too(vm: Vm) -> None:
+    assert main(vm.argv(pull="false")) == 0
+    assert vm.calls("poweroff") == []
+
+
+def test_a_store_on_tmpfs_is_refused_and_the_vm_still_powers_off(
+    vm: Vm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vm.request("busybox")
+    # the partition is not mounted: the store would be on /var, a tmpfs
+    vm.mounts(("/", "ro", "squashfs"), (str(vm.root), "rw,nosuid", "tmpfs"))
+    pull_marker = vm.root / "pulled"
+    assert main(vm.argv(pull=f"touch {pull_marker}")) == 1
+    assert not pull_marker.exists()
+    assert vm.calls("poweroff") == [""] and vm.calls("cloud-init") == ["clean --logs"]
+    status = json.loads(vm.status.read_text())
+    assert "tmpfs" in status["storage_refused"] and status["images"] == {"busybox": False}
+    err = capsys.readouterr().err
+    assert "tmpfs" in err and "peerpods-images partition is not mounted" in err
+    assert "Traceback" not in err
+
+
+def test_a_failed_pull_is_reported_and_the_vm_still_powers_off(vm: Vm) -> None:
+    vm.request("127.0.0.1:9/team/app:v1")  # nothing listens on the discard port
+    vm.on_partition()
+    assert main(vm.argv()) == 1
+    assert vm.calls("poweroff") == [""] and vm.calls("cloud-init") == ["clean --logs"]
+    status = json.loads(vm.status.read_text())
+    assert status["pull_exit"] == 1 and status["images"] == {"127.0.0.1:9/team/app:v1": False}
+
+
+def test_a_pull_past_its_deadline_is_stopped_and_the_vm_powers_off(vm: Vm) -> None:
+    vm.request("busybox")
+    vm.on_partition()
+    assert main(vm.argv("--pull-timeout", "1s", pull="sh -c 'sleep 30; :'")) == 1
+    assert vm.calls("poweroff") == [""]
+    status = json.loads(vm.status.read_text())
+    assert status["pull_exit"] == 124 and "ran past" in status["errors"][0]
+
+
+def test_a_malformed_request_is_a_warm_boot_that_pulls_nothing(vm: Vm) -> None:
+    vm.apf.parent.mkdir(parents=True)
+    vm.apf.write_text(json.dumps({WARM_KEY: {"v": 1, "images": "busybox"}}))
+    vm.on_partition()
+    assert main(vm.argv(pull="false")) == 1
+    assert vm.calls("poweroff") == [""]
+    assert "peerpods-warm" in json.loads(vm.status.read_text())["errors"][0]
+
+
+def test_an_unreadable_apf_json_is_bad_input_and_nothing_is_done(
+    vm: Vm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vm.apf.parent.mkdir(parents=True)
+    vm.apf.write_text("{not json")
+    assert main(vm.argv(pull="false")) == 2
+    assert vm.calls("poweroff") == []
+    err = capsys.readouterr().err
+    assert "not JSON" in err and "Traceback" not in err
+
+
+def test_without_cloud_init_nothing_is_cleaned(vm: Vm) -> None:
+    vm.request()
+    vm.on_partition()
+    options = WarmOptions(
+        apf_path=vm.apf,
+        store=vm.store,
+        status_path=vm.status,
+        pull_command=("false",),
+        poweroff_command=(str(vm.script("poweroff")),),
+        cloud_init="peerpods-test-no-such-cloud-init",
+        mountinfo=vm.mountinfo,
+    )
+    result = warm(options, out=lambda _: None)
+    assert result.warm and result.powered_off and not result.cloud_init_cleaned
+    assert result.pull_exit is None  # no images: no pull
+    assert vm.calls("poweroff") == [""] and vm.calls("cloud-init") == []
+
+
+def test_a_poweroff_that_fails_is_reported(vm: Vm) -> None:
+    vm.request()
+    vm.on_partition()
+    assert main([*vm.argv(pull="false"), "--poweroff-command", "false"]) == 1
+    assert vm.calls("cloud-init") == ["clean --logs"]
+
+
+def test_the_store_s_file_system_is_read_from_the_mount_table(vm: Vm) -> None:
+    spaced = vm.root / "with space" / "images"
+    vm.mounts(
+        ("/", "rw", "ext4"),
+        (str(vm.root), "rw", "tmpfs"),
+        (str(vm.root / "with space"), "rw", "xfs"),
+        (str(vm.root / "ro"), "ro", "ext4"),
+    )
+    assert volatile_reason(spaced, vm.mountinfo) == ""  # the longest mount point holds it
+    assert "tmpfs" in volatile_reason(vm.root / "other", vm.mountinfo)
+    assert "read-only" in volatile_reason(vm.root / "ro" / "images", vm.mountinfo)
+    # a persistent root (a cloud-init image's ext4) holds a store without its own partition
+    assert volatile_reason(Path("/var/lib/peerpods/images"), vm.mountinfo) == ""
+    # and this machine's own /dev/shm is a tmpfs
+    assert "tmpfs" in volatile_reason(Path("/dev/shm/images"), Path("/proc/self/mountinfo"))
