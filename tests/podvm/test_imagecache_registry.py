@@ -159,9 +159,9 @@ def test_the_mirror_answers_404_for_what_it_does_not_hold(pushed: Pushed, tmp_pa
         assert head.status == 200
         assert head.headers["Docker-Content-Digest"] == pushed.layout.index_digest
         assert head.headers["Content-Type"] == "application/vnd.oci.image.index.v1+json"
-        assert int(head.headers["Content-Length"]) == len(pushed.layout.blob(
-            pushed.layout.index_digest
-        ))
+        assert int(head.headers["Content-Length"]) == len(
+            pushed.layout.blob(pushed.layout.index_digest)
+        )
         for method in ("PUT", "POST", "PATCH", "DELETE"):
             response = http.request(method, f"http://{name}/team/app/manifests/v1", body=b"{}")
             assert response.status == 405, method
@@ -207,9 +207,7 @@ def test_one_failed_image_does_not_stop_the_others(
     assert ImageStore(store).registries() == [pushed.registry.host]
 
 
-def test_an_image_pulled_by_digest_is_served_by_digest_only(
-    pushed: Pushed, tmp_path: Path
-) -> None:
+def test_an_image_pulled_by_digest_is_served_by_digest_only(pushed: Pushed, tmp_path: Path) -> None:
     store = tmp_path / "store"
     image = f"{pushed.registry.host}/team/app@{pushed.layout.index_digest}"
     assert pull(store, "--plain-http", pushed.registry.host, image) == 0

@@ -10,7 +10,8 @@ it (same bytes, media type and digest). A registry with a port cannot be a path 
 holds: `127.0.0.1:5170/registry.example_5000` mirrors `registry.example:5000`
 (`mirror_location` writes it). Anything not stored is a 404 with the distribution API's error
 body, and the puller goes on to the image's own registry. Writes are 405. Names are checked
-against the reference grammar and never reach a file path (blobs are found by digest only).
+against the reference grammar and never reach a file path (blobs are found by digest only). A
+store it cannot read (a damaged index) answers 404 too: the puller then goes to the origin.
 
 It listens on loopback only (127.0.0.1:5170) unless told otherwise: it serves every pulled image
 to anyone who can reach it.
@@ -33,7 +34,7 @@ from starlette.routing import Route
 
 from adaptor.podvm.imagecache.reference import is_digest, is_registry, is_repository, is_tag
 from adaptor.podvm.imagecache.registry import Limits
-from adaptor.podvm.imagecache.store import ImageStore
+from adaptor.podvm.imagecache.store import ImageStore, StoreError
 from providers.core.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -117,12 +118,16 @@ def create_app(store: ImageStore) -> Starlette:
     async def not_allowed(request: Request, exc: Exception) -> Response:
         return _read_only()
 
+    async def unreadable(request: Request, exc: Exception) -> Response:
+        log.warning("image store unreadable, answering 404: %s", exc)
+        return _error(404, "NAME_UNKNOWN", "the mirror's store is unreadable")
+
     return Starlette(
         routes=[
             Route("/v2/", root, methods=_ALL_METHODS),
             Route("/v2/{rest:path}", content, methods=_ALL_METHODS),
         ],
-        exception_handlers={404: unknown, 405: not_allowed},
+        exception_handlers={404: unknown, 405: not_allowed, StoreError: unreadable},
     )
 
 

@@ -186,9 +186,13 @@ class RegistryClient:
         )
         try:
             return self._pool.request(
-                "GET", url, headers=dict(headers), timeout=timeout, preload_content=False,
+                "GET",
+                url,
+                headers=dict(headers),
+                timeout=timeout,
+                preload_content=False,
                 retries=urllib3.Retry(total=8, connect=2, read=0, status=0, redirect=5),
-            )  # fmt: skip
+            )
         except Urllib3Timeout:
             raise PullTimeout(f"{self.registry}: no answer within the deadline") from None
         except Urllib3Error as exc:
