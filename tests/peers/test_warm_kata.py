@@ -2,19 +2,19 @@
 on moto; tests.peers.warm_kata_daemon) keeps one stopped VM of the type a plain one-GPU pod's
 annotations select (`peerpods plan` says which, and that the pod would get a warm VM), whose
 guest powers itself off once booted (tests.clouds.latency.Guests, played by this test, as a VM
-outlives its adaptor). containerd with the node install's Kata configuration then runs a
-container with the webhook's annotations through `containerd-shim-kata-v2`: the shim's
-CreateVM/StartVM adopt the pool's VM (the same instance, running, tagged with the sandbox, its
-user data the pod's: what a cold launch of the same pod carries), the container runs to its exit
-status through the adaptor's agent proxy, the pool refills with a new VM, and once the
-container is removed the adopted VM is terminated and nothing of the pod is left.
+outlives its adaptor). containerd 2.x, configured by `peerpods node install` over Kata's own
+generated file, then runs a container with the webhook's annotations through
+`containerd-shim-kata-v2`: the shim's CreateVM/StartVM adopt the pool's VM (the same instance,
+running, tagged with the sandbox, its user data the pod's: what a cold launch of the same pod
+carries), the container runs to its exit status through the adaptor's agent proxy, the pool
+refills with a new VM, and once the container is removed the adopted VM is terminated and
+nothing of the pod is left.
 
 A warm VM whose start fails (EC2 answers StartInstances with InsufficientInstanceCapacity,
 tests.clouds.aws_faults) is deleted and the pod runs on a VM launched for it.
 
-Needs, in PEERPODS_PEERS_DIR: `containerd-shim-kata-v2` and Kata's generated
-`configuration-remote.toml` (as tests/peers/test_kata_shim_install.py), and Debian's
-containerd 2.x unpacked by tests/debian-containerd.
+Needs, in PEERPODS_PEERS_DIR: `containerd-shim-kata-v2`, containerd 2.x with its `ctr`, and
+Kata's generated `configuration-remote.toml` (as tests/peers/test_kata_shim_install.py).
 """
 
 from __future__ import annotations
@@ -40,14 +40,17 @@ from providers.core.base import TAG_OWNER, TAG_SANDBOX
 from providers.core.warm import TAG_WARM_POOL
 from tests.adaptor.daemon_proc import ServeProcess
 from tests.clouds.latency import Guests, LatencyModel
-from tests.peers.test_dra_kata import moto_port
+from tests.node.containerd import dump
+from tests.peers.conftest import peer_binary
+from tests.peers.kube import Containerd, start_containerd
+from tests.peers.test_dra_kata import installer, moto_port
 from tests.peers.test_kata_shim_install import (
     IMAGE,
     NAMESPACE,
-    Node,
     agent,
     base,
-    make_node,
+    oci_archive,
+    shim_processes,
     syslog_socket,
 )
 from tests.peers.warm_kata_daemon import ZONE
@@ -191,7 +194,8 @@ def pool_vms(vms: dict[str, dict[str, Any]]) -> dict[str, str]:
 
 @dataclass
 class Rig:
-    node: Node
+    runtime: Containerd
+    config_path: str  # the Kata configuration `peerpods node install` wrote
     serve: WarmServe
     pod_vm: PodVMAgent
     cloud: Cloud
@@ -199,7 +203,8 @@ class Rig:
 
     def why(self) -> str:
         return (
-            f"serve:\n{self.serve.log()[-5000:]}\ncontainerd:\n{self.node.log()[-2000:]}\n"
+            f"serve:\n{self.serve.log()[-5000:]}\n"
+            f"containerd:\n{self.runtime.process.log_tail(30)}\n"
             f"agent: {self.pod_vm.calls}"
         )
 
@@ -241,8 +246,6 @@ class Rig:
     ) -> None:
         """`ctr run --rm` of a container with the webhook's annotations through Kata's shim;
         `running(sandbox)` checks while it runs, then it writes and exits with `status`."""
-        node = self.node
-        client = str(Path(node.containerd).parent / "ctr")
         annotations = {
             **self.pod.annotations,
             "io.kubernetes.cri.sandbox-name": POD,
@@ -251,9 +254,9 @@ class Rig:
         }
         started = self.pod_vm.calls.count("StartContainer")
         run = await asyncio.create_subprocess_exec(
-            client, "--address", str(node.daemon.socket), "--namespace", NAMESPACE, "run",
-            "--rm", "--runtime", "io.containerd.kata.v2",
-            "--runtime-config-path", node.config_path,
+            str(peer_binary("ctr")), "--address", str(self.runtime.socket),
+            "--namespace", NAMESPACE, "run", "--rm", "--runtime", "io.containerd.kata.v2",
+            "--runtime-config-path", self.config_path,
             *(f"--annotation={k}={v}" for k, v in annotations.items()),
             IMAGE, name,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -286,6 +289,17 @@ class Rig:
         assert run.returncode == status, out.decode(errors="replace") + self.why()
         assert f"hello from {name}".encode() in out
 
+    def left(self) -> list[str]:
+        """What is left of any pod: containers, tasks, shims, sandbox records and leases."""
+        left = []
+        for kind in ("containers", "tasks"):
+            found = ctr(self.runtime, kind, "ls", "-q").stdout.split()
+            left += [f"{kind} {name}" for name in found]
+        left += [f"shim pid {pid}" for pid in shim_processes(self.runtime.socket)]
+        left += [f"sandbox {row[0]}" for row in self.serve.rows("SELECT * FROM sandboxes")]
+        left += [f"lease {row}" for row in self.serve.rows("SELECT * FROM leases")]
+        return left
+
     async def nothing_left(self, sandboxes: set[str], vm_ids: set[str]) -> None:
         """No container, task, shim, sandbox record or lease, none of Kata's per-sandbox state
         (its sandbox store, shared dirs, netns); the pods' VMs deleted."""
@@ -302,7 +316,7 @@ class Rig:
                 if row[1] in slots
             ]
             return (
-                [thing for thing in self.node.left(self.serve) if thing not in pool]
+                [thing for thing in self.left() if thing not in pool]
                 + [f"listed {box['id']}" for box in self.sandboxes()]
                 + [path for path in kata if os.path.lexists(path)]
                 + [str(path) for path in pods if path.exists()]  # agent socket, apf.json
@@ -316,6 +330,23 @@ class Rig:
             await asyncio.sleep(0.2)
 
 
+def ctr(runtime: Containerd, *args: str) -> subprocess.CompletedProcess[str]:
+    """containerd's own client (the peers build), in the test's namespace."""
+    return subprocess.run(
+        [str(peer_binary("ctr")), "--address", str(runtime.socket), "--namespace", NAMESPACE,
+         *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def kata_config_path(runtime: Containerd) -> str:
+    """The Kata configuration the installer registered for its `kata-remote` runtime."""
+    config = dump(peer_binary("containerd"), runtime.folder / "config.toml")
+    runtimes = config["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+    assert runtimes["kata-remote"]["runtime_path"] == str(peer_binary("containerd-shim-kata-v2"))
+    return str(runtimes["kata-remote"]["options"]["ConfigPath"])
+
+
 @pytest.fixture
 async def rig(
     request: pytest.FixtureRequest,
@@ -324,8 +355,9 @@ async def rig(
     moto_port: int,
     gpu_pod: PodPlan,
 ) -> AsyncIterator[Rig]:
-    """Debian's containerd 2.x as `peerpods node install` configures it for Kata's shim, and
-    serve with one warm VM of the pod's type (`request.param`: serve's fault, none or start)."""
+    """containerd 2.x as `peerpods node install` configures it for Kata's shim (Kata's own
+    generated file as its source), and serve with one warm VM of the pod's type
+    (`request.param`: serve's fault, none or start)."""
     pod_vm, endpoint = agent
     serve = WarmServe(
         base / "serve",
@@ -340,17 +372,21 @@ async def rig(
         agent_port=int(endpoint.rsplit(":", 1)[1]),
         fault=getattr(request, "param", "none"),
     )  # fmt: skip
-    node = make_node(base, "2", "kata", serve.socket)
-    with syslog_socket():
+    configure = installer(base, Path(serve.socket))
+    with (
+        syslog_socket(),
+        start_containerd(peer_binary("containerd"), configure=configure) as runtime,
+    ):
+        archive = base / "tiny.tar"
+        oci_archive(archive)
+        imported = ctr(runtime, "images", "import", str(archive))
+        assert imported.returncode == 0, imported.stderr
         try:
-            await asyncio.to_thread(node.start)
             await serve.start()
-            yield Rig(node, serve, pod_vm, Cloud(moto_port), gpu_pod)
+            yield Rig(runtime, kata_config_path(runtime), serve, pod_vm, Cloud(moto_port), gpu_pod)
             assert "Traceback" not in serve.log()
         finally:
-            node.stop()
             await serve.kill()
-    node.uninstall()
 
 
 async def test_a_gpu_pod_adopts_the_warm_vm_through_kata_s_shim_and_the_pool_refills(
@@ -393,6 +429,7 @@ async def test_a_gpu_pod_adopts_the_warm_vm_through_kata_s_shim_and_the_pool_ref
         seen["refill"] = next(iter(refill))
 
     await rig.run_pod("warm-pod", 3, adopted)
+    assert f"sandbox warm-pod: adopted warm VM {warm}" in rig.serve.log()
     assert rig.pod_vm.calls[:2] == ["Check", "CreateSandbox"], rig.pod_vm.calls
     assert "DestroySandbox" in rig.pod_vm.calls
     await rig.nothing_left({"warm-pod"}, {warm})  # the adopted VM terminated with its pod
@@ -438,6 +475,9 @@ async def test_a_warm_vm_that_cannot_start_is_deleted_and_the_pod_runs_cold(rig:
         assert f'"pod-name":"{POD}"' in text
 
     await rig.run_pod("after-miss", 5, cold)
-    assert f"adopting warm VM {warm} failed, launching cold" in rig.serve.log()
+    said = f"sandbox after-miss: adopting warm VM {warm} failed, launching cold"
+    assert said in rig.serve.log() and "InsufficientInstanceCapacity" in rig.serve.log()
     assert 'peerpods_warm_pool_misses_total{reason="adopt-failed"} 1.0' in rig.serve.get("/metrics")
     await rig.nothing_left({"after-miss"}, {warm, seen["cold"]})
+    # and the pool launches a VM in the broken one's place
+    await rig.until("the refill's launch", lambda: set(pool_vms(cloud.vms())) - {warm}, 30)
