@@ -407,6 +407,9 @@ async def test_a_gpu_pod_adopts_the_warm_vm_through_kata_s_shim_and_the_pool_ref
         assert box["vm_id"] == warm and box["instance_type"] == rig.pod.instance_type
         vm = (await asyncio.to_thread(cloud.vms))[warm]
         assert state(vm) == "running"
+        # the agent proxy dialled the adopted VM as the cloud reports it once started
+        dialled = f"forwarder of {warm} at {vm['PrivateIpAddress']}"
+        assert dialled in rig.serve.log()
         found = tags(vm)
         assert found[TAG_SANDBOX] == box["id"] and found[TAG_OWNER] == OWNER
         assert TAG_WARM_POOL not in found

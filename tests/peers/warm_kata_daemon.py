@@ -13,6 +13,7 @@ process (tests.clouds.latency.Guests).
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -28,6 +29,7 @@ from tests.adaptor.moto_daemon import IMAGE, _loopback_only
 from tests.clouds.aws_faults import Faults
 
 ZONE = "us-east-1a"
+log = logging.getLogger("tests.peers.warm_kata_daemon")
 FAULTS = ("none", "start")
 
 
@@ -61,6 +63,9 @@ def main(moto_port: int, agent_port: int, fault: str, serve_flags: Sequence[str]
     settings = flags.section(ServeSettings, args, agent_tls=flags.section(AgentTls, args))
 
     def resolve(instance: Instance) -> tuple[str, int]:
+        # what the adaptor would have dialled, for the test to compare with the cloud's VM
+        log.info("forwarder of %s at %s: dialled at the test's agent", instance.id,
+                 ",".join(instance.addresses))  # fmt: skip
         return "127.0.0.1", agent_port
 
     cloud = provider(moto_port, settings.owner_id, fault)
