@@ -256,8 +256,8 @@ def registry(base: Path, auth: Mapping[str, Any] | None = None) -> Iterator[Regi
 
 
 @contextlib.contextmanager
-def mirror(store: Path, *extra: str) -> Iterator[str]:
-    """`peerpods podvm image-mirror` on a free loopback port; its host:port."""
+def mirror_process(store: Path, *extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`peerpods podvm image-mirror` on a free loopback port: its host:port and process."""
     address = f"127.0.0.1:{free_port()}"
     process = subprocess.Popen(
         [
@@ -270,9 +270,16 @@ def mirror(store: Path, *extra: str) -> Iterator[str]:
     )
     try:
         wait_http(f"http://{address}/v2/", process)
-        yield address
+        yield address, process
     finally:
         stop(process)
+
+
+@contextlib.contextmanager
+def mirror(store: Path, *extra: str) -> Iterator[str]:
+    """`peerpods podvm image-mirror` on a free loopback port; its host:port."""
+    with mirror_process(store, *extra) as (address, _):
+        yield address
 
 
 # a token service (the registry's `auth: token`), JWTs signed ES256 with an x5c chain

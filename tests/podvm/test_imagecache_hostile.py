@@ -7,6 +7,10 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +37,7 @@ from adaptor.podvm.imagecache.pull import Puller, PullOptions
 from adaptor.podvm.imagecache.reference import parse
 from adaptor.podvm.imagecache.registry import Limits
 from adaptor.podvm.imagecache.store import ImageStore, StoredManifest
-from tests.podvm.imagecache_peers import free_port, mirror, sha256
+from tests.podvm.imagecache_peers import ROOT, free_port, mirror, mirror_process, sha256
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -474,3 +478,78 @@ def test_an_auth_file_not_in_docker_format_is_bad_input(
         assert code == 2
         assert message in capsys.readouterr().err
     assert not store.exists()
+
+
+# what a killed pull leaves, and what an abandoned download holds
+
+
+def test_a_pull_killed_mid_blob_leaves_a_partial_file_the_mirror_sweeps(
+    fake: FakeRegistry, tmp_path: Path
+) -> None:
+    layer = os.urandom(4 << 20)
+    release = threading.Event()
+
+    def stall(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(layer)))
+        handler.end_headers()
+        handler.wfile.write(layer[: 5 << 19])
+        handler.wfile.flush()
+        release.wait(30)
+
+    fake.image(b"{}", [layer])
+    fake.routes[f"/v2/team/app/blobs/{sha256(layer)}"] = stall
+    store = tmp_path / "store"
+    command = [sys.executable, "-m", "adaptor.cli.main", "podvm", "pull-images"]
+    command += ["--store", str(store), "--plain-http", fake.host, f"{fake.host}/team/app:v1"]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            partial = [p for p in (store / "tmp").glob("*") if p.stat().st_size >= 1 << 20]
+            if partial:
+                break
+            time.sleep(0.05)
+        assert partial, "the pull never wrote the first MiB of the blob"
+        # while the pull runs, its file is not a leftover
+        assert ImageStore(store).sweep() == 0
+        process.kill()
+        process.wait(10)
+    finally:
+        release.set()
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    assert partial[0].exists()
+    with mirror(store):
+        pass
+    assert list((store / "tmp").iterdir()) == []
+    assert ImageStore(store).images() == []
+
+
+def mirror_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_abandoned_downloads_hold_no_file_open(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path / "store")
+    layer = os.urandom(8 << 20)
+    store.put(sha256(layer), layer)
+    manifest = json.dumps({"schemaVersion": 2, "layers": []}).encode()
+    store.put(sha256(manifest), manifest)
+    stored = StoredManifest(sha256(manifest), OCI_MANIFEST, len(manifest))
+    store.record("quay.io", "team/app", {"v1": stored}, [sha256(layer)])
+    path = f"/v2/quay.io/team/app/blobs/{sha256(layer)}"
+    with mirror_process(store.root) as (address, process):
+        assert raw_get(address, path) == (200, layer)
+        baseline = mirror_fds(process.pid)
+        host, port = address.rsplit(":", 1)
+        for _ in range(20):
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n".encode())
+                sock.recv(4096)  # the headers and a little of the body, then gone
+        deadline = time.monotonic() + 10
+        while mirror_fds(process.pid) > baseline and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert mirror_fds(process.pid) <= baseline
+        assert raw_get(address, path) == (200, layer)  # and it still serves

@@ -253,3 +253,13 @@ def test_links_inside_the_store_are_not_followed(tmp_path: Path) -> None:
     (other / "blobs" / "sha256").symlink_to(tmp_path)
     with pytest.raises(StoreRootError, match="not a directory"):
         ImageStore(other)
+
+
+def test_sweep_removes_leftovers_only_when_no_pull_runs(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path / "store")
+    (store.root / "tmp" / "abc.partial").write_bytes(b"half a layer")
+    with store.pulling():
+        assert ImageStore(store.root).sweep() == 0
+    assert (store.root / "tmp" / "abc.partial").exists()
+    assert store.sweep() == 1
+    assert list((store.root / "tmp").iterdir()) == []

@@ -26,7 +26,6 @@ from collections.abc import AsyncIterator
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -171,50 +170,37 @@ async def _blob(
     known = is_digest(digest) and await run_in_threadpool(
         store.repository_blob, registry, repository, digest
     )
-    opened = await run_in_threadpool(store.open_blob, digest) if known else None
-    if opened is None:
+    size = await run_in_threadpool(store.blob_size, digest) if known else None
+    if size is None:
         if not await run_in_threadpool(store.has_repository, registry, repository):
             return _error(404, "NAME_UNKNOWN", "repository not in the mirror")
         return _error(404, "BLOB_UNKNOWN", "blob not in the mirror")
-    fd, size = opened
     headers = {**API_VERSION, "Docker-Content-Digest": digest, "Content-Length": str(size)}
     kind = "application/octet-stream"
     if head:
-        os.close(fd)
         return Response(b"", media_type=kind, headers=headers)
-    body = _FileChunks(fd)
-    return StreamingResponse(body, media_type=kind, headers=headers, background=body.task())
+    return StreamingResponse(_chunks(store, digest, size), media_type=kind, headers=headers)
 
 
-class _FileChunks:
-    """A stored blob's bytes, read in a thread chunk by chunk; the fd closed once, at the end
-    or when the response is abandoned."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd: int | None = fd
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._chunks()
-
-    async def _chunks(self) -> AsyncIterator[bytes]:
+async def _chunks(store: ImageStore, digest: str, size: int) -> AsyncIterator[bytes]:
+    """A stored blob's bytes, read in a thread chunk by chunk. The file is opened only once
+    the body is being sent, and closed when it ends or is abandoned (a cancelled read finishes
+    its thread before the close). A blob gone or changed since the headers ends the body
+    early, which the client's digest check catches."""
+    opened = await run_in_threadpool(store.open_blob, digest)
+    if opened is None:
+        return
+    fd, now = opened
+    try:
         offset = 0
-        try:
-            while self._fd is not None:
-                chunk = await run_in_threadpool(os.pread, self._fd, _CHUNK, offset)
-                if not chunk:
-                    break
-                offset += len(chunk)
-                yield chunk
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
-
-    def task(self) -> BackgroundTask:
-        return BackgroundTask(self.close)
+        while now == size and offset < size:
+            chunk = await run_in_threadpool(os.pread, fd, min(_CHUNK, size - offset), offset)
+            if not chunk:
+                break
+            offset += len(chunk)
+            yield chunk
+    finally:
+        os.close(fd)
 
 
 def _error(status: int, code: str, message: str) -> Response:
@@ -238,5 +224,6 @@ def serve(store: ImageStore, address: str, *, allow_remote: bool = False) -> Non
         log_config=None,
         server_header=False,
     )
+    store.sweep()  # a warm boot's pull stopped mid-blob: its partial file goes
     log.info("image mirror on %s:%d, store %s", host, port, store.root)
     uvicorn.Server(config).run()

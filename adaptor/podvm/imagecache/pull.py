@@ -13,6 +13,7 @@ stop the others.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
@@ -119,11 +120,14 @@ class Puller:
 
     def __init__(self, store: ImageStore, options: PullOptions = PullOptions()) -> None:
         self._store, self._options = store, options
+        self._held = contextlib.ExitStack()
+        self._held.enter_context(store.pulling())  # until close: `sweep` leaves tmp/ alone
         self._pool = urllib3.PoolManager(num_pools=16, maxsize=max(1, options.parallel_blobs))
         self._clients: dict[str, RegistryClient] = {}
 
     def close(self) -> None:
         self._pool.clear()
+        self._held.close()
 
     def pull(self, ref: ImageReference) -> PullResult:
         """Pull one image; a `PullError` says why it could not be."""
@@ -229,7 +233,9 @@ def pull_images(
     options: PullOptions = PullOptions(),
     report: Callable[[PullResult], None] | None = None,
 ) -> list[PullResult]:
-    """Pull each image in turn; a failed one is reported and the next one pulled."""
+    """Pull each image in turn; a failed one is reported and the next one pulled. What an
+    earlier, killed pull left in the store's `tmp/` is removed first."""
+    store.sweep()
     puller = Puller(store, options)
     results: list[PullResult] = []
     try:

@@ -4,6 +4,7 @@
     <root>/index.json           (registry, repository, tag or digest) -> manifest digest and type
     <root>/tmp/                 blobs being written
     <root>/lock                 held while index.json is rewritten
+    <root>/pull.lock            held (shared) by each pull; `sweep` clears tmp/ when none is
 
 Every file is written to `tmp/`, fsynced and renamed into place, so a crash leaves either the
 whole blob or none, and a blob whose bytes do not hash to its name is never renamed in. A
@@ -280,6 +281,39 @@ class ImageStore:
             key=lambda image: (image.registry, image.repository, image.reference),
         )
 
+    # pulls in flight, and what a killed one left
+
+    @contextlib.contextmanager
+    def pulling(self) -> Iterator[None]:
+        """Held (shared) while a pull may be writing to `tmp/`, so `sweep` leaves it alone."""
+        fd = self._open_lock("pull.lock")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)
+
+    def sweep(self) -> int:
+        """Remove what pulls left in `tmp/` (a pull killed mid-blob leaves a partial file, up to
+        a layer's size), unless one is running now; how many files went."""
+        fd = self._open_lock("pull.lock")
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return 0  # a pull is running: its files are not leftovers
+            removed = 0
+            for entry in os.scandir(self.root / "tmp"):
+                if not entry.is_dir(follow_symlinks=False):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                        removed += 1
+            if removed:
+                log.info("image store %s: removed %d partial files", self.root, removed)
+            return removed
+        finally:
+            os.close(fd)
+
     # files
 
     def sync_directory(self, directory: Path) -> None:
@@ -289,10 +323,13 @@ class ImageStore:
         finally:
             os.close(fd)
 
+    def _open_lock(self, name: str) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(self.root / name, flags, 0o600)
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(self.root / "lock", flags, 0o600)
+        fd = self._open_lock("lock")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
