@@ -6,7 +6,8 @@
                                          tmpfs, ramfs or an overlay, mounted read-write)
                                       -> `peerpods podvm pull-images` into the store
                                       -> the status file, a console line per image
-                                      -> `cloud-init clean --logs` where cloud-init is installed
+                                      -> where cloud-init is installed: wait for its last
+                                         stage, `cloud-init clean --logs`
                                       -> sync, power off
 
 The power-off is the VM's report to the warm pool keeper, so every warm boot ends in one, even
@@ -247,6 +248,11 @@ def _finish(
     """The status file, cloud-init's state cleaned, sync, power off: each step tried alone."""
     cloud_init = shutil.which(options.cloud_init) if options.cloud_init else None
     if cloud_init:
+        # cloud-init's last stage may still be running (it starts after multi-user.target):
+        # its state is cleaned once it is done, or it would write some of it back
+        waited = runner([cloud_init, "status", "--wait"], 300)
+        if waited not in (0, 2):  # 2: done, with recoverable errors
+            log.warning("cloud-init status --wait exited %s", waited)
         status = runner([cloud_init, "clean", "--logs"], 120)
         result.cloud_init_cleaned = status == 0
         if status:

@@ -13,7 +13,7 @@ address of the VM is ever dialled and nothing listens on it while it warms.
 
 `runcmd` is for cloud-init images without peerpods' warm unit only: they clean cloud-init's
 state and power off without pulling (an image with the unit leaves it all to the unit, which
-runs after cloud-init's final stage). CAA's image ignores `runcmd`.
+waits for cloud-init's final stage before it cleans). CAA's image ignores `runcmd`.
 """
 
 from __future__ import annotations

@@ -28,6 +28,14 @@ PODVM = ROOT / "config" / "podvm"
 SCRIPTS = PODVM / "scripts"
 DROPINS = PODVM / "mkosi.images" / "system" / "mkosi.conf.d"
 FACTS = Path(__file__).with_name("ubuntu_nvidia_packages.txt")
+UNITS = (
+    "peerpods-podvm-prepare.service",
+    "var-lib-peerpods-podvm.mount",
+    "peerpods-podvm-warm.service",
+    "var-lib-peerpods-images.mount",
+    "peerpods-image-mirror.service",
+)
+CDH_DROPIN = "confidential-data-hub.service.d/60-peerpods.conf"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 CACHE = Path(os.environ.get("PEERPODS_TOOLS_CACHE", Path.home() / ".cache" / "peerpods"))
 MKOSI = CACHE / "mkosi" / "usr" / "lib" / "python3" / "dist-packages"
@@ -133,10 +141,21 @@ def test_the_additions_land_in_the_system_subimage(added: Path) -> None:
     ]
     extra = Path(system["ExtraTrees"][0]["Source"])
     assert extra == added / "mkosi.images/system/peerpods.extra"
-    for unit in ("peerpods-podvm-prepare.service", "var-lib-peerpods-podvm.mount"):
+    for unit in UNITS:
         assert (extra / "etc/systemd/system" / unit).read_bytes() == (
             PODVM / "systemd" / unit
         ).read_bytes()
+    # the drop-in for CAA's CDH unit, and the image cache's partition, made at the first boot
+    assert (extra / "etc/systemd/system" / CDH_DROPIN).read_bytes() == (
+        PODVM / "systemd" / CDH_DROPIN
+    ).read_bytes()
+    assert (extra / "usr/lib/repart.d/60-peerpods-images.conf").read_bytes() == (
+        PODVM / "repart.d/60-peerpods-images.conf"
+    ).read_bytes()
+    # the post-installation script enables every unit there is to enable
+    postinst = (added / "mkosi.images/system/peerpods.postinst.chroot").read_text()
+    enabled = postinst.split("systemctl enable", 1)[1].replace("\\\n", " ").split()
+    assert sorted(enabled) == sorted(UNITS)
     for script in ("install-peerpods", "install-nvidia"):
         staged = extra / "usr/local/libexec/peerpods" / script
         assert staged.read_bytes() == (SCRIPTS / script).read_bytes()

@@ -24,6 +24,7 @@ from adaptor.warmpool.userdata import warm_user_data
 from tests.clouds.warm_userdata import warm_request
 from tests.podvm.imagecache_peers import Registry, need, registry, skopeo, write_layout
 
+CLEANED = ["status --wait", "clean --logs"]  # cloud-init done, then its state cleaned
 PULL = f"{sys.executable} -m adaptor.cli.main --log-format text podvm pull-images"
 
 
@@ -115,7 +116,7 @@ def test_a_warm_boot_pulls_the_listed_images_and_powers_off_once(
     vm.on_partition()
     assert main(vm.argv(pull=f"{PULL} --plain-http {reg.host}")) == 0
     assert vm.calls("poweroff") == [""]
-    assert vm.calls("cloud-init") == ["clean --logs"]
+    assert vm.calls("cloud-init") == CLEANED
     status = json.loads(vm.status.read_text())
     assert status["result"] == "ok" and status["images"] == {image: True}
     assert ImageStore(vm.store).resolve(reg.host, "team/app", "v1") is not None
@@ -146,7 +147,7 @@ def test_a_store_on_tmpfs_is_refused_and_the_vm_still_powers_off(
     pull_marker = vm.root / "pulled"
     assert main(vm.argv(pull=f"touch {pull_marker}")) == 1
     assert not pull_marker.exists()
-    assert vm.calls("poweroff") == [""] and vm.calls("cloud-init") == ["clean --logs"]
+    assert vm.calls("poweroff") == [""] and vm.calls("cloud-init") == CLEANED
     status = json.loads(vm.status.read_text())
     assert "tmpfs" in status["storage_refused"] and status["images"] == {"busybox": False}
     err = capsys.readouterr().err
@@ -158,7 +159,7 @@ def test_a_failed_pull_is_reported_and_the_vm_still_powers_off(vm: Vm) -> None:
     vm.request("127.0.0.1:9/team/app:v1")  # nothing listens on the discard port
     vm.on_partition()
     assert main(vm.argv()) == 1
-    assert vm.calls("poweroff") == [""] and vm.calls("cloud-init") == ["clean --logs"]
+    assert vm.calls("poweroff") == [""] and vm.calls("cloud-init") == CLEANED
     status = json.loads(vm.status.read_text())
     assert status["pull_exit"] == 1 and status["images"] == {"127.0.0.1:9/team/app:v1": False}
 
@@ -214,7 +215,7 @@ def test_a_poweroff_that_fails_is_reported(vm: Vm) -> None:
     vm.request()
     vm.on_partition()
     assert main([*vm.argv(pull="false"), "--poweroff-command", "false"]) == 1
-    assert vm.calls("cloud-init") == ["clean --logs"]
+    assert vm.calls("cloud-init") == CLEANED
 
 
 def test_the_store_s_file_system_is_read_from_the_mount_table(vm: Vm) -> None:
