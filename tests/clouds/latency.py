@@ -114,9 +114,10 @@ class LatencyCloud:
 
 
 class Guests:
-    """The warm VMs' guests, played from outside the adaptor's process against moto's server:
-    every running VM of the pool is stopped (its own power-off) once it has run for the
-    model's first boot and image pull. A kill -9 of `serve` leaves them booting, as in a cloud."""
+    """The warm VMs' guests, played from outside the adaptor's process against moto's server
+    (another cloud's fake: `running` and `power_off` overridden): every running VM of the pool
+    is stopped (its own power-off) once it has run for the model's first boot and image pull.
+    A kill -9 of `serve` leaves them booting, as in a cloud."""
 
     def __init__(self, ec2: Any, model: LatencyModel, owner: str) -> None:
         self.ec2 = ec2
@@ -125,22 +126,28 @@ class Guests:
         self.seen: dict[str, float] = {}  # instance id -> when first seen running
         self.powered_off: list[str] = []
 
-    def step(self) -> None:
-        """One look: note new running pool VMs, power off those whose time has come."""
+    def running(self) -> list[str]:
+        """The pool's VMs that run (booting, pulling)."""
         filters = [
             {"Name": f"tag:{TAG_WARM_POOL}", "Values": [self.owner]},
             {"Name": "instance-state-name", "Values": ["running"]},
         ]
         out = self.ec2.describe_instances(Filters=filters)
+        return [vm["InstanceId"] for r in out["Reservations"] for vm in r["Instances"]]
+
+    def power_off(self, instance_id: str) -> None:
+        """The guest's own shutdown (EC2 stops it: InstanceInitiatedShutdownBehavior=stop)."""
+        self.ec2.stop_instances(InstanceIds=[instance_id])
+
+    def step(self) -> None:
+        """One look: note new running pool VMs, power off those whose time has come."""
         now = time.monotonic()
         due = self.model.scaled(self.model.first_boot + self.model.image_pull)
-        for reservation in out["Reservations"]:
-            for vm in reservation["Instances"]:
-                instance_id = vm["InstanceId"]
-                since = self.seen.setdefault(instance_id, now)
-                if now - since >= due and instance_id not in self.powered_off:
-                    self.ec2.stop_instances(InstanceIds=[instance_id])
-                    self.powered_off.append(instance_id)
+        for instance_id in self.running():
+            since = self.seen.setdefault(instance_id, now)
+            if now - since >= due and instance_id not in self.powered_off:
+                self.power_off(instance_id)
+                self.powered_off.append(instance_id)
 
     async def run(self, interval: float = 0.1) -> None:
         while True:

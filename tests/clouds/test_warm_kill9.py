@@ -1,9 +1,10 @@
-"""kill -9 of a real `peerpods serve` (aws provider, moto's EC2 server, latency-modelled) with a
-warm pool, during a refill and during an adoption, then a restart over the same state: no pool
-VM leaks, none is adopted twice, and the pod that was starting fails with a status (its VM then
-deleted by the reaper), never runs as well; a hand-off to a successor keeps the pool as it is.
-The warm VMs' guests are played by this test
-(tests.clouds.latency.Guests), outside the killed process, as a VM outlives its adaptor."""
+"""kill -9 of a real `peerpods serve` with a warm pool, during a refill and during an adoption,
+then a restart over the same state, on each cloud (aws against moto's EC2 server; gcp and azure
+against the repository's fakes, served on loopback by this test: tests.clouds.fake_relay), all
+latency-modelled: no pool VM leaks, none is adopted twice, and the pod that was starting fails
+with a status (its VM then deleted by the reaper), never runs as well; a hand-off to a successor
+keeps the pool as it is. The warm VMs' guests are played by this test (tests.clouds.latency.
+Guests), outside the killed process, as a VM outlives its adaptor."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +31,13 @@ from adaptor.warmpool import CLAIMS
 from providers.core.base import TAG_SANDBOX
 from providers.core.warm import TAG_WARM_POOL, TAG_WARM_SLOT
 from tests.adaptor.daemon_proc import ANNOTATIONS, HYPERVISOR
+from tests.clouds.fake_arm import FakeArm
+from tests.clouds.fake_gce import FakeGce
+from tests.clouds.fake_relay import FakeServer
 from tests.clouds.latency import Guests, LatencyModel
 from tests.clouds.test_reaper_kill9 import ec2, moto_port, until
-from tests.clouds.warm_daemon import OWNER, TYPE, ZONE
+from tests.clouds.warm_daemon import OWNER, PLACES
+from tests.providers.fakes.http import FakeCloud
 
 pytestmark = pytest.mark.slow
 
@@ -48,9 +54,11 @@ def root() -> Iterator[Path]:
 class Serve:
     """tests.clouds.warm_daemon as a process."""
 
-    def __init__(self, root: Path, port: int, model: LatencyModel, **settings: Any) -> None:
-        self.root, self.port = root, port
+    def __init__(self, root: Path, cloud: Cloud, model: LatencyModel, **settings: Any) -> None:
+        self.root, self.port = root, cloud.port
+        instance_type, zone = PLACES[cloud.name]
         self.config = {
+            "cloud": cloud.name,
             "model": {
                 "launch": model.launch,
                 "first_boot": model.first_boot,
@@ -59,7 +67,7 @@ class Serve:
                 "scale": model.scale,
             },
             "settings": {
-                "warm_pools": [f"{TYPE}=2@{ZONE}"],
+                "warm_pools": [f"{instance_type}=2@{zone}"],
                 "warm_pool_interval_seconds": 0.2,
                 "gc_interval_seconds": 0,
                 "proxy_timeout_seconds": 120,
@@ -121,27 +129,170 @@ class Serve:
             return list(db.execute(query).fetchall())
 
 
-def owned(client: Any, *states: str) -> list[dict[str, Any]]:
-    out = client.describe_instances(
-        Filters=[
-            {"Name": "tag:peerpods-owner", "Values": [OWNER]},
-            {"Name": "instance-state-name", "Values": list(states)},
+@dataclass(frozen=True)
+class VM:
+    """A VM as the test reads it from any cloud: its id, its state in EC2's words, its tags
+    (GCP: labels)."""
+
+    id: str
+    state: str
+    tags: dict[str, str]
+
+
+class Cloud:
+    """One cloud's API at a loopback port, as the killed serve and the test both see it."""
+
+    name = ""
+    port = 0
+
+    def vms(self) -> list[VM]:
+        """Every VM carrying the owner tag, in any state but gone."""
+        raise NotImplementedError
+
+    def guests(self, model: LatencyModel) -> Guests:
+        raise NotImplementedError
+
+
+class Ec2(Cloud):
+    name = "aws"
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.client = ec2(port)
+
+    def vms(self) -> list[VM]:
+        out = self.client.describe_instances(
+            Filters=[
+                {"Name": "tag:peerpods-owner", "Values": [OWNER]},
+                {"Name": "instance-state-name", "Values": list(LIVE)},
+            ]
+        )
+        return [
+            VM(vm["InstanceId"], vm["State"]["Name"], {t["Key"]: t["Value"] for t in vm["Tags"]})
+            for r in out["Reservations"]
+            for vm in r["Instances"]
         ]
-    )
-    return [vm for r in out["Reservations"] for vm in r["Instances"]]
+
+    def guests(self, model: LatencyModel) -> Guests:
+        return Guests(self.client, model, OWNER)
 
 
-def tags(raw: dict[str, Any]) -> dict[str, str]:
-    return {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+# GCE statuses and ARM power states in EC2's words
+GCE_STATES = {"RUNNING": "running", "TERMINATED": "stopped", "STOPPING": "stopping"}
+ARM_STATES = {
+    "PowerState/starting": "pending",
+    "PowerState/running": "running",
+    "PowerState/stopped": "stopping",  # powered off, still allocated: not yet warm
+    "PowerState/deallocating": "stopping",
+    "PowerState/deallocated": "stopped",
+}
 
 
-def pool_vms(client: Any, *states: str) -> list[dict[str, Any]]:
-    return [vm for vm in owned(client, *states) if TAG_WARM_POOL in tags(vm)]
+class Gce(Cloud):
+    name = "gcp"
+
+    def __init__(self, fake: FakeGce, port: int) -> None:
+        self.fake, self.port = fake, port
+
+    def vms(self) -> list[VM]:
+        with self.fake._lock:
+            found = [
+                VM(f"{zone}/{name}", GCE_STATES.get(raw["status"], raw["status"]), raw["labels"])
+                for (zone, name), raw in self.fake.instances.items()
+            ]
+        return [vm for vm in found if vm.tags.get("peerpods-owner") == OWNER]
+
+    def guests(self, model: LatencyModel) -> Guests:
+        return GceGuests(self.fake, model)
+
+
+class Arm(Cloud):
+    name = "azure"
+
+    def __init__(self, fake: FakeArm, port: int) -> None:
+        self.fake, self.port = fake, port
+
+    def vms(self) -> list[VM]:
+        with self.fake._lock:
+            found = [
+                VM(name, ARM_STATES[vm.get("_power", "PowerState/running")], dict(vm["tags"]))
+                for name, vm in self.fake.vms.items()
+            ]
+        return [vm for vm in found if vm.tags.get("peerpods-owner") == OWNER]
+
+    def guests(self, model: LatencyModel) -> Guests:
+        return ArmGuests(self.fake, model)
+
+
+class GceGuests(Guests):
+    """A warm VM's guest powering itself off: GCE shows the instance TERMINATED."""
+
+    def __init__(self, fake: FakeGce, model: LatencyModel) -> None:
+        super().__init__(None, model, OWNER)
+        self.fake = fake
+
+    def running(self) -> list[str]:
+        with self.fake._lock:
+            return [
+                f"{zone}/{name}"
+                for (zone, name), raw in self.fake.instances.items()
+                if raw["status"] == "RUNNING" and raw["labels"].get(TAG_WARM_POOL) == OWNER
+            ]
+
+    def power_off(self, instance_id: str) -> None:
+        zone, _, name = instance_id.partition("/")
+        with self.fake._lock:
+            raw = self.fake.instances.get((zone, name))
+            if raw is not None and raw["status"] == "RUNNING":
+                raw["status"] = "TERMINATED"
+
+
+class ArmGuests(Guests):
+    """A warm VM's guest powering itself off: ARM shows it stopped, still allocated."""
+
+    def __init__(self, fake: FakeArm, model: LatencyModel) -> None:
+        super().__init__(None, model, OWNER)
+        self.fake = fake
+
+    def running(self) -> list[str]:
+        with self.fake._lock:
+            return [
+                name
+                for name, vm in self.fake.vms.items()
+                if vm.get("_power", "PowerState/running") == "PowerState/running"
+                and vm["tags"].get(TAG_WARM_POOL) == OWNER
+            ]
+
+    def power_off(self, instance_id: str) -> None:
+        if instance_id in self.fake.vms:
+            self.fake.power_off(instance_id)
+
+
+@pytest.fixture(params=["aws", "gcp", "azure"])
+def cloud(request: pytest.FixtureRequest) -> Iterator[Cloud]:
+    if request.param == "aws":
+        yield Ec2(request.getfixturevalue("moto_port"))
+        return
+    fake: FakeGce | FakeArm = FakeGce() if request.param == "gcp" else FakeArm()
+    served: FakeCloud = fake.cloud
+    with FakeServer(served) as server:
+        if isinstance(fake, FakeGce):
+            yield Gce(fake, server.port)
+        else:
+            yield Arm(fake, server.port)
+
+
+def owned(cloud: Cloud, *states: str) -> list[VM]:
+    return [vm for vm in cloud.vms() if vm.state in states]
+
+
+def pool_vms(cloud: Cloud, *states: str) -> list[VM]:
+    return [vm for vm in owned(cloud, *states) if TAG_WARM_POOL in vm.tags]
 
 
 @contextlib.asynccontextmanager
-async def guests(client: Any, model: LatencyModel) -> Any:
-    played = Guests(client, model, OWNER)
+async def guests(cloud: Cloud, model: LatencyModel) -> Any:
+    played = cloud.guests(model)
     task = asyncio.ensure_future(played.run())
     try:
         yield played
@@ -160,39 +311,42 @@ def ours(log: Path) -> str:
     return "\n".join(line for line in lines if " adaptor." in line)[-5000:]
 
 
+@pytest.mark.parametrize("while_down", ["booting", "powered-off"])
 async def test_kill_9_during_a_refill_keeps_the_pool_without_a_leak(
-    root: Path, moto_port: int
+    root: Path, cloud: Cloud, while_down: str
 ) -> None:
-    cloud = ec2(moto_port)
+    """The restart finds the VMs still booting, or powered off while no serve ran (on Azure
+    still allocated, billing compute: the restarted pool must deallocate them)."""
     model = LatencyModel(scale=0.02)  # warm-up (boot and pull) 2.6 s
-    async with guests(cloud, model):
-        async with Serve(root, moto_port, model) as serve:
+    async with guests(cloud, model) as played:
+        async with Serve(root, cloud, model) as serve:
             # both slots launched, their VMs still booting: kill
             await until(lambda: len(pool_vms(cloud, "running")) == 2, 60, "the refill")
-            booting = {vm["InstanceId"] for vm in pool_vms(cloud, "running")}
+            booting = {vm.id for vm in pool_vms(cloud, "running")}
             await serve.kill9()
         recorded = serve.rows("SELECT endpoint FROM leases WHERE pool='warm-pool'")
         assert len(recorded) == 2  # recorded before their launch
-        async with Serve(root, moto_port, model) as serve:
+        if while_down == "powered-off":
+            await until(lambda: set(played.powered_off) == booting, 60, "the power-offs")
+        async with Serve(root, cloud, model) as serve:
             await until(lambda: serve.warm() == 2, 60, "the pool warm")
             await asyncio.sleep(1.0)  # a few more passes: nothing more may be launched
             live = pool_vms(cloud, *LIVE)
             # the same two VMs, watched again after the restart: none leaked, none doubled
-            assert {vm["InstanceId"] for vm in live} == booting
-            assert all(vm["State"]["Name"] == "stopped" for vm in live)
-            slots = {tags(vm)[TAG_WARM_SLOT] for vm in live}
+            assert {vm.id for vm in live} == booting
+            assert all(vm.state == "stopped" for vm in live)
+            slots = {vm.tags[TAG_WARM_SLOT] for vm in live}
             assert slots == {r[0] for r in recorded}
 
 
 async def test_kill_9_during_an_adoption_fails_the_pod_and_adopts_nothing_twice(
-    root: Path, moto_port: int
+    root: Path, cloud: Cloud
 ) -> None:
-    cloud = ec2(moto_port)
     # the adoption's start takes 4 s: the kill lands in it
     model = LatencyModel(launch=5, first_boot=20, image_pull=20, start=400, scale=0.01)
     pod = "adopt-kill9"
     async with guests(cloud, model):
-        async with Serve(root, moto_port, model, reap_grace_seconds=3600) as serve:
+        async with Serve(root, cloud, model, reap_grace_seconds=3600) as serve:
             await until(lambda: serve.warm() == 2, 60, "the pool warm")
             shim = await Client.connect_unix(str(root / "hv.sock"))
             async with shim:
@@ -201,8 +355,8 @@ async def test_kill_9_during_an_adoption_fails_the_pod_and_adopts_nothing_twice(
                 start = pb.StartVMRequest(id=pod).SerializeToString()
                 starting = asyncio.ensure_future(shim.call(HYPERVISOR, "StartVM", start))
 
-                def adopting() -> list[dict[str, Any]]:
-                    vms = [vm for vm in owned(cloud, "running") if tags(vm).get(TAG_SANDBOX) == pod]
+                def adopting() -> list[VM]:
+                    vms = [vm for vm in owned(cloud, "running") if vm.tags.get(TAG_SANDBOX) == pod]
                     claims = serve.rows(f"SELECT sandbox_id FROM leases WHERE pool='{CLAIMS}'")
                     return vms if vms and claims == [(pod,)] else []
 
@@ -213,12 +367,12 @@ async def test_kill_9_during_an_adoption_fails_the_pod_and_adopts_nothing_twice(
                 await serve.kill9()
                 with contextlib.suppress(Exception):
                     await starting
-        adopted_id = adopted["InstanceId"]
+        adopted_id = adopted.id
         # restarted with a short reap grace: the pod failed with the restart, its VM is reaped
-        async with Serve(root, moto_port, model, reap_grace_seconds=1) as serve:
+        async with Serve(root, cloud, model, reap_grace_seconds=1) as serve:
 
             def settled() -> bool:
-                gone = adopted_id not in {vm["InstanceId"] for vm in owned(cloud, *LIVE)}
+                gone = adopted_id not in {vm.id for vm in owned(cloud, *LIVE)}
                 return gone and serve.warm() == 2
 
             await until(settled, 90, "the reaper and the refill")
@@ -229,25 +383,24 @@ async def test_kill_9_during_an_adoption_fails_the_pod_and_adopts_nothing_twice(
             claims = serve.rows("SELECT * FROM leases WHERE pool='warm-pool-claim'")
             assert claims == []
             pool = pool_vms(cloud, *LIVE)
-            assert adopted_id not in {vm["InstanceId"] for vm in pool}  # never adopted again
+            assert adopted_id not in {vm.id for vm in pool}  # never adopted again
             assert len(pool) == 2  # the pool refilled to its size, nothing more
             # nothing of the pod runs: no VM carries its sandbox tag any more
-            assert [vm for vm in owned(cloud, *LIVE) if tags(vm).get(TAG_SANDBOX) == pod] == []
+            assert [vm for vm in owned(cloud, *LIVE) if vm.tags.get(TAG_SANDBOX) == pod] == []
         assert instance is None or adopted_id in instance
 
 
-async def test_a_hand_off_keeps_the_pool(root: Path, moto_port: int) -> None:
-    cloud = ec2(moto_port)
+async def test_a_hand_off_keeps_the_pool(root: Path, cloud: Cloud) -> None:
     model = LatencyModel(scale=0.01)
-    async with guests(cloud, model), Serve(root, moto_port, model) as first:
+    async with guests(cloud, model), Serve(root, cloud, model) as first:
         await until(lambda: first.warm() == 2, 60, "the pool warm")
-        kept = {vm["InstanceId"] for vm in pool_vms(cloud, *LIVE)}
+        kept = {vm.id for vm in pool_vms(cloud, *LIVE)}
         assert len(kept) == 2
         # a second serve over the same state takes the sockets over (an upgrade)
-        async with Serve(root, moto_port, model) as second:
+        async with Serve(root, cloud, model) as second:
             assert first.proc is not None
             await asyncio.wait_for(first.proc.wait(), 60)  # the predecessor ends
             await until(lambda: second.warm() == 2, 60, "the pool after the hand-off")
             await asyncio.sleep(1.0)  # a few passes: nothing launched, nothing deleted
-            assert {vm["InstanceId"] for vm in pool_vms(cloud, *LIVE)} == kept
+            assert {vm.id for vm in pool_vms(cloud, *LIVE)} == kept
             assert first.proc.returncode == 0  # it handed over and exited, pool kept
