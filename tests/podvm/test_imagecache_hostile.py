@@ -553,3 +553,40 @@ def test_abandoned_downloads_hold_no_file_open(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert mirror_fds(process.pid) <= baseline
         assert raw_get(address, path) == (200, layer)  # and it still serves
+
+
+def test_a_blob_redirected_to_another_host_is_fetched_without_our_token(
+    fake: FakeRegistry, tmp_path: Path
+) -> None:
+    config, layer = b'{"os":"linux"}', b"layer from the CDN"
+    fake.image(config, [layer])
+    manifest_route = fake.routes["/v2/team/app/manifests/v1"]
+    assert isinstance(manifest_route, tuple)
+    token_auth = "Bearer t0ken"
+
+    def guarded(answer: Answer) -> Callable[[BaseHTTPRequestHandler], None]:
+        def route(handler: BaseHTTPRequestHandler) -> None:
+            status, headers, body = answer
+            if handler.headers.get("Authorization") != token_auth:
+                status, headers, body = challenge(f"http://127.0.0.1:{fake.port}/token")
+            handler.send_response(status)
+            for name, value in headers.items():
+                handler.send_header(name, value)
+            handler.send_header("Content-Length", str(len(body)))
+            handler.end_headers()
+            handler.wfile.write(body)
+
+        return route
+
+    fake.routes["/v2/team/app/manifests/v1"] = guarded(manifest_route)
+    fake.routes[f"/v2/team/app/blobs/{sha256(config)}"] = guarded((200, {}, config))
+    cdn = f"http://localhost:{fake.port}/cdn/layer"  # another host name, to the client
+    fake.routes[f"/v2/team/app/blobs/{sha256(layer)}"] = guarded((307, {"Location": cdn}, b""))
+    fake.routes["/cdn/layer"] = (200, {}, layer)
+    fake.routes["/token"] = (200, {}, b'{"token": "t0ken"}')
+    store = ImageStore(tmp_path / "store")
+    pull(store, fake)
+    sent = dict(fake.requests)
+    assert sent[f"/v2/team/app/blobs/{sha256(layer)}"] == token_auth
+    assert sent["/cdn/layer"] == ""
+    assert store.read_blob(sha256(layer), 1 << 20) == layer

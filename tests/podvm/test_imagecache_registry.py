@@ -162,6 +162,14 @@ def test_the_mirror_answers_404_for_what_it_does_not_hold(pushed: Pushed, tmp_pa
         assert int(head.headers["Content-Length"]) == len(
             pushed.layout.blob(pushed.layout.index_digest)
         )
+        layer = pushed.layout.layers["linux/amd64"][0]
+        head = http.request("HEAD", f"http://{name}/team/app/blobs/{layer}")
+        assert head.status == 200
+        assert head.data == b""
+        assert head.headers["Docker-Content-Digest"] == layer
+        assert int(head.headers["Content-Length"]) == len(pushed.layout.blob(layer))
+        tags = http.request("GET", f"http://{name}/team/app/tags/list")
+        assert json.loads(tags.data)["tags"] == ["v1"]
         for method in ("PUT", "POST", "PATCH", "DELETE"):
             response = http.request(method, f"http://{name}/team/app/manifests/v1", body=b"{}")
             assert response.status == 405, method
