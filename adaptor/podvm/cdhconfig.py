@@ -19,6 +19,9 @@ and CDH starts with the second (the recipe's drop-in for CAA's confidential-data
 With no image in the store nothing is written (what it wrote before is removed) and CDH starts
 as CAA starts it. An operator's own registry configuration (`registry_configuration_uri` or an
 inline `registry_config`) is theirs: it is kept, nothing of ours is added, and the log says so.
+So is one that sets an image security policy: image-rs checks a pull from a mirror against the
+policy under the mirror's name, where requirements scoped to the image's registry or repository
+would not apply.
 An `[image]` table makes image-rs stop reading its settings from the kernel command line
 (`agent.image_registry_auth`, `agent.https_proxy`, ...); CAA's image passes none there, and its
 unit hands CDH the pull secrets through the environment, which still applies.
@@ -41,6 +44,7 @@ log = logging.getLogger(__name__)
 
 URI_KEY = "registry_configuration_uri"
 INLINE_KEY = "registry_config"
+POLICY_KEYS = ("image_security_policy_uri", "image_security_policy")
 MARK = "# added by peerpods podvm cdh-config"
 # what CDH runs with when it is given no configuration file (its kbc defaults to this one)
 DEFAULT_KBC = {"name": "offline_fs_kbc", "url": ""}
@@ -48,6 +52,13 @@ DEFAULT_KBC = {"name": "offline_fs_kbc", "url": ""}
 
 class CdhConfigError(ValueError):
     """The operator's CDH configuration cannot be extended (names the file and the problem)."""
+
+
+@dataclass(frozen=True)
+class Declined:
+    """Why the operator's CDH configuration is left as it is."""
+
+    why: str
 
 
 @dataclass(frozen=True)
@@ -95,9 +106,10 @@ def registries_conf(mirrors: Mapping[str, str]) -> str:
     return text
 
 
-def cdh_toml(operator_text: str | None, uri: str, where: str = "cdh.toml") -> str | None:
+def cdh_toml(operator_text: str | None, uri: str, where: str = "cdh.toml") -> str | Declined:
     """The CDH configuration naming `uri` as its registry configuration: the operator's text with
-    the key added, or the default configuration; None when the operator's names its own."""
+    the key added, or the default configuration; Declined (why) when the operator's is not to
+    be extended."""
     if operator_text is None:
         return MARK + "\n" + dumps({"kbc": DEFAULT_KBC, "image": {URI_KEY: uri}})
     try:
@@ -108,7 +120,13 @@ def cdh_toml(operator_text: str | None, uri: str, where: str = "cdh.toml") -> st
     if not isinstance(image, dict):
         raise CdhConfigError(f"{where}: image is not a table")
     if URI_KEY in image or INLINE_KEY in image:
-        return None
+        return Declined("names its own registry configuration: kept")
+    policy = [key for key in POLICY_KEYS if key in image]
+    if policy:
+        # image-rs checks a pull from a mirror against the policy under the mirror's name
+        # (127.0.0.1:5170/<registry>/...), where the policy's requirements scoped to the image's
+        # registry or repository do not apply: a policy is never weakened for a faster pull
+        return Declined(f"sets an image security policy ({policy[0]}): kept")
     try:
         return tomledit.apply(operator_text, [tomledit.Edit(("image",), URI_KEY, uri)], MARK)
     except tomledit.TomlEditError as exc:
@@ -133,11 +151,11 @@ def configure_cdh(options: CdhOptions) -> CdhResult:
         raise CdhConfigError(f"{options.operator_config}: {exc}") from None
     uri = options.registries_conf.resolve().as_uri()
     text = cdh_toml(operator_text, uri, str(options.operator_config))
-    if text is None:
+    if isinstance(text, Declined):
         _remove(options.registries_conf, options.cdh_config)
         note = (
-            f"{options.operator_config} names its own registry configuration: kept, and the "
-            f"pre-pulled images of {', '.join(registries)} are not offered to CDH"
+            f"{options.operator_config} {text.why}, and the pre-pulled images of "
+            f"{', '.join(registries)} are not offered to CDH"
         )
         log.warning("%s", note)
         return CdhResult(registries, (), note)
