@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from adaptor.cli.settings import PodvmImageMirrorSettings, PodvmPullImagesSettings
 from adaptor.podvm.imagecache.mirror import DEFAULT_MIRROR_ADDRESS, mirror_location, upstream_of
@@ -263,3 +265,17 @@ def test_sweep_removes_leftovers_only_when_no_pull_runs(tmp_path: Path) -> None:
     assert (store.root / "tmp" / "abc.partial").exists()
     assert store.sweep() == 1
     assert list((store.root / "tmp").iterdir()) == []
+
+
+@given(st.text(alphabet=st.sampled_from("ab0:/._-@%A\\ \x00sh256"), max_size=40))
+@settings(max_examples=400, deadline=None)
+def test_any_text_is_a_clean_reference_or_refused(text: str) -> None:
+    try:
+        ref = parse(text)
+    except ImageReferenceError:
+        return
+    parts = ref.repository.split("/")
+    assert all(part and part not in (".", "..") for part in parts)
+    assert not any(c in ref.repository for c in ":@%\\ \x00")
+    assert "/" not in ref.registry and ".." not in ref.registry
+    assert parse(str(ref)) == ref
