@@ -284,3 +284,45 @@ def test_basic_auth_from_htpasswd(tmp_path: Path, capsys: pytest.CaptureFixture[
         assert "credentials needed" in capsys.readouterr().out
         right = auth_file(tmp_path / "auth.json", reg.host, "reader", "read-secret")
         assert pull(store, "--plain-http", reg.host, "--auth", str(right), pushed.image) == 0
+
+
+def test_docker_media_types_are_served_as_the_registry_served_them(tmp_path: Path) -> None:
+    """A Docker manifest list and Docker v2 manifests (as Docker Hub serves most images):
+    what skopeo copies through the mirror is what it copies from the registry itself."""
+    layout = write_layout(tmp_path / "layout")
+    home = tmp_path / "home"
+    with registry(tmp_path / "registry") as reg:
+        image = f"{reg.host}/team/app:v1"
+        pushed = skopeo(
+            home,
+            *("copy", "--all", "--format", "v2s2", "--dest-tls-verify=false"),
+            f"oci:{layout.path}:v1",
+            f"docker://{image}",
+        )
+        assert pushed.returncode == 0, pushed.stderr
+        raw = skopeo(home, "inspect", "--raw", "--tls-verify=false", f"docker://{image}")
+        index = json.loads(raw.stdout)
+        assert index["mediaType"] == "application/vnd.docker.distribution.manifest.list.v2+json"
+        direct = skopeo(
+            home, "copy", "--src-tls-verify=false", f"docker://{image}", f"oci:{tmp_path / 'a'}:v1"
+        )
+        assert direct.returncode == 0, direct.stderr
+        assert pull(tmp_path / "store", "--plain-http", reg.host, image) == 0
+    with mirror(tmp_path / "store") as address:
+        base = mirror_location(reg.host, address)
+        mirrored = skopeo(
+            home,
+            "copy",
+            "--src-tls-verify=false",
+            f"docker://{base}/team/app:v1",
+            f"oci:{tmp_path / 'b'}:v1",
+        )
+        assert mirrored.returncode == 0, mirrored.stderr
+        raw_mirrored = skopeo(
+            home, "inspect", "--raw", "--tls-verify=false", f"docker://{base}/team/app:v1"
+        )
+    assert raw_mirrored.stdout == raw.stdout
+    assert oci_blobs(tmp_path / "b") == oci_blobs(tmp_path / "a")
+    stored = ImageStore(tmp_path / "store").resolve(reg.host, "team/app", "v1")
+    assert stored is not None
+    assert stored.media_type == "application/vnd.docker.distribution.manifest.list.v2+json"
