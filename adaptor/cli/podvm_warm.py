@@ -95,6 +95,7 @@ def _cdh_config(args: argparse.Namespace) -> int:
         registries_conf=Path(settings.registries_conf),
         cdh_config=Path(settings.cdh_config),
         mirror_address=settings.mirror,
+        cmdline=Path(settings.cmdline),
     )
     try:
         result = configure_cdh(options)

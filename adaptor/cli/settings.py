@@ -363,3 +363,8 @@ class PodvmCdhConfigSettings(Section):
     mirror: Annotated[str, Flag("--mirror", metavar="HOST:PORT")] = Field(
         "127.0.0.1:5170", description="where `podvm image-mirror` listens"
     )
+    cmdline: Annotated[str, Flag("--cmdline", metavar="PATH")] = Field(
+        "/proc/cmdline",
+        description="the kernel command line, whose image settings (agent.image_registry_auth, "
+        "agent.https_proxy, ...) an [image] table would hide: none is added then",
+    )

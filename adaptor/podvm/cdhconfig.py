@@ -23,7 +23,8 @@ So is one that sets an image security policy: image-rs checks a pull from a mirr
 policy under the mirror's name, where requirements scoped to the image's registry or repository
 would not apply.
 An `[image]` table makes image-rs stop reading its settings from the kernel command line
-(`agent.image_registry_auth`, `agent.https_proxy`, ...); CAA's image passes none there, and its
+(`agent.image_registry_auth`, `agent.https_proxy`, ...): where the kernel command line sets one
+and there is no `[image]` yet, nothing is written either. CAA's image passes none there, and its
 unit hands CDH the pull secrets through the environment, which still applies.
 """
 
@@ -45,6 +46,15 @@ log = logging.getLogger(__name__)
 URI_KEY = "registry_configuration_uri"
 INLINE_KEY = "registry_config"
 POLICY_KEYS = ("image_security_policy_uri", "image_security_policy")
+# what image-rs reads from the kernel command line only while the CDH config has no [image]
+CMDLINE_KEYS = (
+    "agent.image_registry_auth",
+    "agent.enable_signature_verification",
+    "agent.image_policy_file",
+    "agent.https_proxy",
+    "agent.http_proxy",
+    "agent.no_proxy",
+)
 MARK = "# added by peerpods podvm cdh-config"
 # what CDH runs with when it is given no configuration file (its kbc defaults to this one)
 DEFAULT_KBC = {"name": "offline_fs_kbc", "url": ""}
@@ -71,6 +81,7 @@ class CdhOptions:
     registries_conf: Path
     cdh_config: Path
     mirror_address: str = "127.0.0.1:5170"
+    cmdline: Path = Path("/proc/cmdline")
 
 
 @dataclass(frozen=True)
@@ -106,11 +117,18 @@ def registries_conf(mirrors: Mapping[str, str]) -> str:
     return text
 
 
-def cdh_toml(operator_text: str | None, uri: str, where: str = "cdh.toml") -> str | Declined:
+def cdh_toml(
+    operator_text: str | None, uri: str, where: str = "cdh.toml", cmdline: str = ""
+) -> str | Declined:
     """The CDH configuration naming `uri` as its registry configuration: the operator's text with
-    the key added, or the default configuration; Declined (why) when the operator's is not to
-    be extended."""
+    the key added, or the default configuration; Declined (why) when it is not to be extended.
+    `cmdline` is the kernel's: image settings there are read only while there is no [image]."""
+    given = {word.split("=", 1)[0] for word in cmdline.split()}
+    overridden = [key for key in CMDLINE_KEYS if key in given]
     if operator_text is None:
+        if overridden:
+            why = f"is absent and the kernel command line sets {overridden[0]}"
+            return Declined(f"{why}, which an [image] table would hide: left to CDH")
         return MARK + "\n" + dumps({"kbc": DEFAULT_KBC, "image": {URI_KEY: uri}})
     try:
         document = tomllib.loads(operator_text)
@@ -119,6 +137,9 @@ def cdh_toml(operator_text: str | None, uri: str, where: str = "cdh.toml") -> st
     image = document.get("image", {})
     if not isinstance(image, dict):
         raise CdhConfigError(f"{where}: image is not a table")
+    if "image" not in document and overridden:
+        why = f"has no [image] and the kernel command line sets {overridden[0]}"
+        return Declined(f"{why}, which an [image] table would hide: kept")
     if URI_KEY in image or INLINE_KEY in image:
         return Declined("names its own registry configuration: kept")
     policy = [key for key in POLICY_KEYS if key in image]
@@ -150,7 +171,11 @@ def configure_cdh(options: CdhOptions) -> CdhResult:
     except (OSError, UnicodeDecodeError) as exc:
         raise CdhConfigError(f"{options.operator_config}: {exc}") from None
     uri = options.registries_conf.resolve().as_uri()
-    text = cdh_toml(operator_text, uri, str(options.operator_config))
+    try:
+        cmdline = options.cmdline.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise CdhConfigError(f"{options.cmdline}: {exc.strerror or exc}") from None
+    text = cdh_toml(operator_text, uri, str(options.operator_config), cmdline)
     if isinstance(text, Declined):
         _remove(options.registries_conf, options.cdh_config)
         note = (

@@ -60,9 +60,15 @@ class Vm:
     def cdh(self) -> Path:
         return self.root / "run/peerpods/cdh.toml"
 
+    @property
+    def cmdline(self) -> Path:
+        return self.root / "cmdline"
+
     def argv(self, *extra: str) -> list[str]:
+        if not self.cmdline.exists():  # CAA's image's, for the tests that do not set their own
+            self.cmdline.write_text("console=ttyS0 systemd.firstboot=off systemd.volatile=state\n")
         return [
-            *("podvm", "cdh-config", "--store", str(self.store)),
+            *("podvm", "cdh-config", "--store", str(self.store), "--cmdline", str(self.cmdline)),
             *("--operator-config", str(self.operator), "--registries-conf", str(self.registries)),
             *("--cdh-config", str(self.cdh), *extra),
         ]
@@ -215,3 +221,24 @@ def test_each_mirror_location_is_served_by_the_image_mirror(vm: Vm) -> None:
             answer = http.request("GET", url, headers={"Accept": OCI_MANIFEST})
             assert answer.status == 200, (url, answer.data)
             assert answer.headers["Docker-Content-Digest"] == digest
+
+
+@pytest.mark.parametrize("operator", [None, '[kbc]\nname = "offline_fs_kbc"\n'])
+def test_image_settings_on_the_kernel_command_line_are_not_hidden(
+    vm: Vm, operator: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """image-rs reads agent.* image settings from the kernel command line only while the CDH
+    configuration has no [image] table: none is added over them."""
+    vm.put("docker.io", "library/busybox", "latest")
+    if operator is not None:
+        vm.operator_config(operator)
+    vm.cmdline.write_text("console=ttyS0 agent.https_proxy=http://10.0.0.1:3128\n")
+    assert main(vm.argv()) == 0
+    assert not vm.cdh.exists() and not vm.registries.exists()
+    assert "kernel command line sets agent.https_proxy" in capsys.readouterr().out
+    # with an [image] table of the operator's, the command line is not read anyway: extended
+    vm.operator_config('[kbc]\nname = "offline_fs_kbc"\n\n[image]\n')
+    assert main(vm.argv()) == 0
+    assert tomllib.loads(vm.cdh.read_text())["image"] == {
+        "registry_configuration_uri": vm.registries.as_uri()
+    }
