@@ -10,6 +10,9 @@ carries), the container runs to its exit status through the adaptor's agent prox
 refills with a new VM, and once the container is removed the adopted VM is terminated and
 nothing of the pod is left.
 
+The same through the calls a kubelet makes (tests/peers/cri.py): the webhook's annotations are
+the pod's, which reach the shim through the `kata-remote` handler's pod_annotations.
+
 A warm VM whose start fails (EC2 answers StartInstances with InsufficientInstanceCapacity,
 tests.clouds.aws_faults) is deleted and the pod runs on a VM launched for it.
 
@@ -26,7 +29,7 @@ import os
 import subprocess
 import sys
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,8 @@ from tests.adaptor.daemon_proc import ServeProcess
 from tests.clouds.latency import Guests, LatencyModel
 from tests.node.containerd import dump
 from tests.peers.conftest import peer_binary
-from tests.peers.kube import Containerd, start_containerd
+from tests.peers.cri import EXITED, Cri, _bytes, _str, container_config, pod_config
+from tests.peers.kube import Containerd, import_sleep_images, start_containerd
 from tests.peers.test_dra_kata import installer, moto_port
 from tests.peers.test_kata_shim_install import (
     IMAGE,
@@ -422,7 +426,8 @@ async def test_a_gpu_pod_adopts_the_warm_vm_through_kata_s_shim_and_the_pool_ref
         assert files["/run/peerpod/apf.json"] == copy
         assert files["/run/peerpod/devices.json"]["gpu_model"] == rig.pod.gpu_model
         # the container's CreateContainer went through serve's device rewrite on its way
-        assert box["containers"]["main"]["devices"] == rig.pod.cdi
+        ready = {"main": {"devices": rig.pod.cdi, "state": "ready", "reason": ""}}
+        await rig.until("main's devices", lambda: (rig.sandbox() or {}).get("containers") == ready)
         # the pool refills behind the pod: a new VM of the pool's, booting
         refill = await rig.until(
             "the refill's launch",
@@ -484,3 +489,53 @@ async def test_a_warm_vm_that_cannot_start_is_deleted_and_the_pod_runs_cold(rig:
     await rig.nothing_left({"after-miss"}, {warm, seen["cold"]})
     # and the pool launches a VM in the broken one's place
     await rig.until("the refill's launch", lambda: set(pool_vms(cloud.vms())) - {warm}, 30)
+
+
+def with_annotations(config: bytes, annotations: Mapping[str, str]) -> bytes:
+    """A PodSandboxConfig with the pod's annotations (field 7, a map), as a kubelet sends them."""
+    entries = (_bytes(7, _str(1, k) + _str(2, v)) for k, v in annotations.items())
+    return config + b"".join(entries)
+
+
+async def test_a_cri_pod_gets_the_warm_vm_through_the_runtime_handler_s_pod_annotations(
+    rig: Rig,
+) -> None:
+    """The kubelet's calls: the webhook's annotations are the pod's, which containerd hands the
+    shim through the `kata-remote` handler's pod_annotations (the node install's), and the
+    pause container comes first."""
+    cloud, pod_vm = rig.cloud, rig.pod_vm
+    warm = await rig.warm_vm()
+    await asyncio.to_thread(import_sleep_images, rig.runtime)
+    cri = Cri(rig.runtime.socket)
+    try:
+        pod = with_annotations(pod_config(POD, "uid-warm"), rig.pod.annotations)
+        sandbox = await asyncio.to_thread(cri.run_pod_sandbox, pod, "kata-remote")
+        box = await rig.until("the pod's sandbox with its VM", rig.sandbox, 30)
+        assert box["id"] == sandbox and box["vm_id"] == warm
+        assert box["pod"] == {"namespace": "default", "name": POD}
+        vm = (await asyncio.to_thread(cloud.vms))[warm]
+        assert state(vm) == "running" and tags(vm)[TAG_SANDBOX] == sandbox
+        main = container_config("main", "peerpods.test/sleep:1", "/bin/sleep")
+        container = await asyncio.to_thread(cri.create_container, sandbox, main, pod)
+        await asyncio.to_thread(cri.start_container, container)
+        await rig.until("main to start", lambda: pod_vm.calls.count("StartContainer") == 2)
+        # its CreateContainer went through serve's device rewrite (the listing may lag a second)
+        ready = {"main": {"devices": rig.pod.cdi, "state": "ready", "reason": ""}}
+        await rig.until("main's devices", lambda: (rig.sandbox() or {}).get("containers") == ready)
+        pod_vm.write(container, b"hello from the warm VM\n")
+        pod_vm.write(container, b"")
+        pod_vm.write(container, b"")
+        pod_vm.exit(container, 7)
+        await rig.until("main's exit", lambda: cri.container_state(container) == (EXITED, 7))
+        # the kubelet's teardown: the pause container ends when the shim signals it
+        signals = pod_vm.calls.count("SignalProcess")
+        stopping = asyncio.ensure_future(asyncio.to_thread(cri.stop_pod_sandbox, sandbox))
+        await rig.until("the pause container's signal", lambda: pod_vm.calls.count(
+            "SignalProcess") > signals)  # fmt: skip
+        pod_vm.exit(sandbox, 137)
+        await asyncio.wait_for(stopping, 120)
+        await asyncio.to_thread(cri.remove_pod_sandbox, sandbox)
+    finally:
+        cri.close()
+    assert pod_vm.calls[:2] == ["Check", "CreateSandbox"], pod_vm.calls
+    await rig.nothing_left({sandbox}, {warm})
