@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import sys
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import urllib3
 
 from adaptor.cli.main import main
 from adaptor.podvm.imagecache.store import ImageStore
@@ -22,7 +24,18 @@ from adaptor.podvm.warmboot import WarmOptions, volatile_reason, warm
 from adaptor.podvm.warmrequest import WARM_KEY, apf_document
 from adaptor.warmpool.userdata import warm_user_data
 from tests.clouds.warm_userdata import warm_request
-from tests.podvm.imagecache_peers import Registry, need, registry, skopeo, write_layout
+from tests.podvm.imagecache_peers import (
+    OCI_INDEX,
+    OCI_MANIFEST,
+    Layout,
+    Registry,
+    mirror,
+    need,
+    registry,
+    skopeo,
+    stop,
+    write_layout,
+)
 
 CLEANED = ["status --wait", "clean --logs"]  # cloud-init done, then its state cleaned
 PULL = f"{sys.executable} -m adaptor.cli.main --log-format text podvm pull-images"
@@ -93,8 +106,16 @@ def vm(tmp_path: Path) -> Vm:
     return Vm(tmp_path)
 
 
+@dataclass
+class Pushed:
+    registry: Registry
+    image: str
+    layout: Layout
+
+
 @pytest.fixture
-def pushed(tmp_path: Path) -> Iterator[tuple[Registry, str]]:
+def pushed(tmp_path: Path) -> Iterator[Pushed]:
+    """An image of two platforms pushed by skopeo to Debian's registry on loopback."""
     need("docker-registry", "skopeo")
     with registry(tmp_path / "registry") as reg:
         layout = write_layout(tmp_path / "layout")
@@ -102,13 +123,13 @@ def pushed(tmp_path: Path) -> Iterator[tuple[Registry, str]]:
         copied = skopeo(tmp_path / "home", "copy", "--all", "--dest-tls-verify=false",
                         f"oci:{layout.path}:{layout.tag}", f"docker://{image}")  # fmt: skip
         assert copied.returncode == 0, copied.stderr
-        yield reg, image
+        yield Pushed(reg, image, layout)
 
 
 def test_a_warm_boot_pulls_the_listed_images_and_powers_off_once(
-    vm: Vm, pushed: tuple[Registry, str], capsys: pytest.CaptureFixture[str]
+    vm: Vm, pushed: Pushed, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    reg, image = pushed
+    reg, image = pushed.registry, pushed.image
     # the apf.json the keeper's user data carries, as the VM writes it
     vm.apf.parent.mkdir(parents=True)
     request = warm_request(warm_user_data([image]))
@@ -233,3 +254,40 @@ def test_the_store_s_file_system_is_read_from_the_mount_table(vm: Vm) -> None:
     assert volatile_reason(Path("/var/lib/peerpods/images"), vm.mountinfo) == ""
     # and this machine's own /dev/shm is a tmpfs
     assert "tmpfs" in volatile_reason(Path("/dev/shm/images"), Path("/proc/self/mountinfo"))
+
+
+def test_the_adoption_boot_serves_what_the_warm_boot_pulled(vm: Vm, pushed: Pushed) -> None:
+    """Warm boot, then the adoption's boot with the image's registry gone: `cdh-config` names the
+    mirror for the registry, and what image-rs would ask there (the index by tag, the amd64
+    manifest, its config and layers, plain HTTP) is answered from the store, byte for byte."""
+    reg, layout = pushed.registry, pushed.layout
+    vm.request(pushed.image)
+    vm.on_partition()
+    assert main(vm.argv(pull=f"{PULL} --plain-http {reg.host}")) == 0
+    stop(reg.process)  # the origin is gone: only the cache can answer
+    with mirror(vm.store) as address:
+        run = vm.root / "run/peerpods"
+        cmdline = vm.root / "cmdline"
+        cmdline.write_text("console=ttyS0\n")
+        argv = ["podvm", "cdh-config", "--store", str(vm.store), "--mirror", address]
+        argv += ["--operator-config", str(vm.root / "run/peerpod/cdh.toml")]
+        argv += ["--cmdline", str(cmdline), "--registries-conf", str(run / "registries.conf")]
+        assert main([*argv, "--cdh-config", str(run / "cdh.toml")]) == 0
+        conf = tomllib.loads((run / "registries.conf").read_text())
+        assert [r["prefix"] for r in conf["registry"]] == [reg.host]
+        location = conf["registry"][0]["mirror"][0]["location"]
+        assert conf["registry"][0]["mirror"][0]["insecure"] is True
+        # image-rs's mirror task: the location, then what follows the prefix in the reference
+        base = "http://" + location.replace(address, f"{address}/v2", 1) + "/team/app"
+        http = urllib3.PoolManager()
+        index = http.request("GET", f"{base}/manifests/{layout.tag}",
+                             headers={"Accept": f"{OCI_INDEX}, {OCI_MANIFEST}"})  # fmt: skip
+        assert index.status == 200 and index.data == layout.blob(layout.index_digest)
+        amd64 = layout.manifests["linux/amd64"]
+        manifest = http.request(
+            "GET", f"{base}/manifests/{amd64}", headers={"Accept": OCI_MANIFEST}
+        )
+        assert manifest.status == 200 and manifest.data == layout.blob(amd64)
+        for digest in [layout.configs["linux/amd64"], *layout.layers["linux/amd64"]]:
+            blob = http.request("GET", f"{base}/blobs/{digest}")
+            assert blob.status == 200 and blob.data == layout.blob(digest)
