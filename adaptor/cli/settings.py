@@ -321,8 +321,8 @@ class PodvmWarmSettings(Section):
     )
     pull_command: Annotated[str, Flag("--pull-command", metavar="CMD")] = Field(
         "",
-        description="the pull (default: this peerpods' `podvm pull-images`); --store and "
-        "--images-file are added",
+        description="the pull (default: this peerpods' `podvm pull-images`); --store, --auth "
+        "and the images are added",
     )
     pull_timeout_seconds: Annotated[float, Flag("--pull-timeout", duration=True)] = Field(
         1500.0,

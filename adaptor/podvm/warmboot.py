@@ -27,7 +27,6 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +53,7 @@ class WarmOptions:
     apf_path: Path
     store: Path
     status_path: Path
-    pull_command: tuple[str, ...]  # `peerpods podvm pull-images`; --store, --images-file added
+    pull_command: tuple[str, ...]  # `peerpods podvm pull-images`; --store and the images added
     poweroff_command: tuple[str, ...]
     cloud_init: str = "cloud-init"  # its path or name on PATH; "" never cleans
     auth: Path | None = None
@@ -200,17 +199,13 @@ def _pull(
         result.errors.append(f"image store refused: {reason}")
         out(f"peerpods podvm warm: not pulling: {reason}")
         return
-    with tempfile.TemporaryDirectory(prefix="peerpods-warm-") as tmp:
-        listed = Path(tmp, "images")
-        listed.write_text("".join(f"{image}\n" for image in request.images), encoding="utf-8")
-        argv = [
-            *options.pull_command,
-            *("--store", str(options.store), "--images-file", str(listed)),
-        ]
-        if options.auth is not None and options.auth.is_file():
-            argv += ["--auth", str(options.auth)]
-        out(f"peerpods podvm warm: pulling {len(request.images)} image(s) into {options.store}")
-        result.pull_exit = runner(argv, options.pull_timeout_seconds)
+    # the images as arguments, not a file: the image's root (and its /tmp) may be read-only
+    argv = [*options.pull_command, "--store", str(options.store)]
+    if options.auth is not None and options.auth.is_file():
+        argv += ["--auth", str(options.auth)]
+    argv += ["--", *request.images]
+    out(f"peerpods podvm warm: pulling {len(request.images)} image(s) into {options.store}")
+    result.pull_exit = runner(argv, options.pull_timeout_seconds)
     result.stored = stored_images(options.store, request.images)
     for image in request.images:
         out(f"{image}: {'stored' if result.stored.get(image) else 'not stored'}")
