@@ -21,13 +21,14 @@ import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -60,14 +61,23 @@ def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def wait_http(url: str, process: subprocess.Popen[bytes] | None, seconds: float = 20) -> None:
+def wait_http(
+    url: str,
+    process: subprocess.Popen[bytes] | None,
+    log: IO[bytes] | None = None,
+    seconds: float = 20,
+) -> None:
     """Until `url` answers at all (any status), or fail with the process's output."""
     deadline = time.monotonic() + seconds
     http = urllib3.PoolManager(retries=False, timeout=1.0)
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            out = process.stdout.read().decode(errors="replace") if process.stdout else ""
-            raise AssertionError(f"{process.args!r} exited {process.returncode}: {out[-2000:]}")
+            out = b""
+            if log is not None:
+                log.seek(0)
+                out = log.read()
+            text = out.decode(errors="replace")[-2000:]
+            raise AssertionError(f"{process.args!r} exited {process.returncode}: {text}")
         with contextlib.suppress(urllib3.exceptions.HTTPError):
             http.request("GET", url).release_conn()
             return
@@ -75,7 +85,8 @@ def wait_http(url: str, process: subprocess.Popen[bytes] | None, seconds: float 
     raise AssertionError(f"{url} did not answer within {seconds}s")
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
+def stop(process: subprocess.Popen[bytes], log: IO[bytes] | None = None) -> None:
+    """Terminate (then kill) and reap the process; close its log."""
     if process.poll() is None:
         process.terminate()
         try:
@@ -83,8 +94,8 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(10)
-    if process.stdout is not None:
-        process.stdout.close()
+    if log is not None:
+        log.close()
 
 
 # An OCI image layout, written by hand
@@ -211,6 +222,7 @@ class Registry:
 
     port: int
     process: subprocess.Popen[bytes]
+    log: IO[bytes]
 
     @property
     def host(self) -> str:
@@ -229,18 +241,19 @@ def start_registry(base: Path, auth: Mapping[str, Any] | None = None) -> Registr
     if auth:
         config["auth"] = dict(auth)
     (base / "config.yml").write_text(json.dumps(config))  # JSON is YAML
+    log = (base / "registry.log").open("w+b")  # a file, not a pipe nobody drains
     process = subprocess.Popen(
         ["docker-registry", "serve", str(base / "config.yml")],
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(base)},
     )
     try:
-        wait_http(f"http://127.0.0.1:{port}/v2/", process)
+        wait_http(f"http://127.0.0.1:{port}/v2/", process, log)
     except BaseException:
-        stop(process)
+        stop(process, log)
         raise
-    return Registry(port, process)
+    return Registry(port, process, log)
 
 
 @contextlib.contextmanager
@@ -249,7 +262,7 @@ def registry(base: Path, auth: Mapping[str, Any] | None = None) -> Iterator[Regi
     try:
         yield running
     finally:
-        stop(running.process)
+        stop(running.process, running.log)
 
 
 # the mirror, as `peerpods podvm image-mirror` runs it
@@ -259,20 +272,21 @@ def registry(base: Path, auth: Mapping[str, Any] | None = None) -> Iterator[Regi
 def mirror_process(store: Path, *extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`peerpods podvm image-mirror` on a free loopback port: its host:port and process."""
     address = f"127.0.0.1:{free_port()}"
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "adaptor.cli.main", "podvm", "image-mirror"),
-            *("--store", str(store), "--listen", address, *extra),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_http(f"http://{address}/v2/", process)
-        yield address, process
-    finally:
-        stop(process)
+    with tempfile.TemporaryFile() as log:  # a file, not a pipe nobody drains
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "adaptor.cli.main", "podvm", "image-mirror"),
+                *("--store", str(store), "--listen", address, *extra),
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_http(f"http://{address}/v2/", process, log)
+            yield address, process
+        finally:
+            stop(process)
 
 
 @contextlib.contextmanager
