@@ -121,9 +121,7 @@ def test_systemd_verifies_the_warm_and_adoption_units(image_root: Path) -> None:
     # order multi-user.target after it, is a cycle, and verify says so (the check can fail)
     warm = image_root / "etc/systemd/system/peerpods-podvm-warm.service"
     text = warm.read_text().replace("DefaultDependencies=no\n", "")
-    warm.write_text(
-        text.replace("cloud-init.service\n", "cloud-init.service cloud-final.service\n")
-    )
+    warm.write_text(text.replace("After=process-user-data.service", "After=cloud-final.service"))
     cyclic = verify(
         image_root, "/etc/systemd/system/peerpods-podvm-warm.service", "multi-user.target"
     )
