@@ -190,6 +190,12 @@ def written(user_data: str) -> dict[str, Any]:
     return {f["path"]: json.loads(f["content"]) for f in files if f["path"].endswith(".json")}
 
 
+def gc_deleted(metrics: str) -> float:
+    """VMs the orphan collector deleted (Prometheus text)."""
+    lines = [ln for ln in metrics.splitlines() if ln.startswith("peerpods_gc_deleted_vms_total")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
 def pool_vms(vms: dict[str, dict[str, Any]]) -> dict[str, str]:
     """The pool's VMs (id -> state) among `vms`, deleted ones left out."""
     return {i: state(raw) for i, raw in vms.items() if TAG_WARM_POOL in tags(raw)
@@ -332,6 +338,8 @@ class Rig:
         while found := await asyncio.to_thread(left):
             assert loop.time() < deadline, f"left: {found}\n{self.why()}"
             await asyncio.sleep(0.2)
+        # deleted by StopVM and the pool, never taken for orphans by the collector
+        assert gc_deleted(await asyncio.to_thread(self.serve.get, "/metrics")) == 0.0
 
 
 def ctr(runtime: Containerd, *args: str) -> subprocess.CompletedProcess[str]:
@@ -367,7 +375,8 @@ async def rig(
         base / "serve",
         [
             "--provider", "aws", "--owner-id", OWNER, "--no-agent-tls",
-            "--proxy-timeout", "20s", "--shutdown-grace", "2s", "--gc-interval", "0s",
+            # the orphan collector sweeps every second: it must leave pool and adopted VMs be
+            "--proxy-timeout", "20s", "--shutdown-grace", "2s", "--gc-interval", "1s",
             "--warm-pool", f"{gpu_pod.instance_type}=1@{ZONE}",
             "--warm-pool-interval", "200ms",
         ],
