@@ -221,6 +221,11 @@ class FakeGce:
         assert request.match is not None
         zone, name, action = request.match["zone"], request.match["name"], request.match["action"]
         target = f"{BASE}/zones/{zone}/instances/{name}"
+        fault = self._fault(action, zone, {"name": name})
+        if isinstance(fault, FakeResponse):
+            return fault
+        if fault is not None:
+            return self._operation(action, zone, target, fault)
         with self._lock:
             instance = self.instances.get((zone, name))
             if instance is None:

@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,8 +32,8 @@ from adaptor.warmpool import CLAIMS
 from providers.core.base import TAG_SANDBOX
 from providers.core.warm import TAG_WARM_POOL, TAG_WARM_SLOT
 from tests.adaptor.daemon_proc import ANNOTATIONS, HYPERVISOR
-from tests.clouds.fake_arm import FakeArm
-from tests.clouds.fake_gce import FakeGce
+from tests.clouds.fake_arm import FakeArm, arm_error
+from tests.clouds.fake_gce import FakeGce, http_error
 from tests.clouds.fake_relay import FakeServer
 from tests.clouds.latency import Guests, LatencyModel
 from tests.clouds.test_reaper_kill9 import ec2, moto_port, until
@@ -152,6 +153,25 @@ class Cloud:
     def guests(self, model: LatencyModel) -> Guests:
         raise NotImplementedError
 
+    def hold_next_start(self, seconds: float) -> None:
+        """The next VM start is held that long, then refused (never applied): a serve killed
+        meanwhile leaves its VM as the adoption had made it before the start."""
+        raise NotImplementedError
+
+
+def held(action: str, seconds: float, refusal: Any) -> Any:
+    """A fake's fault: the first `action` waits, then answers `refusal`."""
+    left = [1]
+
+    def fault(name: str, *_: Any) -> Any:
+        if name != action or not left[0]:
+            return None
+        left[0] = 0
+        time.sleep(seconds)  # in the fake server's thread of this request
+        return refusal
+
+    return fault
+
 
 class Ec2(Cloud):
     name = "aws"
@@ -205,6 +225,10 @@ class Gce(Cloud):
     def guests(self, model: LatencyModel) -> Guests:
         return GceGuests(self.fake, model)
 
+    def hold_next_start(self, seconds: float) -> None:
+        refusal = http_error(503, "backendError", "held, then refused")
+        self.fake.faults.append(held("start", seconds, refusal))
+
 
 class Arm(Cloud):
     name = "azure"
@@ -222,6 +246,10 @@ class Arm(Cloud):
 
     def guests(self, model: LatencyModel) -> Guests:
         return ArmGuests(self.fake, model)
+
+    def hold_next_start(self, seconds: float) -> None:
+        refusal = arm_error(409, "OperationNotAllowed", "held, then refused")
+        self.fake.faults.append(held("start", seconds, refusal))
 
 
 class GceGuests(Guests):
@@ -339,12 +367,28 @@ async def test_kill_9_during_a_refill_keeps_the_pool_without_a_leak(
             assert slots == {r[0] for r in recorded}
 
 
+@pytest.mark.parametrize(
+    ("cloud", "kill_at"),
+    [
+        ("aws", "starting"),
+        ("gcp", "starting"),
+        ("azure", "starting"),
+        # the pod's user data and tags on, the start not yet made (held by the fake)
+        ("gcp", "tagged"),
+        ("azure", "tagged"),
+    ],
+    indirect=["cloud"],
+)
 async def test_kill_9_during_an_adoption_fails_the_pod_and_adopts_nothing_twice(
-    root: Path, cloud: Cloud
+    root: Path, cloud: Cloud, kill_at: str
 ) -> None:
     # the adoption's start takes 4 s: the kill lands in it
     model = LatencyModel(launch=5, first_boot=20, image_pull=20, start=400, scale=0.01)
     pod = "adopt-kill9"
+    state = "running"
+    if kill_at == "tagged":
+        cloud.hold_next_start(8)
+        state = "stopped"
     async with guests(cloud, model):
         async with Serve(root, cloud, model, reap_grace_seconds=3600) as serve:
             await until(lambda: serve.warm() == 2, 60, "the pool warm")
@@ -356,7 +400,7 @@ async def test_kill_9_during_an_adoption_fails_the_pod_and_adopts_nothing_twice(
                 starting = asyncio.ensure_future(shim.call(HYPERVISOR, "StartVM", start))
 
                 def adopting() -> list[VM]:
-                    vms = [vm for vm in owned(cloud, "running") if vm.tags.get(TAG_SANDBOX) == pod]
+                    vms = [vm for vm in owned(cloud, state) if vm.tags.get(TAG_SANDBOX) == pod]
                     claims = serve.rows(f"SELECT sandbox_id FROM leases WHERE pool='{CLAIMS}'")
                     return vms if vms and claims == [(pod,)] else []
 
