@@ -170,6 +170,16 @@ class Cloud:
         )
         return {i["InstanceId"]: i for r in found["Reservations"] for i in r["Instances"]}
 
+    def volumes(self) -> dict[str, str]:
+        """The owner's EBS volumes: id -> the instance each is attached to ("" when none)."""
+        found = self.ec2.describe_volumes(
+            Filters=[{"Name": f"tag:{TAG_OWNER}", "Values": [OWNER]}]
+        )["Volumes"]
+        return {
+            v["VolumeId"]: ",".join(a["InstanceId"] for a in v.get("Attachments", []))
+            for v in found
+        }
+
     def user_data(self, instance_id: str) -> str:
         """The VM's user data as EC2 hands it to the guest (DescribeInstanceAttribute)."""
         out = self.ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
@@ -468,6 +478,8 @@ async def test_a_gpu_pod_adopts_the_warm_vm_through_kata_s_shim_and_the_pool_ref
     vms = await asyncio.to_thread(cloud.vms)
     live = {i: state(raw) for i, raw in vms.items() if state(raw) not in GONE}
     assert live == {seen["refill"]: "stopped"}
+    # and of the disks only the pool VM's root volume (the others went with their VMs)
+    assert list((await asyncio.to_thread(cloud.volumes)).values()) == [seen["refill"]]
     metrics = rig.serve.get("/metrics")
     assert f'peerpods_warm_pool_adoptions_total{{pool="{rig.pod.instance_type}@{ZONE}"}} 1.0' in (
         metrics
