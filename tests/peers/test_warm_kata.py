@@ -14,7 +14,10 @@ The same through the calls a kubelet makes (tests/peers/cri.py): the webhook's a
 the pod's, which reach the shim through the `kata-remote` handler's pod_annotations.
 
 A warm VM whose start fails (EC2 answers StartInstances with InsufficientInstanceCapacity,
-tests.clouds.aws_faults) is deleted and the pod runs on a VM launched for it.
+tests.clouds.aws_faults) is deleted and the pod runs on a VM launched for it. A kill -9 of serve
+while an adoption's start is under way fails the pod with a status (the shim's StartVM
+connection closes; nothing ran); the restarted serve abandons the sandbox whose shim is gone,
+deletes the VM it was being given (never adopted again) and refills the pool.
 
 Needs, in PEERPODS_PEERS_DIR: `containerd-shim-kata-v2`, containerd 2.x with its `ctr`, and
 Kata's generated `configuration-remote.toml` (as tests/peers/test_kata_shim_install.py).
@@ -37,7 +40,7 @@ from typing import Any
 import pytest
 import yaml
 
-from adaptor.warmpool import MEMBERS
+from adaptor.warmpool import CLAIMS, MEMBERS
 from adaptor.warmpool.userdata import warm_user_data
 from providers.core.base import TAG_OWNER, TAG_SANDBOX
 from providers.core.warm import TAG_WARM_POOL
@@ -261,17 +264,21 @@ class Rig:
         boxes = [b for b in self.sandboxes() if b.get("vm_id")]
         return boxes[0] if len(boxes) == 1 else None
 
-    async def run_pod(
-        self, name: str, status: int, running: Callable[[dict[str, Any]], Awaitable[None]]
-    ) -> None:
-        """`ctr run --rm` of a container with the webhook's annotations through Kata's shim;
-        `running(sandbox)` checks while it runs, then it writes and exits with `status`."""
-        annotations = {
+    def annotations(self, name: str) -> dict[str, str]:
+        """The container's: the webhook's, and what the CRI would add for the pod's sandbox."""
+        return {
             **self.pod.annotations,
             "io.kubernetes.cri.sandbox-name": POD,
             "io.kubernetes.cri.sandbox-namespace": "default",
             "io.kubernetes.cri.container-name": "main",  # the container the device plan names
         }
+
+    async def run_pod(
+        self, name: str, status: int, running: Callable[[dict[str, Any]], Awaitable[None]]
+    ) -> None:
+        """`ctr run --rm` of a container with the webhook's annotations through Kata's shim;
+        `running(sandbox)` checks while it runs, then it writes and exits with `status`."""
+        annotations = self.annotations(name)
         started = self.pod_vm.calls.count("StartContainer")
         run = await asyncio.create_subprocess_exec(
             str(peer_binary("ctr")), "--address", str(self.runtime.socket),
@@ -560,3 +567,50 @@ async def test_a_cri_pod_gets_the_warm_vm_through_the_runtime_handler_s_pod_anno
         cri.close()
     assert pod_vm.calls[:2] == ["Check", "CreateSandbox"], pod_vm.calls
     await rig.nothing_left({sandbox}, {warm})
+
+
+@pytest.mark.parametrize("rig", ["hold-start"], indirect=True)
+async def test_kill_9_of_serve_during_an_adoption_fails_the_pod_and_the_restart_cleans_up(
+    rig: Rig,
+) -> None:
+    cloud = rig.cloud
+    warm = await rig.warm_vm()
+    run = await asyncio.create_subprocess_exec(
+        str(peer_binary("ctr")), "--address", str(rig.runtime.socket), "--namespace", NAMESPACE,
+        "run", "--rm", "--runtime", "io.containerd.kata.v2",
+        "--runtime-config-path", rig.config_path,
+        *(f"--annotation={k}={v}" for k, v in rig.annotations("kill-pod").items()),
+        IMAGE, "kill-pod",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+
+        def adopting() -> bool:
+            claims = rig.serve.rows(f"SELECT sandbox_id FROM leases WHERE pool = '{CLAIMS}'")
+            vm = cloud.vms()[warm]
+            return claims == [("kill-pod",)] and tags(vm).get(TAG_SANDBOX) == "kill-pod"
+
+        await rig.until("the adoption under way", adopting, 60)
+        await rig.serve.kill()  # kill -9 while StartInstances is held
+        out, _ = await asyncio.wait_for(run.communicate(), 60)
+    finally:
+        if run.returncode is None:
+            run.kill()
+            await run.wait()
+    # the pod failed with a status: its StartVM's connection closed, nothing ran in a VM
+    assert run.returncode != 0 and b"remote hypervisor call failed" in out, out
+    assert "CreateSandbox" not in rig.pod_vm.calls
+    # restarted (StartInstances answered again) with short graces: the failed sandbox's shim
+    # is gone, so it is abandoned; the VM it was being given is deleted, never adopted again
+    rig.serve.fault = "none"
+    rig.serve.args = [*rig.serve.args, "--reconnect-grace", "3s", "--reap-grace", "1s"]
+    await rig.serve.start()
+    await rig.nothing_left({"kill-pod"}, {warm})
+    assert rig.serve.rows("SELECT * FROM leases WHERE pool = 'warm-pool-claim'") == []
+    assert "kill-pod" in {box["id"] for box in rig.serve.get("/v1/sandboxes")["abandoned"]}
+    refill = await rig.warm_vm()
+    assert refill != warm
+    vms = await asyncio.to_thread(cloud.vms)
+    assert {i: state(raw) for i, raw in vms.items() if state(raw) not in GONE} == {
+        refill: "stopped"
+    }

@@ -2,7 +2,9 @@
 real parser), on the aws provider against a moto EC2 server; every pod VM's forwarder is
 dialled at the test's pod VM agent on loopback, and no address off this host is ever dialled
 (an audit hook refuses it). With FAULT `start`, EC2 answers every StartInstances with
-InsufficientInstanceCapacity (tests.clouds.aws_faults), so no stopped VM can be started.
+InsufficientInstanceCapacity (tests.clouds.aws_faults), so no stopped VM can be started; with
+`hold-start`, every StartInstances is held for a minute before it is sent (a kill -9 lands in
+an adoption).
 
     python -m tests.peers.warm_kata_daemon MOTO_PORT AGENT_PORT FAULT SERVE_FLAGS...
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import time
 from collections.abc import Sequence
 
 from adaptor.cli import flags
@@ -30,16 +33,22 @@ from tests.clouds.aws_faults import Faults
 
 ZONE = "us-east-1a"
 log = logging.getLogger("tests.peers.warm_kata_daemon")
-FAULTS = ("none", "start")
+FAULTS = ("none", "start", "hold-start")
+HOLD_SECONDS = 60.0
 
 
 def _no_capacity_to_start(action: str, _params: dict[str, str]) -> str | None:
     return "InsufficientInstanceCapacity" if action == "StartInstances" else None
 
 
+def _hold_starts(action: str, _params: dict[str, str]) -> str | None:
+    if action == "StartInstances":
+        time.sleep(HOLD_SECONDS)  # in the SDK's worker thread, as a slow cloud call is
+    return None
+
+
 def provider(moto_port: int, owner: str, fault: str) -> AwsProvider:
-    """The aws provider against moto, its client answering StartInstances with a capacity
-    error when `fault` is `start`."""
+    """The aws provider against moto, its client's StartInstances as `fault` says."""
     config = AwsConfig(
         region="us-east-1",
         image_id=IMAGE,
@@ -50,6 +59,8 @@ def provider(moto_port: int, owner: str, fault: str) -> AwsProvider:
     client = make_client(config)
     if fault == "start":
         Faults([_no_capacity_to_start]).install(client)
+    elif fault == "hold-start":
+        Faults([_hold_starts]).install(client)
     return AwsProvider(config, owner, client=client)
 
 
