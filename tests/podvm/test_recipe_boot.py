@@ -250,4 +250,21 @@ def test_cdh_starts_with_ours_else_the_operators_else_its_defaults(tmp_path: Pat
     ours.parent.mkdir(parents=True)
     ours.write_text("[kbc]\n")
     assert start() == f"-c {ours}"  # ours, written only when the store has images
-    assert "ExecStartPre=-/opt/peerpods/bin/peerpods --log-format text podvm cdh-config" in text
+    pre = re.findall(r"(?m)^ExecStartPre=-/bin/sh -c '(.*)'$", text)
+    assert len(pre) == 1 and pre[0].endswith(
+        "/opt/peerpods/bin/peerpods --log-format text podvm cdh-config"
+    )
+    # cdh-config runs only when the store holds an image
+    gate = pre[0].replace("/var/lib/peerpods/images/", f"{tmp_path}/store/")
+    gate = gate.replace("exec /opt/peerpods/bin/peerpods", f"exec {tmp_path}/bin/peerpods")
+    ran = tmp_path / "cdh-config.ran"
+    executable(tmp_path / "bin/peerpods", f'#!/bin/sh\necho "$*" > {ran}\n')
+    assert subprocess.run(["/bin/sh", "-c", gate], timeout=30).returncode == 0
+    assert not ran.exists()  # no store
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store/index.json").write_text("")
+    assert subprocess.run(["/bin/sh", "-c", gate], timeout=30).returncode == 0
+    assert not ran.exists()  # a store that never recorded an image
+    (tmp_path / "store/index.json").write_text('{"version": 1, "images": []}')
+    assert subprocess.run(["/bin/sh", "-c", gate], timeout=30).returncode == 0
+    assert ran.read_text().strip() == "--log-format text podvm cdh-config"
