@@ -69,13 +69,8 @@ ROOT = Path(__file__).resolve().parents[2]
 OWNER = "warm-kata"
 POD = "gpu-pod"
 GONE = ("shutting-down", "terminated")
-# what Kata's shim keeps per sandbox while it runs
-KATA_STATE = (
-    "/run/vc/sbs/{}",
-    "/run/kata-containers/shared/sandboxes/{}",
-    "/run/kata-containers/{}",
-    "/var/run/netns/{}",
-)
+# what Kata's shim keeps per sandbox while it runs (no netns: the pods use the host's network)
+KATA_STATE = ("/run/vc/sbs/{}", "/run/kata-containers/shared/sandboxes/{}")
 POD_YAML = f"""\
 apiVersion: v1
 kind: Pod
@@ -217,6 +212,8 @@ def pool_vms(vms: dict[str, dict[str, Any]]) -> dict[str, str]:
 
 @dataclass
 class Rig:
+    """containerd with Kata's shim, serve with its pool, the pod VM's agent, the cloud."""
+
     runtime: Containerd
     config_path: str  # the Kata configuration `peerpods node install` wrote
     serve: WarmServe
@@ -264,7 +261,7 @@ class Rig:
         boxes = [b for b in self.sandboxes() if b.get("vm_id")]
         return boxes[0] if len(boxes) == 1 else None
 
-    def annotations(self, name: str) -> dict[str, str]:
+    def annotations(self) -> dict[str, str]:
         """The container's: the webhook's, and what the CRI would add for the pod's sandbox."""
         return {
             **self.pod.annotations,
@@ -278,7 +275,7 @@ class Rig:
     ) -> None:
         """`ctr run --rm` of a container with the webhook's annotations through Kata's shim;
         `running(sandbox)` checks while it runs, then it writes and exits with `status`."""
-        annotations = self.annotations(name)
+        annotations = self.annotations()
         started = self.pod_vm.calls.count("StartContainer")
         run = await asyncio.create_subprocess_exec(
             str(peer_binary("ctr")), "--address", str(self.runtime.socket),
@@ -329,7 +326,7 @@ class Rig:
 
     async def nothing_left(self, sandboxes: set[str], vm_ids: set[str]) -> None:
         """No container, task, shim, sandbox record or lease, none of Kata's per-sandbox state
-        (its sandbox store, shared dirs, netns); the pods' VMs deleted."""
+        (its sandbox store, shared dirs) or serve's (agent socket); the pods' VMs deleted."""
 
         def left() -> list[str]:
             vms = self.cloud.vms()
@@ -579,7 +576,7 @@ async def test_kill_9_of_serve_during_an_adoption_fails_the_pod_and_the_restart_
         str(peer_binary("ctr")), "--address", str(rig.runtime.socket), "--namespace", NAMESPACE,
         "run", "--rm", "--runtime", "io.containerd.kata.v2",
         "--runtime-config-path", rig.config_path,
-        *(f"--annotation={k}={v}" for k, v in rig.annotations("kill-pod").items()),
+        *(f"--annotation={k}={v}" for k, v in rig.annotations().items()),
         IMAGE, "kill-pod",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
@@ -606,7 +603,7 @@ async def test_kill_9_of_serve_during_an_adoption_fails_the_pod_and_the_restart_
     rig.serve.args = [*rig.serve.args, "--reconnect-grace", "3s", "--reap-grace", "1s"]
     await rig.serve.start()
     await rig.nothing_left({"kill-pod"}, {warm})
-    assert rig.serve.rows("SELECT * FROM leases WHERE pool = 'warm-pool-claim'") == []
+    assert rig.serve.rows(f"SELECT * FROM leases WHERE pool = '{CLAIMS}'") == []
     assert "kill-pod" in {box["id"] for box in rig.serve.get("/v1/sandboxes")["abandoned"]}
     refill = await rig.warm_vm()
     assert refill != warm
