@@ -17,12 +17,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from adaptor.podvm.warmrequest import apf_document
 
 ROOT = Path(__file__).resolve().parents[2]
 PODVM = ROOT / "config" / "podvm"
@@ -86,7 +89,8 @@ def image_root(tmp_path: Path) -> Path:
         shutil.copyfile(SYSTEMD / unit, units / unit)
     shutil.copyfile(SYSTEMD / DROPIN, units / DROPIN)
     (root / "bin").mkdir()
-    shutil.copy2("/bin/sh", root / "bin/sh")
+    for tool in ("sh", "grep"):
+        shutil.copy2(f"/bin/{tool}", root / "bin" / tool)
     executable(root / "opt/peerpods/bin/peerpods")
     executable(root / "usr/local/bin/confidential-data-hub")
     enabled = run("systemctl", f"--root={root}", "enable", *OURS)
@@ -138,6 +142,23 @@ def test_the_warm_unit_runs_before_the_agent_and_after_its_request() -> None:
     mirror = (SYSTEMD / "peerpods-image-mirror.service").read_text()
     assert "Before=confidential-data-hub.service" in mirror
     assert "ConditionFileNotEmpty=/var/lib/peerpods/images/index.json" in mirror
+
+
+def test_a_pods_boot_skips_the_warm_unit_without_starting_python(tmp_path: Path) -> None:
+    text = (SYSTEMD / "peerpods-podvm-warm.service").read_text()
+    (line,) = re.findall(r"(?m)^ExecCondition=(.*)$", text)
+    argv = shlex.split(line)  # systemd's quoting, as far as this line uses it
+    apf = tmp_path / "apf.json"
+    argv = [str(apf) if a == "/run/peerpod/apf.json" else a for a in argv]
+
+    def condition(document: object) -> int:
+        apf.write_text(json.dumps(document, separators=(",", ":")))
+        return subprocess.run(argv, timeout=30).returncode
+
+    assert condition(apf_document(["busybox"])) == 0  # a warm boot: the unit runs
+    assert condition({"pod-name": "train", "pod-network": None}) == 1  # a pod's: skipped
+    apf.unlink()
+    assert subprocess.run(argv, timeout=30, stderr=subprocess.DEVNULL).returncode == 2  # skipped
 
 
 # systemd-repart: the build's partitions, then the first boot's plan
