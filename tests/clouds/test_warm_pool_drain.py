@@ -30,7 +30,7 @@ from providers.clouds.retry import RetryPolicy
 from providers.core.base import TAG_SANDBOX, VMCandidate, VMSpec
 from providers.core.warm import WarmSpec
 from tests.clouds.fake_arm import RG, FakeArm
-from tests.clouds.fake_gce import FakeGce
+from tests.clouds.fake_gce import FakeGce, http_error
 from tests.clouds.latency import LatencyCloud, LatencyModel
 from tests.providers.fakes.azure import SUBSCRIPTION
 from tests.providers.fakes.gcp import PROJECT
@@ -54,6 +54,7 @@ class Account:
     make: Any  # owner -> provider
     flags: tuple[str, ...]
     mark: Any  # (provider, vm id, sandbox) -> None: the sandbox tag put on, pool tags kept
+    fake: Any = None  # the GCE or ARM fake
 
     def provider(self, owner: str = OWNER) -> Any:
         return self.make(owner)
@@ -105,7 +106,7 @@ def _gcp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Account]:
         gce.instances[(zone, name)]["labels"][TAG_SANDBOX] = sandbox
 
     flags = ("--provider", "gcp", "--gcp-project", PROJECT, "--gcp-zones", zone)
-    yield Account("gcp", zone, ("g2-standard-4", "n2-standard-8"), make, flags, mark)
+    yield Account("gcp", zone, ("g2-standard-4", "n2-standard-8"), make, flags, mark, gce)
 
 
 def _azure(monkeypatch: pytest.MonkeyPatch) -> Iterator[Account]:
@@ -320,3 +321,41 @@ async def test_a_running_keeper_replaces_what_a_drain_deleted() -> None:
             await pool.stop()
             await cloud.close()
             await store.close()
+
+
+def test_the_owner_defaults_to_serves(
+    account: Account, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    filled = asyncio.run(_fill(account))
+    monkeypatch.setenv("PEERPODS_OWNER_ID", OWNER)  # as the DaemonSet sets it for serve
+    code, out = _cli(account, capsys, "list", "--json")
+    assert code == 0
+    assert {vm["vm_id"] for vm in json.loads(out)["vms"]} == {
+        *filled.warm,
+        filled.other_type,
+        filled.mid,
+    }
+    monkeypatch.delenv("PEERPODS_OWNER_ID")  # serve's default: peerpods-<hostname>
+    code, out = _cli(account, capsys, "list", "--json")
+    assert code == 0 and json.loads(out)["vms"] == []
+
+
+@pytest.mark.parametrize("account", ["gcp"], indirect=True)
+def test_a_refused_delete_exits_1_naming_it_and_the_others_are_deleted(
+    account: Account, capsys: pytest.CaptureFixture[str]
+) -> None:
+    filled = asyncio.run(_fill(account))
+    refused = filled.warm[0].partition("/")[2]
+
+    def forbid(action: str, _zone: str, body: dict[str, Any]) -> Any:
+        if action == "delete" and body["name"] == refused:
+            return http_error(403, "forbidden", "deleting this instance is not allowed")
+        return None
+
+    account.fake.faults.append(forbid)
+    code = main(["--log-level", "warning", "warm-pool", "drain", *account.flags, "--owner", OWNER])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert f"failed {filled.warm[0]}: " in err and "not allowed" in err
+    assert f"deleted {filled.warm[1]}" in out and f"deleted {filled.other_type}" in out
+    assert _live(account) == {filled.warm[0], filled.adopted, filled.mid, filled.foreign}
