@@ -31,6 +31,7 @@ CAA_UNITS = (
     "agent-protocol-forwarder.service",
     "process-user-data.service",
     "nvidia-persistenced.service",
+    "confidential-data-hub.service",
 )
 
 
@@ -151,12 +152,26 @@ def test_systemd_verifies_our_units_in_the_image(rootfs: Path) -> None:
     ours = [
         PODVM / "systemd/peerpods-podvm-prepare.service",
         PODVM / "systemd/var-lib-peerpods-podvm.mount",
+        PODVM / "systemd/peerpods-podvm-warm.service",
+        PODVM / "systemd/var-lib-peerpods-images.mount",
+        PODVM / "systemd/peerpods-image-mirror.service",
     ]
     for unit in ours:
         shutil.copyfile(unit, units / unit.name)
+    # the drop-in for CAA's CDH unit, and the CDH binary it starts (a stand-in)
+    dropin = "confidential-data-hub.service.d/60-peerpods.conf"
+    (units / dropin).parent.mkdir(exist_ok=True)
+    shutil.copyfile(PODVM / "systemd" / dropin, units / dropin)
+    cdh = rootfs / "usr/local/bin/confidential-data-hub"
+    cdh.parent.mkdir(parents=True, exist_ok=True)
+    cdh.write_text("#!/bin/sh\n")
+    cdh.chmod(0o755)
+    # enabled as peerpods.postinst.chroot enables them, by the image's own systemctl
+    run("chroot", str(rootfs), "systemctl", "enable", *(u.name for u in ours), env=chroot_env())
     done = run(
         "systemd-analyze", "verify", f"--root={rootfs}", "--man=no",
         *(f"/etc/systemd/system/{u.name}" for u in ours),
+        "/etc/systemd/system/confidential-data-hub.service", "multi-user.target",
         check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
