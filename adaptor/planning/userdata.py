@@ -132,11 +132,16 @@ class PodVMConfig:
 
 
 def render(config: PodVMConfig) -> str:
-    """The `#cloud-config` document writing apf.json (and devices.json for GPU VMs)."""
+    """The `#cloud-config` document writing apf.json (and devices.json for GPU VMs).
+
+    Each `write_files` entry has `path` and `content` only, and the document nothing but
+    `write_files`: CAA's process-user-data reads it strictly (yaml.v2 UnmarshalStrict into
+    `write_files: [{path, content}]`), so one more key, a file's `permissions` included, makes it
+    refuse the whole document and write no apf.json. cloud-init then writes files 0644, as CAA's
+    process-user-data does."""
     files: list[dict[str, str]] = [
         {
             "path": APF_PATH,
-            "permissions": "0600",
             "content": json.dumps(config.apf_json(), separators=(",", ":"), sort_keys=True),
         }
     ]
@@ -144,12 +149,11 @@ def render(config: PodVMConfig) -> str:
         files.append(
             {
                 "path": DEVICES_PATH,
-                "permissions": "0644",
                 "content": json.dumps(config.gpu.to_dict(), separators=(",", ":"), sort_keys=True),
             }
         )
     for path, content in config.extra_files:
-        files.append({"path": path, "permissions": "0644", "content": content})
+        files.append({"path": path, "content": content})
     return "#cloud-config\n" + _write_files(files)
 
 

@@ -11,9 +11,11 @@ is installed (so the adoption's boot is a first boot and writes the pod's files)
 The power-off is the VM's report of readiness: the keeper waits for the VM to be stopped, so no
 address of the VM is ever dialled and nothing listens on it while it warms.
 
-`runcmd` is for cloud-init images without peerpods' warm unit only: they clean cloud-init's
-state and power off without pulling (an image with the unit leaves it all to the unit, which
-waits for cloud-init's final stage before it cleans). CAA's image ignores `runcmd`.
+The document is `write_files` with `path` and `content` alone: CAA's process-user-data reads it
+strictly (yaml.v2 UnmarshalStrict), and any other key, a `runcmd` or a file's `permissions`,
+makes it refuse the whole document and write no apf.json. So nothing runs from the user data
+itself: an image without peerpods' warm unit never powers off, and the pool deletes its VM at
+--warm-pool-ready-timeout.
 """
 
 from __future__ import annotations
@@ -25,24 +27,9 @@ import yaml
 
 from adaptor.podvm.warmrequest import APF_PATH, apf_document
 
-WARM_UNIT = "peerpods-podvm-warm.service"
-# cloud-init images without the warm unit still power off (warm without a pull)
-FALLBACK = (
-    f"systemctl is-enabled --quiet {WARM_UNIT} 2>/dev/null || "
-    "{ cloud-init clean --logs; sync; poweroff; }"
-)
-
 
 def warm_user_data(images: Sequence[str]) -> str:
     """The cloud-config of a warm VM that pre-pulls `images`."""
-    document = {
-        "write_files": [
-            {
-                "path": APF_PATH,
-                "permissions": "0600",
-                "content": json.dumps(apf_document(images), separators=(",", ":"), sort_keys=True),
-            }
-        ],
-        "runcmd": [["sh", "-c", FALLBACK]],
-    }
+    content = json.dumps(apf_document(images), separators=(",", ":"), sort_keys=True)
+    document = {"write_files": [{"path": APF_PATH, "content": content}]}
     return "#cloud-config\n" + yaml.safe_dump(document, sort_keys=False, width=10_000)

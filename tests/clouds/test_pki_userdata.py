@@ -136,7 +136,8 @@ def test_user_data_carries_apf_json_and_mig_layout(tmp_path: Path) -> None:
     assert text.startswith("#cloud-config\n")
     files = {f["path"]: f for f in yaml.safe_load(text)["write_files"]}
     apf = json.loads(files[APF_PATH]["content"])
-    assert files[APF_PATH]["permissions"] == "0600"
+    # path and content alone: CAA's process-user-data refuses any other key (caa_userdata)
+    assert set(files[APF_PATH]) == {"path", "content"}
     assert apf["pod-namespace"] == "ml" and apf["pod-name"] == "train"
     assert apf["tls-server-cert"] == pair.cert_pem and apf["tls-server-key"] == pair.key_pem
     assert apf["tls-client-ca"] == pki.ca_pem

@@ -47,11 +47,7 @@ def test_direct_rendering_parses_as_written(content: str, monkeypatch: pytest.Mo
     assert text.startswith("#cloud-config\nwrite_files:\n- path: ")
     parsed = yaml.safe_load(text)
     files = {f["path"]: f for f in parsed["write_files"]}
-    assert files["/run/peerpod/extra"] == {
-        "path": "/run/peerpod/extra",
-        "permissions": "0644",
-        "content": content,
-    }
+    assert files["/run/peerpod/extra"] == {"path": "/run/peerpod/extra", "content": content}
     assert json.loads(files[APF_PATH]["content"]) == config.apf_json()
     dumped = _through_safe_dump(config, monkeypatch)
     assert dumped != text
