@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -291,3 +291,39 @@ def test_the_adoption_boot_serves_what_the_warm_boot_pulled(vm: Vm, pushed: Push
         for digest in [layout.configs["linux/amd64"], *layout.layers["linux/amd64"]]:
             blob = http.request("GET", f"{base}/blobs/{digest}")
             assert blob.status == 200 and blob.data == layout.blob(digest)
+
+
+def test_the_pull_gets_the_store_the_credentials_and_the_images_in_order(vm: Vm) -> None:
+    vm.request("busybox", "-not-a-flag")
+    vm.on_partition()
+    auth = vm.root / "run/peerpod/auth.json"
+    auth.write_text("{}")
+    calls: list[list[str]] = []
+
+    def runner(argv: Sequence[str], timeout: float | None) -> int:
+        calls.append(list(argv))
+        return 0
+
+    options = WarmOptions(
+        apf_path=vm.apf,
+        store=vm.store,
+        status_path=vm.status,
+        pull_command=("pull-images",),
+        poweroff_command=("poweroff-now",),
+        cloud_init=str(vm.script("cloud-init")),
+        auth=auth,
+        mountinfo=vm.mountinfo,
+    )
+    result = warm(options, runner=runner, out=lambda _: None)
+    assert calls[0] == [
+        *("pull-images", "--store", str(vm.store), "--auth", str(auth)),
+        *("--", "busybox", "-not-a-flag"),  # an image is never read as a flag
+    ]
+    # then cloud-init, done and cleaned, and the power-off last
+    assert [c[1:] for c in calls[1:3]] == [["status", "--wait"], ["clean", "--logs"]]
+    assert calls[3:] == [["poweroff-now"]]
+    assert result.powered_off and result.cloud_init_cleaned
+    auth.unlink()  # no credentials file: no --auth
+    calls.clear()
+    warm(options, runner=runner, out=lambda _: None)
+    assert "--auth" not in calls[0]
