@@ -73,6 +73,7 @@ def _warm(args: argparse.Namespace) -> int:
         cloud_init=settings.cloud_init,
         auth=Path(settings.auth) if settings.auth else None,
         pull_timeout_seconds=settings.pull_timeout_seconds,
+        pull_attempts=settings.pull_attempts,
         mountinfo=Path(settings.mountinfo),
     )
     try:

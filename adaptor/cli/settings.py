@@ -330,6 +330,13 @@ class PodvmWarmSettings(Section):
         description="the pull is stopped after this long and the VM powers off with what it "
         "has (keep it under serve's --warm-pool-ready-timeout)",
     )
+    pull_attempts: Annotated[int, Flag("--pull-attempts")] = Field(
+        3,
+        ge=1,
+        le=10,
+        description="how often a failed pull is tried, 15 s apart, within --pull-timeout (the "
+        "network may come up late; what was stored is not fetched again)",
+    )
     poweroff_command: Annotated[str, Flag("--poweroff-command", metavar="CMD")] = Field(
         "systemctl --no-block poweroff", description="how the VM powers off at the end"
     )

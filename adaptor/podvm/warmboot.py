@@ -27,6 +27,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,9 @@ class WarmOptions:
     cloud_init: str = "cloud-init"  # its path or name on PATH; "" never cleans
     auth: Path | None = None
     pull_timeout_seconds: float = 1500.0
+    pull_attempts: int = 3
+    retry_pause_seconds: float = 15.0
+    sleep: Callable[[float], None] = time.sleep
     mountinfo: Path = Path("/proc/self/mountinfo")
 
 
@@ -205,7 +209,7 @@ def _pull(
         argv += ["--auth", str(options.auth)]
     argv += ["--", *request.images]
     out(f"peerpods podvm warm: pulling {len(request.images)} image(s) into {options.store}")
-    result.pull_exit = runner(argv, options.pull_timeout_seconds)
+    result.pull_exit = _pull_with_retries(options, argv, runner, out)
     result.stored = stored_images(options.store, request.images)
     for image in request.images:
         out(f"{image}: {'stored' if result.stored.get(image) else 'not stored'}")
@@ -213,6 +217,26 @@ def _pull(
         result.errors.append(f"the pull ran past {options.pull_timeout_seconds:.0f}s: stopped")
     elif result.pull_exit:
         result.errors.append(f"the pull exited {result.pull_exit}")
+
+
+def _pull_with_retries(
+    options: WarmOptions, argv: Sequence[str], runner: Runner, out: Callable[[str], None]
+) -> int:
+    """The pull, tried again after a failure while the deadline allows (the network or the
+    registry may come up after the unit starts; what was stored is not fetched again)."""
+    deadline = time.monotonic() + options.pull_timeout_seconds
+    status = 0
+    for attempt in range(1, options.pull_attempts + 1):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return 124
+        status = runner(argv, left)
+        if status in (0, 2, 124) or attempt == options.pull_attempts:
+            return status  # done, bad input (a retry cannot help) or out of time
+        pause = min(options.retry_pause_seconds, max(0.0, deadline - time.monotonic()))
+        out(f"peerpods podvm warm: the pull exited {status}; again in {pause:.0f}s")
+        options.sleep(pause)
+    return status
 
 
 def stored_images(store: Path, images: Sequence[str]) -> dict[str, bool]:

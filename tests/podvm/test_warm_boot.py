@@ -179,7 +179,7 @@ def test_a_store_on_tmpfs_is_refused_and_the_vm_still_powers_off(
 def test_a_failed_pull_is_reported_and_the_vm_still_powers_off(vm: Vm) -> None:
     vm.request("127.0.0.1:9/team/app:v1")  # nothing listens on the discard port
     vm.on_partition()
-    assert main(vm.argv()) == 1
+    assert main(vm.argv("--pull-attempts", "1")) == 1
     assert vm.calls("poweroff") == [""] and vm.calls("cloud-init") == CLEANED
     status = json.loads(vm.status.read_text())
     assert status["pull_exit"] == 1 and status["images"] == {"127.0.0.1:9/team/app:v1": False}
@@ -327,3 +327,38 @@ def test_the_pull_gets_the_store_the_credentials_and_the_images_in_order(vm: Vm)
     calls.clear()
     warm(options, runner=runner, out=lambda _: None)
     assert "--auth" not in calls[0]
+
+
+def test_a_failed_pull_is_tried_again_while_the_deadline_allows(vm: Vm) -> None:
+    vm.request("busybox")
+    vm.on_partition()
+    statuses = iter([1, 0])
+    pulls: list[float | None] = []
+    pauses: list[float] = []
+
+    def runner(argv: Sequence[str], timeout: float | None) -> int:
+        if argv[0] == "pull-images":
+            pulls.append(timeout)
+            return next(statuses)
+        return 0
+
+    options = WarmOptions(
+        apf_path=vm.apf,
+        store=vm.store,
+        status_path=vm.status,
+        pull_command=("pull-images",),
+        poweroff_command=("poweroff-now",),
+        cloud_init="",
+        mountinfo=vm.mountinfo,
+        pull_timeout_seconds=100,
+        sleep=pauses.append,
+    )
+    result = warm(options, runner=runner, out=lambda _: None)
+    assert result.pull_exit == 0 and len(pulls) == 2 and pauses == [15.0]
+    assert pulls[1] is not None and pulls[1] <= 100  # the second try has what is left
+    # bad input is not tried again, and the tries stop at pull_attempts
+    for first, expected in ((2, 1), (1, 3)):
+        statuses = iter([first] * 5)
+        pulls.clear()
+        assert warm(options, runner=runner, out=lambda _: None).pull_exit == first
+        assert len(pulls) == expected
