@@ -67,7 +67,7 @@ def _warm(args: argparse.Namespace) -> int:
     options = WarmOptions(
         apf_path=Path(settings.apf_json),
         store=Path(settings.store),
-        status_path=Path(settings.status_file),
+        status_path=Path(settings.warm_status_file),
         pull_command=tuple(pull),
         poweroff_command=tuple(poweroff),
         cloud_init=settings.cloud_init,

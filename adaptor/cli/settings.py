@@ -311,7 +311,7 @@ class PodvmWarmSettings(Section):
         description="the image store; must be on persistent storage (the image's "
         "peerpods-images partition), never tmpfs",
     )
-    status_file: Annotated[str, Flag("--status-file", metavar="PATH")] = Field(
+    warm_status_file: Annotated[str, Flag("--warm-status-file", metavar="PATH")] = Field(
         "/var/lib/peerpods/podvm/warm-status.json",
         description="what the warm boot did (JSON), on the state partition so it outlives the stop",
     )

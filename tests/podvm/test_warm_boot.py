@@ -94,7 +94,7 @@ class Vm:
     def argv(self, *extra: str, pull: str = PULL) -> list[str]:
         return [
             *("podvm", "warm", "--apf-json", str(self.apf), "--store", str(self.store)),
-            *("--status-file", str(self.status), "--mountinfo", str(self.mountinfo)),
+            *("--warm-status-file", str(self.status), "--mountinfo", str(self.mountinfo)),
             *("--poweroff-command", str(self.script("poweroff"))),
             *("--cloud-init", str(self.script("cloud-init")), "--pull-command", pull),
             *extra,
