@@ -376,8 +376,6 @@ class AwsProvider:
         tags: Mapping[str, str],
         token: str,
         user_data: str,
-        *,
-        root_deleted_on_termination: bool = True,
     ) -> dict[str, Any]:
         """RunInstances' arguments every launch shares: one instance of the placement's type,
         tagged with its volumes, IMDSv2 only, the root volume and key the settings ask for."""
@@ -397,9 +395,13 @@ class AwsProvider:
             request["UserData"] = user_data
         if self.config.root_volume_gib:
             root = await self._root_device(image)
-            ebs: dict[str, Any] = {"VolumeSize": self.config.root_volume_gib, "VolumeType": "gp3"}
-            if root_deleted_on_termination:
-                ebs["DeleteOnTermination"] = True
+            # deleted with the VM, a warm one's too: a pool VM drained or found orphaned
+            # leaves no volume billing behind it
+            ebs: dict[str, Any] = {
+                "VolumeSize": self.config.root_volume_gib,
+                "VolumeType": "gp3",
+                "DeleteOnTermination": True,
+            }
             request["BlockDeviceMappings"] = [{"DeviceName": root, "Ebs": ebs}]
         if self.config.key_name:
             request["KeyName"] = self.config.key_name
@@ -672,7 +674,6 @@ class AwsProvider:
             tags,
             slot_token(spec.slot),
             spec.user_data,
-            root_deleted_on_termination=False,
         )
         # the guest's own power-off (its report of readiness) stops it, never terminates it
         request["InstanceInitiatedShutdownBehavior"] = "stop"

@@ -36,8 +36,9 @@ WARM_IMAGES = ("nvcr.io/nvidia/pytorch:25.01-py3", "busybox")
 MODEL = LatencyModel(scale=0.001)  # cold 0.15 s, warm 0.025 s
 
 
-def aws(ec2: Any, owner: str = OWNER) -> AwsProvider:
+def aws(ec2: Any, owner: str = OWNER, **settings: Any) -> AwsProvider:
     config = AwsConfig(
+        **settings,
         region="us-east-1",
         image_id=IMAGE,
         zones=(ZONE,),
@@ -171,6 +172,32 @@ async def test_adoption_rewrites_user_data_retags_starts_and_refills(
         await cloud.close()
     assert refill > 0
     assert len(instances(ec2)) == 3
+
+
+async def test_a_drained_warm_vm_leaves_no_root_volume(ec2: Any, store: StateStore) -> None:
+    """A resized root volume (--aws-root-volume-gib) goes with a pool VM as with a sandbox's:
+    EC2 keeps a volume whose mapping says otherwise, billing after its VM is gone."""
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]  # names its root
+    cloud = LatencyCloud(aws(ec2, root_volume_gib=200), MODEL)
+    pool = WarmPool(
+        cloud,
+        PoolRecord(store),
+        WarmConfig(pools=(Pool(TYPE, 2, ZONE),), interval_seconds=0.05, ready_timeout_seconds=10),
+        default_image=image,
+        zones=(ZONE,),
+    )
+    pool.start()
+    try:
+        await until(lambda: warm_count(pool) == 2)
+        for raw in instances(ec2):
+            (mapping,) = raw["BlockDeviceMappings"]
+            assert mapping["Ebs"]["DeleteOnTermination"] is True
+        assert len(ec2.describe_volumes()["Volumes"]) == 2
+        await pool.drain()
+    finally:
+        await pool.stop()
+        await cloud.close()
+    assert ec2.describe_volumes()["Volumes"] == []
 
 
 async def test_the_adoption_sends_user_data_ec2_decodes_once(ec2: Any, store: StateStore) -> None:
