@@ -265,6 +265,31 @@ def registry(base: Path, auth: Mapping[str, Any] | None = None) -> Iterator[Regi
         stop(running.process, running.log)
 
 
+@dataclass
+class Pushed:
+    """An image layout pushed by skopeo to a registry."""
+
+    layout: Layout
+    image: str  # registry/repo:tag as pull-images reads it
+    registry: Registry
+
+
+def push(tmp: Path, reg: Registry, repo: str = "team/app", *creds: str) -> Pushed:
+    """A layout of two platforms (`write_layout`) copied whole (`--all`) to `reg`."""
+    layout = write_layout(tmp / f"layout-{repo.replace('/', '-')}")
+    copied = skopeo(
+        tmp / "home",
+        "copy",
+        "--all",
+        "--dest-tls-verify=false",
+        *creds,
+        f"oci:{layout.path}:{layout.tag}",
+        f"docker://{reg.host}/{repo}:{layout.tag}",
+    )
+    assert copied.returncode == 0, copied.stderr
+    return Pushed(layout, f"{reg.host}/{repo}:{layout.tag}", reg)
+
+
 # the mirror, as `peerpods podvm image-mirror` runs it
 
 

@@ -6,10 +6,8 @@ locations are fetched from the real `peerpods podvm image-mirror`."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,10 +15,9 @@ import urllib3
 
 from adaptor.cli.main import main
 from adaptor.podvm.cdhconfig import MARK, registries_conf
-from adaptor.podvm.imagecache.store import ImageStore, StoredManifest
-from tests.podvm.imagecache_peers import mirror
-
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+from adaptor.podvm.imagecache.store import ImageStore
+from tests.podvm.imagecache_peers import OCI_MANIFEST, mirror
+from tests.podvm.warm_vm import Vm
 
 OPERATOR = """\
 # from initdata
@@ -40,55 +37,6 @@ authenticated_registry_credentials_uri = "kbs:///default/credential/test"
 """
 
 
-@dataclass
-class Vm:
-    root: Path
-
-    @property
-    def store(self) -> Path:
-        return self.root / "var/lib/peerpods/images"
-
-    @property
-    def operator(self) -> Path:
-        return self.root / "run/peerpod/cdh.toml"
-
-    @property
-    def registries(self) -> Path:
-        return self.root / "run/peerpods/registries.conf"
-
-    @property
-    def cdh(self) -> Path:
-        return self.root / "run/peerpods/cdh.toml"
-
-    @property
-    def cmdline(self) -> Path:
-        return self.root / "cmdline"
-
-    def argv(self, *extra: str) -> list[str]:
-        if not self.cmdline.exists():  # CAA's image's, for the tests that do not set their own
-            self.cmdline.write_text("console=ttyS0 systemd.firstboot=off systemd.volatile=state\n")
-        return [
-            *("podvm", "cdh-config", "--store", str(self.store), "--cmdline", str(self.cmdline)),
-            *("--operator-config", str(self.operator), "--registries-conf", str(self.registries)),
-            *("--cdh-config", str(self.cdh), *extra),
-        ]
-
-    def put(self, registry: str, repository: str, tag: str) -> str:
-        """An image of one manifest blob recorded in the store; its digest."""
-        store = ImageStore(self.store)
-        manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "repo": repository})
-        data = manifest.encode()
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        store.put(digest, data)
-        stored = StoredManifest(digest, OCI_MANIFEST, len(data))
-        store.record(registry, repository, {tag: stored}, [digest])
-        return digest
-
-    def operator_config(self, text: str) -> None:
-        self.operator.parent.mkdir(parents=True, exist_ok=True)
-        self.operator.write_text(text)
-
-
 @pytest.fixture
 def vm(tmp_path: Path) -> Vm:
     return Vm(tmp_path)
@@ -102,7 +50,7 @@ def mirrors_of(path: Path) -> dict[str, list[dict[str, object]]]:
 def test_without_an_operator_config_cdh_gets_its_defaults_and_the_mirror(vm: Vm) -> None:
     vm.put("docker.io", "library/busybox", "latest")
     vm.put("nvcr.io", "nvidia/pytorch", "25.01-py3")
-    assert main(vm.argv()) == 0
+    assert main(vm.cdh_argv()) == 0
     assert mirrors_of(vm.registries) == {
         "docker.io": [{"location": "127.0.0.1:5170/docker.io", "insecure": True}],
         "nvcr.io": [{"location": "127.0.0.1:5170/nvcr.io", "insecure": True}],
@@ -118,7 +66,7 @@ def test_without_an_operator_config_cdh_gets_its_defaults_and_the_mirror(vm: Vm)
 def test_the_operators_config_is_extended_in_place(vm: Vm) -> None:
     vm.put("ghcr.io", "team/app", "v1")
     vm.operator_config(OPERATOR)
-    assert main(vm.argv()) == 0
+    assert main(vm.cdh_argv()) == 0
     written = vm.cdh.read_text()
     expected = tomllib.loads(OPERATOR)
     expected["image"]["registry_configuration_uri"] = vm.registries.as_uri()
@@ -133,7 +81,7 @@ def test_the_operators_config_is_extended_in_place(vm: Vm) -> None:
 def test_an_operator_config_without_an_image_table_gets_one(vm: Vm) -> None:
     vm.put("docker.io", "library/busybox", "latest")
     vm.operator_config('[kbc]\nname = "offline_fs_kbc"\n')
-    assert main(vm.argv()) == 0
+    assert main(vm.cdh_argv()) == 0
     assert tomllib.loads(vm.cdh.read_text()) == {
         "kbc": {"name": "offline_fs_kbc"},
         "image": {"registry_configuration_uri": vm.registries.as_uri()},
@@ -155,7 +103,7 @@ def test_an_operators_own_registry_configuration_is_kept(
 ) -> None:
     vm.put("docker.io", "library/busybox", "latest")
     vm.operator_config(f'[kbc]\nname = "offline_fs_kbc"\n\n[image]\n{own}\n')
-    assert main(vm.argv()) == 0
+    assert main(vm.cdh_argv()) == 0
     assert not vm.cdh.exists() and not vm.registries.exists()
     out, err = capsys.readouterr()
     logged = [json.loads(line) for line in err.splitlines()]
@@ -165,13 +113,13 @@ def test_an_operators_own_registry_configuration_is_kept(
 
 
 def test_an_empty_store_writes_nothing(vm: Vm) -> None:
-    assert main(vm.argv()) == 0
+    assert main(vm.cdh_argv()) == 0
     assert not vm.store.exists()  # not even created
     ImageStore(vm.store)  # a store that never recorded an image
     vm.operator_config(OPERATOR)
     vm.cdh.parent.mkdir(parents=True)
     vm.cdh.write_text("stale")
-    assert main(vm.argv()) == 0
+    assert main(vm.cdh_argv()) == 0
     assert not vm.cdh.exists() and not vm.registries.exists()
     assert vm.operator.read_text() == OPERATOR
 
@@ -181,7 +129,7 @@ def test_an_operator_config_that_is_not_toml_writes_nothing(
 ) -> None:
     vm.put("docker.io", "library/busybox", "latest")
     vm.operator_config("[kbc\nname = 1\n")
-    assert main(vm.argv()) == 1
+    assert main(vm.cdh_argv()) == 1
     assert not vm.cdh.exists() and not vm.registries.exists()
     err = capsys.readouterr().err
     assert "not TOML" in err and "nothing written" in err and "Traceback" not in err
@@ -190,7 +138,7 @@ def test_an_operator_config_that_is_not_toml_writes_nothing(
 def test_an_inline_image_table_cannot_be_extended_and_is_left_alone(vm: Vm) -> None:
     vm.put("docker.io", "library/busybox", "latest")
     vm.operator_config('kbc = { name = "offline_fs_kbc" }\nimage = { work_dir = "/run/x" }\n')
-    assert main(vm.argv()) == 1
+    assert main(vm.cdh_argv()) == 1
     assert not vm.cdh.exists()
 
 
@@ -210,7 +158,7 @@ def test_each_mirror_location_is_served_by_the_image_mirror(vm: Vm) -> None:
     ]
     digests = {image: vm.put(*image) for image in images}
     with mirror(vm.store) as address:
-        assert main(vm.argv("--mirror", address)) == 0
+        assert main(vm.cdh_argv("--mirror", address)) == 0
         mirrors = mirrors_of(vm.registries)
         http = urllib3.PoolManager()
         for (registry, repository, tag), digest in digests.items():
@@ -233,12 +181,12 @@ def test_image_settings_on_the_kernel_command_line_are_not_hidden(
     if operator is not None:
         vm.operator_config(operator)
     vm.cmdline.write_text("console=ttyS0 agent.https_proxy=http://10.0.0.1:3128\n")
-    assert main(vm.argv()) == 0
+    assert main(vm.cdh_argv()) == 0
     assert not vm.cdh.exists() and not vm.registries.exists()
     assert "kernel command line sets agent.https_proxy" in capsys.readouterr().out
     # with an [image] table of the operator's, the command line is not read anyway: extended
     vm.operator_config('[kbc]\nname = "offline_fs_kbc"\n\n[image]\n')
-    assert main(vm.argv()) == 0
+    assert main(vm.cdh_argv()) == 0
     assert tomllib.loads(vm.cdh.read_text())["image"] == {
         "registry_configuration_uri": vm.registries.as_uri()
     }

@@ -8,7 +8,6 @@ import base64
 import json
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,11 +17,11 @@ from adaptor.cli.main import main
 from adaptor.podvm.imagecache.mirror import mirror_location
 from adaptor.podvm.imagecache.store import ImageStore
 from tests.podvm.imagecache_peers import (
-    Layout,
-    Registry,
+    Pushed,
     TokenService,
     mirror,
     need,
+    push,
     registry,
     sha256,
     skopeo,
@@ -33,28 +32,6 @@ from tests.podvm.imagecache_peers import (
 @pytest.fixture(autouse=True)
 def _peers() -> None:
     need("docker-registry", "skopeo")
-
-
-@dataclass
-class Pushed:
-    layout: Layout
-    image: str  # registry/repo:tag as pull-images reads it
-    registry: Registry
-
-
-def push(tmp: Path, reg: Registry, repo: str = "team/app", *creds: str) -> Pushed:
-    layout = write_layout(tmp / f"layout-{repo.replace('/', '-')}")
-    copied = skopeo(
-        tmp / "home",
-        "copy",
-        "--all",
-        "--dest-tls-verify=false",
-        *creds,
-        f"oci:{layout.path}:{layout.tag}",
-        f"docker://{reg.host}/{repo}:{layout.tag}",
-    )
-    assert copied.returncode == 0, copied.stderr
-    return Pushed(layout, f"{reg.host}/{repo}:{layout.tag}", reg)
 
 
 def pull(store: Path, *args: str) -> int:

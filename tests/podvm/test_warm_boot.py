@@ -9,10 +9,8 @@ mounted in a test) except where the machine's own /proc/self/mountinfo is read."
 from __future__ import annotations
 
 import json
-import sys
 import tomllib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,85 +18,23 @@ import urllib3
 
 from adaptor.cli.main import main
 from adaptor.podvm.imagecache.store import ImageStore
-from adaptor.podvm.warmboot import WarmOptions, volatile_reason, warm
-from adaptor.podvm.warmrequest import WARM_KEY, apf_document
+from adaptor.podvm.warmboot import volatile_reason, warm
+from adaptor.podvm.warmrequest import WARM_KEY
 from adaptor.warmpool.userdata import warm_user_data
 from tests.clouds.warm_userdata import warm_request
 from tests.podvm.imagecache_peers import (
     OCI_INDEX,
     OCI_MANIFEST,
-    Layout,
-    Registry,
+    Pushed,
     mirror,
     need,
+    push,
     registry,
-    skopeo,
     stop,
-    write_layout,
 )
+from tests.podvm.warm_vm import PULL, Vm
 
 CLEANED = ["status --wait", "clean --logs"]  # cloud-init done, then its state cleaned
-PULL = f"{sys.executable} -m adaptor.cli.main --log-format text podvm pull-images"
-
-
-@dataclass
-class Vm:
-    """A warm VM's files in tmp_path, and scripts standing in for its power-off and cloud-init."""
-
-    root: Path
-
-    @property
-    def apf(self) -> Path:
-        return self.root / "run/peerpod/apf.json"
-
-    @property
-    def store(self) -> Path:
-        return self.root / "var/lib/peerpods/images"
-
-    @property
-    def status(self) -> Path:
-        return self.root / "var/lib/peerpods/podvm/warm-status.json"
-
-    @property
-    def mountinfo(self) -> Path:
-        return self.root / "mountinfo"
-
-    def calls(self, name: str) -> list[str]:
-        log = self.root / f"{name}.calls"
-        return log.read_text().splitlines() if log.exists() else []
-
-    def script(self, name: str) -> Path:
-        path = self.root / "bin" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f'#!/bin/sh\necho "$*" >> {self.root}/{name}.calls\n')
-        path.chmod(0o755)
-        return path
-
-    def mounts(self, *entries: tuple[str, str, str]) -> None:
-        """The mount table: (mount point, options, file system type) each."""
-        lines = [
-            f"{n} 1 0:{n} / {point.replace(' ', chr(92) + '040')} {opts} shared:{n} - {fs} src rw"
-            for n, (point, opts, fs) in enumerate(entries, start=20)
-        ]
-        self.mountinfo.write_text("\n".join(lines) + "\n")
-
-    def on_partition(self) -> None:
-        """The CAA image's layout: a read-only root, /var a tmpfs, the store its own ext4."""
-        self.mounts(("/", "ro,relatime", "squashfs"), (str(self.root), "rw", "tmpfs"),
-                    (str(self.store), "rw,nosuid,nodev", "ext4"))  # fmt: skip
-
-    def request(self, *images: str) -> None:
-        self.apf.parent.mkdir(parents=True, exist_ok=True)
-        self.apf.write_text(json.dumps(apf_document(images)))
-
-    def argv(self, *extra: str, pull: str = PULL) -> list[str]:
-        return [
-            *("podvm", "warm", "--apf-json", str(self.apf), "--store", str(self.store)),
-            *("--warm-status-file", str(self.status), "--mountinfo", str(self.mountinfo)),
-            *("--poweroff-command", str(self.script("poweroff"))),
-            *("--cloud-init", str(self.script("cloud-init")), "--pull-command", pull),
-            *extra,
-        ]
 
 
 @pytest.fixture
@@ -106,24 +42,12 @@ def vm(tmp_path: Path) -> Vm:
     return Vm(tmp_path)
 
 
-@dataclass
-class Pushed:
-    registry: Registry
-    image: str
-    layout: Layout
-
-
 @pytest.fixture
 def pushed(tmp_path: Path) -> Iterator[Pushed]:
     """An image of two platforms pushed by skopeo to Debian's registry on loopback."""
     need("docker-registry", "skopeo")
     with registry(tmp_path / "registry") as reg:
-        layout = write_layout(tmp_path / "layout")
-        image = f"{reg.host}/team/app:{layout.tag}"
-        copied = skopeo(tmp_path / "home", "copy", "--all", "--dest-tls-verify=false",
-                        f"oci:{layout.path}:{layout.tag}", f"docker://{image}")  # fmt: skip
-        assert copied.returncode == 0, copied.stderr
-        yield Pushed(reg, image, layout)
+        yield push(tmp_path, reg)
 
 
 def test_a_warm_boot_pulls_the_listed_images_and_powers_off_once(
@@ -135,7 +59,7 @@ def test_a_warm_boot_pulls_the_listed_images_and_powers_off_once(
     request = warm_request(warm_user_data([image]))
     vm.apf.write_text(json.dumps({WARM_KEY: request.to_dict()}))
     vm.on_partition()
-    assert main(vm.argv(pull=f"{PULL} --plain-http {reg.host}")) == 0
+    assert main(vm.warm_argv(pull=f"{PULL} --plain-http {reg.host}")) == 0
     assert vm.calls("poweroff") == [""]
     assert vm.calls("cloud-init") == CLEANED
     status = json.loads(vm.status.read_text())
@@ -149,13 +73,13 @@ def test_a_pods_boot_does_nothing(vm: Vm) -> None:
     vm.apf.parent.mkdir(parents=True)
     vm.apf.write_text(json.dumps({"pod-name": "train", "pod-namespace": "default"}))
     vm.on_partition()
-    assert main(vm.argv(pull="false")) == 0
+    assert main(vm.warm_argv(pull="false")) == 0
     assert vm.calls("poweroff") == [] and vm.calls("cloud-init") == []
     assert not vm.status.exists() and not vm.store.exists()
 
 
 def test_no_apf_json_is_a_pods_boot_too(vm: Vm) -> None:
-    assert main(vm.argv(pull="false")) == 0
+    assert main(vm.warm_argv(pull="false")) == 0
     assert vm.calls("poweroff") == []
 
 
@@ -166,7 +90,7 @@ def test_a_store_on_tmpfs_is_refused_and_the_vm_still_powers_off(
     # the partition is not mounted: the store would be on /var, a tmpfs
     vm.mounts(("/", "ro", "squashfs"), (str(vm.root), "rw,nosuid", "tmpfs"))
     pull_marker = vm.root / "pulled"
-    assert main(vm.argv(pull=f"touch {pull_marker}")) == 1
+    assert main(vm.warm_argv(pull=f"touch {pull_marker}")) == 1
     assert not pull_marker.exists()
     assert vm.calls("poweroff") == [""] and vm.calls("cloud-init") == CLEANED
     status = json.loads(vm.status.read_text())
@@ -179,7 +103,7 @@ def test_a_store_on_tmpfs_is_refused_and_the_vm_still_powers_off(
 def test_a_failed_pull_is_reported_and_the_vm_still_powers_off(vm: Vm) -> None:
     vm.request("127.0.0.1:9/team/app:v1")  # nothing listens on the discard port
     vm.on_partition()
-    assert main(vm.argv("--pull-attempts", "1")) == 1
+    assert main(vm.warm_argv("--pull-attempts", "1")) == 1
     assert vm.calls("poweroff") == [""] and vm.calls("cloud-init") == CLEANED
     status = json.loads(vm.status.read_text())
     assert status["pull_exit"] == 1 and status["images"] == {"127.0.0.1:9/team/app:v1": False}
@@ -188,7 +112,7 @@ def test_a_failed_pull_is_reported_and_the_vm_still_powers_off(vm: Vm) -> None:
 def test_a_pull_past_its_deadline_is_stopped_and_the_vm_powers_off(vm: Vm) -> None:
     vm.request("busybox")
     vm.on_partition()
-    assert main(vm.argv("--pull-timeout", "1s", pull="sh -c 'sleep 30; :'")) == 1
+    assert main(vm.warm_argv("--pull-timeout", "1s", pull="sh -c 'sleep 30; :'")) == 1
     assert vm.calls("poweroff") == [""]
     status = json.loads(vm.status.read_text())
     assert status["pull_exit"] == 124 and "ran past" in status["errors"][0]
@@ -198,7 +122,7 @@ def test_a_malformed_request_is_a_warm_boot_that_pulls_nothing(vm: Vm) -> None:
     vm.apf.parent.mkdir(parents=True)
     vm.apf.write_text(json.dumps({WARM_KEY: {"v": 1, "images": "busybox"}}))
     vm.on_partition()
-    assert main(vm.argv(pull="false")) == 1
+    assert main(vm.warm_argv(pull="false")) == 1
     assert vm.calls("poweroff") == [""]
     assert "peerpods-warm" in json.loads(vm.status.read_text())["errors"][0]
 
@@ -208,7 +132,7 @@ def test_an_unreadable_apf_json_is_bad_input_and_nothing_is_done(
 ) -> None:
     vm.apf.parent.mkdir(parents=True)
     vm.apf.write_text("{not json")
-    assert main(vm.argv(pull="false")) == 2
+    assert main(vm.warm_argv(pull="false")) == 2
     assert vm.calls("poweroff") == []
     err = capsys.readouterr().err
     assert "not JSON" in err and "Traceback" not in err
@@ -217,14 +141,10 @@ def test_an_unreadable_apf_json_is_bad_input_and_nothing_is_done(
 def test_without_cloud_init_nothing_is_cleaned(vm: Vm) -> None:
     vm.request()
     vm.on_partition()
-    options = WarmOptions(
-        apf_path=vm.apf,
-        store=vm.store,
-        status_path=vm.status,
+    options = vm.warm_options(
         pull_command=("false",),
         poweroff_command=(str(vm.script("poweroff")),),
         cloud_init="peerpods-test-no-such-cloud-init",
-        mountinfo=vm.mountinfo,
     )
     result = warm(options, out=lambda _: None)
     assert result.warm and result.powered_off and not result.cloud_init_cleaned
@@ -235,7 +155,7 @@ def test_without_cloud_init_nothing_is_cleaned(vm: Vm) -> None:
 def test_a_poweroff_that_fails_is_reported(vm: Vm) -> None:
     vm.request()
     vm.on_partition()
-    assert main([*vm.argv(pull="false"), "--poweroff-command", "false"]) == 1
+    assert main([*vm.warm_argv(pull="false"), "--poweroff-command", "false"]) == 1
     assert vm.calls("cloud-init") == CLEANED
 
 
@@ -263,17 +183,11 @@ def test_the_adoption_boot_serves_what_the_warm_boot_pulled(vm: Vm, pushed: Push
     reg, layout = pushed.registry, pushed.layout
     vm.request(pushed.image)
     vm.on_partition()
-    assert main(vm.argv(pull=f"{PULL} --plain-http {reg.host}")) == 0
+    assert main(vm.warm_argv(pull=f"{PULL} --plain-http {reg.host}")) == 0
     stop(reg.process)  # the origin is gone: only the cache can answer
     with mirror(vm.store) as address:
-        run = vm.root / "run/peerpods"
-        cmdline = vm.root / "cmdline"
-        cmdline.write_text("console=ttyS0\n")
-        argv = ["podvm", "cdh-config", "--store", str(vm.store), "--mirror", address]
-        argv += ["--operator-config", str(vm.root / "run/peerpod/cdh.toml")]
-        argv += ["--cmdline", str(cmdline), "--registries-conf", str(run / "registries.conf")]
-        assert main([*argv, "--cdh-config", str(run / "cdh.toml")]) == 0
-        conf = tomllib.loads((run / "registries.conf").read_text())
+        assert main(vm.cdh_argv("--mirror", address)) == 0
+        conf = tomllib.loads(vm.registries.read_text())
         assert [r["prefix"] for r in conf["registry"]] == [reg.host]
         location = conf["registry"][0]["mirror"][0]["location"]
         assert conf["registry"][0]["mirror"][0]["insecure"] is True
@@ -304,16 +218,7 @@ def test_the_pull_gets_the_store_the_credentials_and_the_images_in_order(vm: Vm)
         calls.append(list(argv))
         return 0
 
-    options = WarmOptions(
-        apf_path=vm.apf,
-        store=vm.store,
-        status_path=vm.status,
-        pull_command=("pull-images",),
-        poweroff_command=("poweroff-now",),
-        cloud_init=str(vm.script("cloud-init")),
-        auth=auth,
-        mountinfo=vm.mountinfo,
-    )
+    options = vm.warm_options(cloud_init=str(vm.script("cloud-init")), auth=auth)
     result = warm(options, runner=runner, out=lambda _: None)
     assert calls[0] == [
         *("pull-images", "--store", str(vm.store), "--auth", str(auth)),
@@ -342,17 +247,7 @@ def test_a_failed_pull_is_tried_again_while_the_deadline_allows(vm: Vm) -> None:
             return next(statuses)
         return 0
 
-    options = WarmOptions(
-        apf_path=vm.apf,
-        store=vm.store,
-        status_path=vm.status,
-        pull_command=("pull-images",),
-        poweroff_command=("poweroff-now",),
-        cloud_init="",
-        mountinfo=vm.mountinfo,
-        pull_timeout_seconds=100,
-        sleep=pauses.append,
-    )
+    options = vm.warm_options(pull_timeout_seconds=100, sleep=pauses.append)
     result = warm(options, runner=runner, out=lambda _: None)
     assert result.pull_exit == 0 and len(pulls) == 2 and pauses == [15.0]
     assert pulls[1] is not None and pulls[1] <= 100  # the second try has what is left
