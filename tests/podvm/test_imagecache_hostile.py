@@ -37,10 +37,15 @@ from adaptor.podvm.imagecache.pull import Puller, PullOptions
 from adaptor.podvm.imagecache.reference import parse
 from adaptor.podvm.imagecache.registry import Limits
 from adaptor.podvm.imagecache.store import ImageStore, StoredManifest
-from tests.podvm.imagecache_peers import ROOT, free_port, mirror, mirror_process, sha256
-
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+from tests.podvm.imagecache_peers import (
+    OCI_INDEX,
+    OCI_MANIFEST,
+    ROOT,
+    free_port,
+    mirror,
+    mirror_process,
+    sha256,
+)
 
 Answer = tuple[int, dict[str, str], bytes]
 
@@ -95,6 +100,17 @@ class FakeRegistry:
         return manifest
 
 
+def send(handler: BaseHTTPRequestHandler, answer: Answer) -> None:
+    """Write `answer` (status, headers, body) as the whole response, its length declared."""
+    status, headers, body = answer
+    handler.send_response(status)
+    for name, value in headers.items():
+        handler.send_header(name, value)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 @pytest.fixture
 def fake() -> Iterator[FakeRegistry]:
     registry = FakeRegistry()
@@ -111,13 +127,7 @@ def fake() -> Iterator[FakeRegistry]:
             if callable(route):
                 route(self)
                 return
-            status, headers, body = route or (404, {}, b'{"errors":[]}')
-            self.send_response(status)
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send(self, route or (404, {}, b'{"errors":[]}'))
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
@@ -566,15 +576,10 @@ def test_a_blob_redirected_to_another_host_is_fetched_without_our_token(
 
     def guarded(answer: Answer) -> Callable[[BaseHTTPRequestHandler], None]:
         def route(handler: BaseHTTPRequestHandler) -> None:
-            status, headers, body = answer
             if handler.headers.get("Authorization") != token_auth:
-                status, headers, body = challenge(f"http://127.0.0.1:{fake.port}/token")
-            handler.send_response(status)
-            for name, value in headers.items():
-                handler.send_header(name, value)
-            handler.send_header("Content-Length", str(len(body)))
-            handler.end_headers()
-            handler.wfile.write(body)
+                send(handler, challenge(f"http://127.0.0.1:{fake.port}/token"))
+            else:
+                send(handler, answer)
 
         return route
 
