@@ -233,7 +233,7 @@ class ImageStore:
         for ref in refs:
             if not (is_tag(ref) or is_digest(ref)):
                 raise StoreError(f"invalid reference {ref[:80]!r}")
-        with self._locked():
+        with self._flocked("lock", fcntl.LOCK_EX):
             images = self._read_index()
             entry = images.setdefault((registry, repository), {"refs": {}, "blobs": []})
             for ref, manifest in refs.items():
@@ -283,15 +283,9 @@ class ImageStore:
 
     # pulls in flight, and what a killed one left
 
-    @contextlib.contextmanager
-    def pulling(self) -> Iterator[None]:
+    def pulling(self) -> contextlib.AbstractContextManager[None]:
         """Held (shared) while a pull may be writing to `tmp/`, so `sweep` leaves it alone."""
-        fd = self._open_lock("pull.lock")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            yield
-        finally:
-            os.close(fd)
+        return self._flocked("pull.lock", fcntl.LOCK_SH)
 
     def sweep(self) -> int:
         """Remove what pulls left in `tmp/` (a pull killed mid-blob leaves a partial file, up to
@@ -328,10 +322,11 @@ class ImageStore:
         return os.open(self.root / name, flags, 0o600)
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        fd = self._open_lock("lock")
+    def _flocked(self, name: str, operation: int) -> Iterator[None]:
+        """The lock file `name` held (`operation`: LOCK_SH or LOCK_EX) for the block."""
+        fd = self._open_lock(name)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, operation)
             yield
         finally:
             os.close(fd)
