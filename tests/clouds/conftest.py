@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Iterator
 from dataclasses import replace
@@ -41,8 +42,9 @@ def policy(sleeps: Sleeps) -> RetryPolicy:
     return RetryPolicy(rng=random.Random(7), sleep=sleeps)
 
 
-@pytest.fixture
-def aws_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+@contextlib.contextmanager
+def mocked_aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """moto's AWS in process, with test credentials in place of any the machine has."""
     for key, value in {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -54,6 +56,12 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     from moto import mock_aws
 
     with mock_aws():
+        yield
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    with mocked_aws(monkeypatch):
         yield
 
 

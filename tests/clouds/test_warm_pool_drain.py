@@ -29,6 +29,7 @@ from providers.clouds.gcp import GcpConfig, GcpProvider
 from providers.clouds.retry import RetryPolicy
 from providers.core.base import TAG_SANDBOX, VMCandidate, VMSpec
 from providers.core.warm import WarmSpec
+from tests.clouds.conftest import mocked_aws
 from tests.clouds.fake_arm import RG, FakeArm
 from tests.clouds.fake_gce import FakeGce, http_error
 from tests.clouds.latency import LatencyCloud, LatencyModel
@@ -61,15 +62,6 @@ class Account:
 
 
 def _aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Account]:
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    from moto import mock_aws
-
     def make(owner: str) -> AwsProvider:
         config = AwsConfig(
             region="us-east-1",
@@ -85,7 +77,7 @@ def _aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Account]:
         tag = [{"Key": TAG_SANDBOX, "Value": sandbox}]
         provider.client.create_tags(Resources=[vm_id], Tags=tag)
 
-    with mock_aws():
+    with mocked_aws(monkeypatch):
         flags = ("--provider", "aws", "--aws-region", "us-east-1")
         yield Account("aws", "us-east-1a", ("m5.large", "c5.large"), make, flags, mark)
 
