@@ -28,6 +28,11 @@ from tests.providers.fakes.azure import SUBSCRIPTION, compute_client, network_cl
 from tests.providers.fakes.http import FakeCloud, FakeResponse, RecordedRequest, json_response
 
 RG = "peerpods-rg"
+# the pods' subnet a provider's configuration names (the fake checks none of it)
+SUBNET = (
+    f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{RG}/providers/Microsoft.Network"
+    "/virtualNetworks/vnet/subnets/pods"
+)
 ARM = "https://management.azure.com"
 GROUP = rf"/subscriptions/{SUBSCRIPTION}/resourceGroups/(?P<rg>[^/]+)/providers"
 VMS = rf"{GROUP}/Microsoft\.Compute/virtualMachines"

@@ -14,15 +14,11 @@ from providers.clouds.retry import FallbackExhausted, RetryPolicy
 from providers.core.base import TAG_OWNER, TAG_POD_NAMESPACE, TAG_SANDBOX, VMSpec
 from providers.core.errors import InvalidRequest, ProviderError
 from tests.clouds.conftest import FORWARDER, Sleeps, loopback
-from tests.clouds.fake_arm import RG, VMS, FakeArm, arm_error
+from tests.clouds.fake_arm import RG, SUBNET, VMS, FakeArm, arm_error
 from tests.clouds.scenarios import create_delete_cycles, sweep_unknown, vm_spec
 from tests.providers.fakes.azure import SUBSCRIPTION
 
 OWNER = "owner-node-a"
-SUBNET = (
-    f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{RG}/providers/Microsoft.Network"
-    "/virtualNetworks/vnet/subnets/pods"
-)
 A100 = "Standard_NC24ads_A100_v4"
 H100 = "Standard_NC40ads_H100_v5"
 

@@ -34,7 +34,7 @@ from providers.core.warm import (
     WarmSpec,
 )
 from tests.clouds.conftest import loopback
-from tests.clouds.fake_arm import RG, VMS, FakeArm, arm_error
+from tests.clouds.fake_arm import RG, SUBNET, VMS, FakeArm, arm_error
 from tests.clouds.latency import LatencyCloud, LatencyModel
 from tests.clouds.warm_userdata import warm_request
 from tests.providers.fakes.azure import SUBSCRIPTION
@@ -43,10 +43,6 @@ OWNER = "warm-azure-owner"
 ZONE = "1"
 TYPE = "Standard_NC24ads_A100_v4"
 IMAGE = "/subscriptions/x/resourceGroups/img/providers/Microsoft.Compute/images/podvm-gpu"
-SUBNET = (
-    f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{RG}/providers/Microsoft.Network"
-    "/virtualNetworks/vnet/subnets/pods"
-)
 MODEL = LatencyModel(scale=0.001)
 
 

@@ -30,7 +30,7 @@ from providers.clouds.retry import RetryPolicy
 from providers.core.base import TAG_SANDBOX, VMCandidate, VMSpec
 from providers.core.warm import WarmSpec
 from tests.clouds.conftest import mocked_aws
-from tests.clouds.fake_arm import RG, FakeArm
+from tests.clouds.fake_arm import RG, SUBNET, FakeArm
 from tests.clouds.fake_gce import FakeGce, http_error
 from tests.clouds.latency import LatencyCloud, LatencyModel
 from tests.providers.fakes.azure import SUBSCRIPTION
@@ -39,10 +39,6 @@ from tests.providers.fakes.gcp import PROJECT
 OWNER = "drain-owner"
 OTHER = "another-node"
 POLICY = RetryPolicy(rng=random.Random(1), base_delay_seconds=0.001)
-SUBNET = (
-    f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{RG}/providers/Microsoft.Network"
-    "/virtualNetworks/vnet/subnets/pods"
-)
 
 
 @dataclass
