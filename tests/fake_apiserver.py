@@ -33,9 +33,12 @@ class LoopbackServer:
     """Serves `handler` on a free loopback port (TLS given a `context`) from start to close."""
 
     def __init__(
-        self, handler: type[BaseHTTPRequestHandler], context: ssl.SSLContext | None = None
+        self,
+        handler: type[BaseHTTPRequestHandler],
+        context: ssl.SSLContext | None = None,
+        server_class: type[ThreadingHTTPServer] = ThreadingHTTPServer,
     ) -> None:
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = server_class(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         if context is not None:
             self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)

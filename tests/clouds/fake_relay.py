@@ -10,7 +10,6 @@ test reads and plays (the guests' power-offs) the same state the restarted serve
 from __future__ import annotations
 
 import sys
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,6 +17,7 @@ from urllib.parse import urlsplit
 import requests
 from requests.adapters import BaseAdapter, HTTPAdapter
 
+from tests.fake_apiserver import LoopbackServer
 from tests.providers.fakes.http import FakeCloud
 
 HOP_BY_HOP = frozenset({"connection", "transfer-encoding", "content-length", "keep-alive"})
@@ -55,19 +55,15 @@ class FakeServer:
             def log_message(self, *_args: Any) -> None:
                 pass
 
-        self._server = _Server(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._server = LoopbackServer(Handler, server_class=_Server)
+        self.port = self._server.port
 
     def __enter__(self) -> FakeServer:
-        self._thread.start()
+        self._server.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(10)
+        self._server.close()
 
 
 class _Server(ThreadingHTTPServer):

@@ -22,17 +22,18 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import urllib3
+
+from tests.fake_apiserver import LoopbackServer
 
 ROOT = Path(__file__).resolve().parents[2]
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -358,18 +359,15 @@ class TokenService:
         self.cert_path = base / "token-cert.pem"
         self.cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         self._x5c = base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._server = LoopbackServer(self._handler())
+        self.port = self._server.port
 
     def __enter__(self) -> TokenService:
-        self._thread.start()
+        self._server.start()
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(10)
+        self._server.close()
 
     def auth_config(self) -> dict[str, Any]:
         return {

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from adaptor.podvm.imagecache.pull import Puller, PullOptions
 from adaptor.podvm.imagecache.reference import parse
 from adaptor.podvm.imagecache.registry import Limits
 from adaptor.podvm.imagecache.store import ImageStore, StoredManifest
+from tests.fake_apiserver import LoopbackServer
 from tests.podvm.imagecache_peers import (
     OCI_INDEX,
     OCI_MANIFEST,
@@ -129,17 +130,13 @@ def fake() -> Iterator[FakeRegistry]:
                 return
             send(self, route or (404, {}, b'{"errors":[]}'))
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    registry.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = LoopbackServer(Handler)
+    registry.port = server.port
+    server.start()
     try:
         yield registry
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+        server.close()
 
 
 def pull(store: ImageStore, fake: FakeRegistry, **options: Any) -> None:
