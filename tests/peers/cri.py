@@ -3,11 +3,20 @@ the messages encoded here field by field: no CRI package is needed for seven sma
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
 from tests.node.containerd import _fields
+
+if TYPE_CHECKING:
+    from tests.shim_emulator import PodVMAgent
+
+# (what, check) -> once check() is truthy, or a failed test naming `what`
+Wait = Callable[[str, Callable[[], object]], Awaitable[object]]
 
 SERVICE = "/runtime.v1.RuntimeService/"
 NETWORK_NODE = 2  # NamespaceMode.NODE: the host's network, no CNI needed
@@ -85,3 +94,24 @@ class Cri:
 
     def remove_pod_sandbox(self, sandbox_id: str) -> None:
         self._call("RemovePodSandbox", _str(1, sandbox_id))
+
+
+async def exit_and_tear_down(
+    cri: Cri, pod_vm: PodVMAgent, sandbox: str, container: str, output: bytes, wait: Wait
+) -> None:
+    """A started container's end as the kubelet sees it through the shim: the pod VM's process
+    writes `output`, closes its stdout and stderr and exits 7, which CRI reports; then the pod's
+    teardown: the shim signals the pause container, which ends (137), and the sandbox goes."""
+    pod_vm.write(container, output)
+    pod_vm.write(container, b"")
+    pod_vm.write(container, b"")
+    pod_vm.exit(container, 7)
+    await wait("the container's exit", lambda: cri.container_state(container) == (EXITED, 7))
+    signals = pod_vm.calls.count("SignalProcess")
+    stopping = asyncio.ensure_future(asyncio.to_thread(cri.stop_pod_sandbox, sandbox))
+    await wait(
+        "the pause container's signal", lambda: pod_vm.calls.count("SignalProcess") > signals
+    )
+    pod_vm.exit(sandbox, 137)
+    await asyncio.wait_for(stopping, 120)
+    await asyncio.to_thread(cri.remove_pod_sandbox, sandbox)

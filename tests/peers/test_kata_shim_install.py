@@ -41,7 +41,7 @@ from tests.adaptor.daemon_proc import ServeProcess
 from tests.adaptor.handoff_rig import serve_args
 from tests.node.containerd import Containerd, binaries, default_config, dump
 from tests.peers.conftest import peer_binary, peers_dir
-from tests.peers.cri import EXITED, Cri, container_config, pod_config
+from tests.peers.cri import Cri, container_config, exit_and_tear_down, pod_config
 from tests.shim_emulator import PodVMAgent
 
 KATA_DEPLOY_GO = "opt/kata/share/defaults/kata-containers/configuration-remote.toml"
@@ -379,18 +379,14 @@ async def test_a_cri_pod_runs_through_the_real_shim_to_its_exit_status(
         container = await asyncio.to_thread(cri.create_container, sandbox, box, pod)
         await asyncio.to_thread(cri.start_container, container)
         await _wait_for(lambda: pod_vm.calls.count("StartContainer") == 2, 60, node)
-        pod_vm.write(container, b"hello from the pod VM\n")
-        pod_vm.write(container, b"")
-        pod_vm.write(container, b"")
-        pod_vm.exit(container, 7)
-        await _wait_for(lambda: cri.container_state(container) == (EXITED, 7), 60, node)
-        # the kubelet's teardown: the pause container ends when the shim signals it
-        signals = pod_vm.calls.count("SignalProcess")
-        stopping = asyncio.ensure_future(asyncio.to_thread(cri.stop_pod_sandbox, sandbox))
-        await _wait_for(lambda: pod_vm.calls.count("SignalProcess") > signals, 60, node)
-        pod_vm.exit(sandbox, 137)
-        await asyncio.wait_for(stopping, 120)
-        await asyncio.to_thread(cri.remove_pod_sandbox, sandbox)
+        await exit_and_tear_down(
+            cri,
+            pod_vm,
+            sandbox,
+            container,
+            b"hello from the pod VM\n",
+            lambda _what, check: _wait_for(check, 60, node),
+        )
     finally:
         cri.close()
     assert pod_vm.calls[:2] == ["Check", "CreateSandbox"], pod_vm.calls

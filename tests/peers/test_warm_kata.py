@@ -48,7 +48,14 @@ from tests.adaptor.daemon_proc import ServeProcess
 from tests.clouds.latency import Guests, LatencyModel
 from tests.node.containerd import dump
 from tests.peers.conftest import peer_binary
-from tests.peers.cri import EXITED, Cri, _bytes, _str, container_config, pod_config
+from tests.peers.cri import (
+    Cri,
+    _bytes,
+    _str,
+    container_config,
+    exit_and_tear_down,
+    pod_config,
+)
 from tests.peers.kube import Containerd, import_sleep_images, start_containerd
 from tests.peers.test_dra_kata import installer, moto_port
 from tests.peers.test_kata_shim_install import (
@@ -547,19 +554,8 @@ async def test_a_cri_pod_gets_the_warm_vm_through_the_runtime_handler_s_pod_anno
         # its CreateContainer went through serve's device rewrite (the listing may lag a second)
         ready = {"main": {"devices": rig.pod.cdi, "state": "ready", "reason": ""}}
         await rig.until("main's devices", lambda: (rig.sandbox() or {}).get("containers") == ready)
-        pod_vm.write(container, b"hello from the warm VM\n")
-        pod_vm.write(container, b"")
-        pod_vm.write(container, b"")
-        pod_vm.exit(container, 7)
-        await rig.until("main's exit", lambda: cri.container_state(container) == (EXITED, 7))
-        # the kubelet's teardown: the pause container ends when the shim signals it
-        signals = pod_vm.calls.count("SignalProcess")
-        stopping = asyncio.ensure_future(asyncio.to_thread(cri.stop_pod_sandbox, sandbox))
-        await rig.until("the pause container's signal", lambda: pod_vm.calls.count(
-            "SignalProcess") > signals)  # fmt: skip
-        pod_vm.exit(sandbox, 137)
-        await asyncio.wait_for(stopping, 120)
-        await asyncio.to_thread(cri.remove_pod_sandbox, sandbox)
+        output = b"hello from the warm VM\n"
+        await exit_and_tear_down(cri, pod_vm, sandbox, container, output, rig.until)
     finally:
         cri.close()
     assert pod_vm.calls[:2] == ["Check", "CreateSandbox"], pod_vm.calls
