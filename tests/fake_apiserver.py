@@ -9,7 +9,7 @@ import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
@@ -60,6 +60,13 @@ class LoopbackServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(5)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 def write_kubeconfig(directory: Path, server: str, token: str) -> Path:

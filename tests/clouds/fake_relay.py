@@ -23,7 +23,7 @@ from tests.providers.fakes.http import FakeCloud
 HOP_BY_HOP = frozenset({"connection", "transfer-encoding", "content-length", "keep-alive"})
 
 
-class FakeServer:
+class FakeServer(LoopbackServer):
     """A FakeCloud served on a loopback port, one thread per request (as a cloud's API)."""
 
     def __init__(self, cloud: FakeCloud) -> None:
@@ -55,15 +55,7 @@ class FakeServer:
             def log_message(self, *_args: Any) -> None:
                 pass
 
-        self._server = LoopbackServer(Handler, server_class=_Server)
-        self.port = self._server.port
-
-    def __enter__(self) -> FakeServer:
-        self._server.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.close()
+        super().__init__(Handler, server_class=_Server)
 
 
 class _Server(ThreadingHTTPServer):

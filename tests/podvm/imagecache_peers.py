@@ -329,7 +329,7 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-class TokenService:
+class TokenService(LoopbackServer):
     """Issues registry tokens: pull to anyone, push only with the right Basic credentials."""
 
     def __init__(self, base: Path, users: Mapping[str, str], *, anonymous_pull: bool) -> None:
@@ -359,15 +359,7 @@ class TokenService:
         self.cert_path = base / "token-cert.pem"
         self.cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         self._x5c = base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()
-        self._server = LoopbackServer(self._handler())
-        self.port = self._server.port
-
-    def __enter__(self) -> TokenService:
-        self._server.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._server.close()
+        super().__init__(self._handler())
 
     def auth_config(self) -> dict[str, Any]:
         return {

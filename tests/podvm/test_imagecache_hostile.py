@@ -130,13 +130,9 @@ def fake() -> Iterator[FakeRegistry]:
                 return
             send(self, route or (404, {}, b'{"errors":[]}'))
 
-    server = LoopbackServer(Handler)
-    registry.port = server.port
-    server.start()
-    try:
+    with LoopbackServer(Handler) as server:
+        registry.port = server.port
         yield registry
-    finally:
-        server.close()
 
 
 def pull(store: ImageStore, fake: FakeRegistry, **options: Any) -> None:
