@@ -25,7 +25,7 @@ from typing import Any
 
 from adaptor.node import goglob
 from adaptor.node.hostpath import HostPathError, resolve
-from adaptor.node.tomledit import Edit
+from adaptor.toml.edit import Edit
 
 CRI_V2 = "io.containerd.grpc.v1.cri"  # containerd 1.x, config version 2
 CRI_V3 = "io.containerd.cri.v1.runtime"  # containerd 2.x, config version 3

@@ -28,10 +28,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from adaptor.node import containerdconf, kataconfig, tomledit
+from adaptor.node import containerdconf, kataconfig
 from adaptor.node.hostfiles import ROOT_0600, ROOT_0644, HostFiles, Owner, digest
 from adaptor.node.hostpath import HostPathError, host_path
-from adaptor.node.tomlwrite import dumps
+from adaptor.toml import edit as tomledit
+from adaptor.toml.write import dumps
 from providers.core.errors import PeerpodsError
 
 ANNOTATIONS = kataconfig.ANNOTATIONS

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from adaptor.node.tomledit import Edit
+from adaptor.toml.edit import Edit
 
 Shim = Literal["go", "rs"]
 
@@ -216,7 +216,7 @@ dan_conf = "/run/kata-containers/dans"
 
 def complete(shim: Shim, socket: str) -> str:
     """The whole remote configuration, for a node where Kata installed none."""
-    from adaptor.node.tomlwrite import value
+    from adaptor.toml.write import value
 
     body = (_GO if shim == "go" else _RS).format(
         socket=value(socket), annotations=value(list(ANNOTATIONS))

@@ -36,10 +36,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaptor.node import tomledit
-from adaptor.node.tomlwrite import dumps
-from adaptor.node.tomlwrite import value as toml_value
 from adaptor.podvm.status import write_atomic
+from adaptor.toml import edit as tomledit
+from adaptor.toml.write import dumps
+from adaptor.toml.write import value as toml_value
 
 log = logging.getLogger(__name__)
 

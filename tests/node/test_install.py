@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from adaptor.cli.main import main
-from adaptor.node import containerdconf, kataconfig, tomledit
+from adaptor.node import containerdconf, kataconfig
 from adaptor.node.install import InstallError, NodeInstall, install, uninstall
+from adaptor.toml import edit as tomledit
 from tests.node import containerd
 from tests.node.containerd import binaries, default_config, dump, running
 

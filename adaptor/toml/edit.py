@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from adaptor.node.tomlwrite import key as toml_key
-from adaptor.node.tomlwrite import value as toml_value
+from adaptor.toml.write import key as toml_key
+from adaptor.toml.write import value as toml_value
 
 MARK = "# added by peerpods node install"
 WAS = "#peerpods-was: "
