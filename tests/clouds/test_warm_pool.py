@@ -57,15 +57,23 @@ async def store() -> AsyncIterator[StateStore]:
         await opened.close()
 
 
-def pool_of(cloud: Any, store: StateStore, *pools: Pool, **config: Any) -> WarmPool:
+def pool_of(
+    cloud: Any,
+    store: StateStore,
+    *pools: Pool,
+    image: str = IMAGE,
+    sources: Sources | None = None,
+    **config: Any,
+) -> WarmPool:
     settings: dict[str, Any] = {"interval_seconds": 0.05, "ready_timeout_seconds": 10}
     settings.update(config)
     return WarmPool(
         cloud,
         PoolRecord(store),
         WarmConfig(pools=pools or (Pool(TYPE, 2, ZONE),), **settings),
-        default_image=IMAGE,
+        default_image=image,
         zones=(ZONE,),
+        sources=sources,
     )
 
 
@@ -179,13 +187,7 @@ async def test_a_drained_warm_vm_leaves_no_root_volume(ec2: Any, store: StateSto
     EC2 keeps a volume whose mapping says otherwise, billing after its VM is gone."""
     image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]  # names its root
     cloud = LatencyCloud(aws(ec2, root_volume_gib=200), MODEL)
-    pool = WarmPool(
-        cloud,
-        PoolRecord(store),
-        WarmConfig(pools=(Pool(TYPE, 2, ZONE),), interval_seconds=0.05, ready_timeout_seconds=10),
-        default_image=image,
-        zones=(ZONE,),
-    )
+    pool = pool_of(cloud, store, image=image)
     pool.start()
     try:
         await until(lambda: warm_count(pool) == 2)
@@ -364,13 +366,8 @@ async def test_caps_hold_the_refill(ec2: Any, store: StateStore) -> None:
 async def test_a_type_leaving_the_allow_list_drains_its_pool(ec2: Any, store: StateStore) -> None:
     cloud = LatencyCloud(aws(ec2), MODEL)
     allowed = {TYPE}
-    pool = WarmPool(
-        cloud,
-        PoolRecord(store),
-        WarmConfig(pools=(Pool(TYPE, 1, ZONE),), interval_seconds=0.05),
-        default_image=IMAGE,
-        zones=(ZONE,),
-        sources=Sources(allowed=lambda name: name in allowed),
+    pool = pool_of(
+        cloud, store, Pool(TYPE, 1, ZONE), sources=Sources(allowed=lambda name: name in allowed)
     )
     pool.start()
     try:
@@ -418,12 +415,10 @@ async def test_a_refill_counts_against_the_account_quota(ec2: Any, store: StateS
     limit = AccountLimit("L-1216C47A Standard", "vcpus", "class", ("m",), 10, 10 - 2 * vcpus)
     quota = Quota(AccountQuota("aws", "us-east-1", (limit,)))
     cloud = LatencyCloud(aws(ec2), MODEL)
-    pool = WarmPool(
+    pool = pool_of(
         cloud,
-        PoolRecord(store),
-        WarmConfig(pools=(Pool(TYPE, 4, ZONE),), interval_seconds=0.05),
-        default_image=IMAGE,
-        zones=(ZONE,),
+        store,
+        Pool(TYPE, 4, ZONE),
         sources=Sources(catalog=lambda: catalog, account_quota=lambda: quota),  # type: ignore[arg-type,return-value]
     )
     try:
@@ -444,14 +439,7 @@ async def test_a_type_leaving_the_catalog_drains_its_pool(ec2: Any, store: State
     without = type(full).model_construct(**fields)
     current = [full]
     cloud = LatencyCloud(aws(ec2), MODEL)
-    pool = WarmPool(
-        cloud,
-        PoolRecord(store),
-        WarmConfig(pools=(Pool(TYPE, 1, ZONE),), interval_seconds=0.05),
-        default_image=IMAGE,
-        zones=(ZONE,),
-        sources=Sources(catalog=lambda: current[0]),
-    )
+    pool = pool_of(cloud, store, Pool(TYPE, 1, ZONE), sources=Sources(catalog=lambda: current[0]))
     pool.start()
     try:
         await until(lambda: warm_count(pool) == 1)
