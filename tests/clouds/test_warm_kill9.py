@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,23 +141,28 @@ class VM:
     tags: dict[str, str]
 
 
-class Cloud:
+class Cloud(ABC):
     """One cloud's API at a loopback port, as the killed serve and the test both see it."""
 
     name = ""
     port = 0
 
+    @abstractmethod
     def vms(self) -> list[VM]:
         """Every VM carrying the owner tag, in any state but gone."""
-        raise NotImplementedError
 
+    @abstractmethod
     def guests(self, model: LatencyModel) -> Guests:
-        raise NotImplementedError
+        """The modelled guests' power-offs, played on this cloud."""
 
+
+class HoldingCloud(Cloud):
+    """A cloud whose fake can hold a call (the GCE and ARM fakes; moto's server cannot)."""
+
+    @abstractmethod
     def hold_next(self, action: str, seconds: float) -> None:
         """The next call of `action` on a VM (start, setLabels) is held that long, then refused
         (never applied): a serve killed meanwhile leaves its VM as the adoption had made it."""
-        raise NotImplementedError
 
 
 def held(action: str, seconds: float, refusal: Any) -> Any:
@@ -208,7 +214,7 @@ ARM_STATES = {
 }
 
 
-class Gce(Cloud):
+class Gce(HoldingCloud):
     name = "gcp"
 
     def __init__(self, fake: FakeGce, port: int) -> None:
@@ -233,7 +239,7 @@ class Gce(Cloud):
         self.fake.faults.append(held(action, seconds, refusal))
 
 
-class Arm(Cloud):
+class Arm(HoldingCloud):
     name = "azure"
 
     def __init__(self, fake: FakeArm, port: int) -> None:
@@ -393,6 +399,7 @@ async def test_kill_9_during_an_adoption_fails_the_pod_and_adopts_nothing_twice(
     pod = "adopt-kill9"
     state = "running"
     if kill_at != "starting":
+        assert isinstance(cloud, HoldingCloud)
         cloud.hold_next(kill_at, 8)
         state = "stopped"
     async with guests(cloud, model):
