@@ -628,6 +628,11 @@ class AzureProvider:
         except InstanceNotFound:
             return None
 
+    async def _power_code(self, name: str) -> str:
+        """The VM's ARM PowerState/... code, "gone" when it does not exist."""
+        vm = await self._viewed(name)
+        return power_of_view(vm) if vm is not None else "gone"
+
     async def power_state(self, instance_id: str) -> str:
         """STOPPED once the guest powered off (PowerState/stopped) or the VM is deallocated."""
         vm = await self._viewed(instance_id)
@@ -644,8 +649,7 @@ class AzureProvider:
             self.compute.virtual_machines.begin_deallocate(rg, instance_id).result()
 
         await self._call(what, deallocate)
-        vm = await self._viewed(instance_id)
-        code = power_of_view(vm) if vm is not None else "gone"
+        code = await self._power_code(instance_id)
         if code != DEALLOCATED:
             raise ProviderError(f"{what}: still {code or 'without a power state'}")
 
@@ -656,8 +660,7 @@ class AzureProvider:
 
         what = f"sandbox {spec.sandbox_id[:12]}: adopt warm VM {instance_id}"
         USER_DATA_LIMIT.check(spec.user_data, what)
-        vm = await self._viewed(instance_id)
-        code = power_of_view(vm) if vm is not None else "gone"
+        code = await self._power_code(instance_id)
         if code != DEALLOCATED:
             raise ProviderError(f"{what}: it is {code or 'without a power state'}, not deallocated")
         # A PATCH replaces the whole tags map: the sandbox's go on and the pool's come off in
