@@ -132,29 +132,28 @@ class PodVMConfig:
 
 
 def render(config: PodVMConfig) -> str:
-    """The `#cloud-config` document writing apf.json (and devices.json for GPU VMs).
+    """The `#cloud-config` document writing apf.json (and devices.json for GPU VMs)."""
+    files = [(APF_PATH, json_content(config.apf_json()))]
+    if config.gpu is not None:
+        files.append((DEVICES_PATH, json_content(config.gpu.to_dict())))
+    files.extend(config.extra_files)
+    return write_files_document(files)
+
+
+def json_content(document: Any) -> str:
+    """A JSON file's content in the user data: compact, keys sorted."""
+    return json.dumps(document, separators=(",", ":"), sort_keys=True)
+
+
+def write_files_document(files: Sequence[tuple[str, str]]) -> str:
+    """The `#cloud-config` document that writes `files` (path, content) and nothing else.
 
     Each `write_files` entry has `path` and `content` only, and the document nothing but
     `write_files`: CAA's process-user-data reads it strictly (yaml.v2 UnmarshalStrict into
-    `write_files: [{path, content}]`), so one more key, a file's `permissions` included, makes it
-    refuse the whole document and write no apf.json. cloud-init then writes files 0644, as CAA's
-    process-user-data does."""
-    files: list[dict[str, str]] = [
-        {
-            "path": APF_PATH,
-            "content": json.dumps(config.apf_json(), separators=(",", ":"), sort_keys=True),
-        }
-    ]
-    if config.gpu is not None:
-        files.append(
-            {
-                "path": DEVICES_PATH,
-                "content": json.dumps(config.gpu.to_dict(), separators=(",", ":"), sort_keys=True),
-            }
-        )
-    for path, content in config.extra_files:
-        files.append({"path": path, "content": content})
-    return "#cloud-config\n" + _write_files(files)
+    `write_files: [{path, content}]`), so one more key, a file's `permissions` or a `runcmd`,
+    makes it refuse the whole document and write no apf.json. cloud-init then writes files 0644,
+    as CAA's process-user-data does."""
+    return "#cloud-config\n" + _write_files([{"path": p, "content": c} for p, c in files])
 
 
 # Printable ASCII on one line: a single-quoted YAML scalar holds it with only `'` doubled.

@@ -11,25 +11,20 @@ is installed (so the adoption's boot is a first boot and writes the pod's files)
 The power-off is the VM's report of readiness: the keeper waits for the VM to be stopped, so no
 address of the VM is ever dialled and nothing listens on it while it warms.
 
-The document is `write_files` with `path` and `content` alone: CAA's process-user-data reads it
-strictly (yaml.v2 UnmarshalStrict), and any other key, a `runcmd` or a file's `permissions`,
-makes it refuse the whole document and write no apf.json. So nothing runs from the user data
-itself: an image without peerpods' warm unit never powers off, and the pool deletes its VM at
---warm-pool-ready-timeout.
+The document is the one `adaptor.planning.userdata` writes for every VM: `write_files` with
+`path` and `content` alone, as CAA's process-user-data reads it strictly. So nothing runs from
+the user data itself: an image without peerpods' warm unit never powers off, and the pool
+deletes its VM at --warm-pool-ready-timeout.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
-import yaml
-
+from adaptor.planning.userdata import json_content, write_files_document
 from adaptor.podvm.warmrequest import APF_PATH, apf_document
 
 
 def warm_user_data(images: Sequence[str]) -> str:
     """The cloud-config of a warm VM that pre-pulls `images`."""
-    content = json.dumps(apf_document(images), separators=(",", ":"), sort_keys=True)
-    document = {"write_files": [{"path": APF_PATH, "content": content}]}
-    return "#cloud-config\n" + yaml.safe_dump(document, sort_keys=False, width=10_000)
+    return write_files_document([(APF_PATH, json_content(apf_document(images)))])
