@@ -104,15 +104,12 @@ def run_command(argv: Sequence[str], timeout: float | None) -> int:
     try:
         return process.wait(timeout)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
         return 124
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        raise
+    finally:
+        if process.returncode is None:  # past its deadline, or we were interrupted
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def warm(
