@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from adaptor.cli import flags
+from adaptor.cli.table import aligned
 
 if TYPE_CHECKING:
     from adaptor.cli.pod_plan import PlanReport
@@ -149,10 +150,8 @@ def _price_used(report: PlanReport) -> dict[str, Any] | None:
 
 
 def _rows(rows: Sequence[tuple[str, ...]], out: TextIO, indent: str = "  ") -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
-        print((indent + "  ".join(cells)).rstrip(), file=out)
+    for line in aligned(rows, indent):
+        print(line, file=out)
 
 
 def print_report(report: PlanReport, limit: int, out: TextIO, pools: Sequence[str] = ()) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from adaptor.cli import flags
+from adaptor.cli.table import aligned
 from providers.core.settings import csv
 
 if TYPE_CHECKING:
@@ -203,10 +204,8 @@ def print_table(catalog: Catalog, selection: Selection, limit: int, out: TextIO)
         why = "; ".join(c.reasons)
         price = _price(c.price_per_hour, c.price_estimated)
         rows.append((str(i), c.name, price, _gpus(c), str(t.vcpus), memory, why))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        print("  ".join([*cells, row[-1]]).rstrip(), file=out)
+    for line in aligned(rows):
+        print(line, file=out)
     if any(c.price_estimated for c in candidates[: max(limit, 1)]):
         note = "~: an estimate from the type's GPUs, vCPUs and memory (no list price known)"
         if spot:

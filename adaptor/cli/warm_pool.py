@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from adaptor.cli import flags
+from adaptor.cli.table import aligned
 from providers.clouds import registry
 from providers.clouds.sdk import CloudCalls
 from providers.core.errors import InvalidRequest
@@ -177,10 +178,7 @@ def _table(vms: Sequence[Any]) -> str:
                 vm.sandbox or "-",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    )
+    return "\n".join(aligned(rows))
 
 
 def _age(seconds: float) -> str:
